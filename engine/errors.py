@@ -1,0 +1,10 @@
+"""User-facing errors: one line, printed by the CLIs as `error: ...`, exit status 2."""
+
+
+class UserError(Exception):
+    """Bad input from the user (a file, a flag, a request). The message is one line and says what is wrong."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None):
+        where = f"{path}:{line}: " if path is not None and line is not None else f"{path}: " if path else ""
+        super().__init__(f"{where}{message}")
+        self.path, self.line = path, line

@@ -1,0 +1,76 @@
+"""Attention over the paged KV cache as the engine computes it: cascade form.
+
+A forward step packs the new tokens of many sequences. Each sequence attends (a) causally to its own new tokens
+and (b) to the cached tokens before them, which are a chain of prefix-tree segments shared with other sequences.
+For each segment, the queries of every sequence below it are stacked and attend to the segment's K/V in one
+batched matmul; the partial results are merged by log-sum-exp. All softmax statistics are fp32.
+"""
+from __future__ import annotations
+
+import torch
+
+SELF_WINDOW = 256  # new tokens per dense block-diagonal window in the self-attention part
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None):
+    """q [R, H, D], k/v [S, Hkv, D], mask [R, S] bool (True = may attend) -> out [R, H, D] fp32, lse [R, H] fp32."""
+    R, H, D = q.shape
+    S, Hkv = k.shape[0], k.shape[1]
+    g = H // Hkv
+    qg = q.reshape(R, Hkv, g, D).permute(1, 0, 2, 3).reshape(Hkv, R * g, D)
+    s = torch.bmm(qg, k.permute(1, 2, 0)).float().mul_(scale).view(Hkv, R, g, S)
+    if mask is not None:
+        s.masked_fill_(~mask.view(1, R, 1, S), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [Hkv, R, g]
+    p = torch.exp(s - lse.unsqueeze(-1)).view(Hkv, R * g, S)
+    o = torch.bmm(p.to(v.dtype), v.permute(1, 0, 2)).float()  # [Hkv, R * g, D]
+    out = o.view(Hkv, R, g, D).permute(1, 0, 2, 3).reshape(R, H, D)
+    return out, lse.permute(1, 0, 2).reshape(R, H)
+
+
+def segment_attention_ref(q, k_cache, v_cache, slots, scale):
+    """Stacked queries q [R, H, D] of all sequences that share one cached segment attend to all of it.
+
+    k_cache, v_cache: [num_slots, Hkv, D] (one layer); slots: [S] int64, S > 0. Returns (out fp32, lse fp32)."""
+    return _attend(q, k_cache[slots], v_cache[slots], scale, None)
+
+
+def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale):
+    """Self part: q [T, H, D], k/v [T, Hkv, D] hold the new tokens of sequences packed back to back, sequence b
+    being rows cu_seqlens[b]:cu_seqlens[b+1]. Each token attends to itself and the earlier new tokens of its own
+    sequence. Computed in dense windows of whole sequences (block-diagonal causal mask)."""
+    T, H, D = q.shape
+    out = torch.empty(T, H, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    b, nseq = 0, len(cu_seqlens) - 1
+    while b < nseq:
+        e = b + 1
+        while e < nseq and cu_seqlens[e + 1] - cu_seqlens[b] <= SELF_WINDOW:
+            e += 1
+        lo, hi = cu_seqlens[b], cu_seqlens[e]
+        seq = torch.repeat_interleave(
+            torch.arange(e - b, device=q.device),
+            torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(b, e)], device=q.device))
+        idx = torch.arange(hi - lo, device=q.device)
+        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
+        out[lo:hi], lse[lo:hi] = _attend(q[lo:hi], k[lo:hi], v[lo:hi], scale, mask)
+        b = e
+    return out, lse
+
+
+def merge_attention_ref(out_a, lse_a, out_b, lse_b):
+    """Log-sum-exp merge of two partial attentions over disjoint key sets. out [R, H, D], lse [R, H] (fp32)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    wa = torch.exp(lse_a - lse).unsqueeze(-1)
+    wb = torch.exp(lse_b - lse).unsqueeze(-1)
+    return out_a * wa + out_b * wb, lse
+
+
+def cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
+    """Full step attention. segments: list of (rows [R] int64 into q, slots [S] int64 into the cache): the rows
+    of every sequence lying below that cached segment. Returns out [T, H, D] in q's dtype."""
+    out, lse = varlen_causal_attention_ref(q, k_new, v_new, cu_seqlens, scale)
+    for rows, slots in segments:
+        o, l = segment_attention_ref(q[rows], k_cache, v_cache, slots, scale)
+        out[rows], lse[rows] = merge_attention_ref(out[rows], lse[rows], o, l)
+    return out.to(q.dtype)
