@@ -1,0 +1,128 @@
+"""Files in and out: JSONL reading with file:line errors, resumable append-only result logs, atomic writes."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+from engine.errors import UserError
+
+
+def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
+    """Rows of a JSONL file (blank lines skipped). A line that is not a JSON object, or lacks a required field,
+    raises a one-line UserError naming file:line."""
+    path = str(path)
+    required = tuple(required)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise UserError("no such file", path) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read: {e}", path) from None
+    rows = []
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"not valid JSON ({e.msg} at column {e.colno})", path, number) from None
+        if not isinstance(row, dict):
+            raise UserError(f"expected a JSON object, got {type(row).__name__}", path, number)
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise UserError(f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
+                            path, number)
+        rows.append(row)
+    return rows
+
+
+def atomic_write(path, data: str | bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a rename: readers see the old file
+    or the whole new one, never a half-written one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class ResultWriter:
+    """Append-only JSONL log of finished results, so that a killed run resumes without recomputing.
+
+    `key` names the field (str), the fields (tuple of str) or a function row -> hashable that identifies a result.
+    On opening, the rows already in the file are loaded (`.rows`); a torn last line, left by a kill in the middle of
+    a write, is dropped and cut from the file. `.done(k)` says whether a result with key k is there; `.write(row)`
+    appends one row and flushes it to disk (fsync) before returning.
+    """
+
+    def __init__(self, path, key: str | tuple[str, ...] | Callable[[dict], object]):
+        self.path = Path(path)
+        if isinstance(key, str):
+            self._key = lambda row: row[key]
+        elif isinstance(key, tuple):
+            self._key = lambda row: tuple(row[k] for k in key)
+        else:
+            self._key = key
+        self.rows: list[dict] = []
+        self._done: set = set()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._load()
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            data = f.read()
+        # Each row is written as one `json + "\n"`; a kill mid-write leaves a tail without the newline: drop it.
+        complete = data[: data.rfind(b"\n") + 1]
+        for number, raw in enumerate(complete.splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                raise UserError("corrupt result line (not a JSON object); remove the file to start over",
+                                str(self.path), number)
+            self.rows.append(row)
+            self._done.add(self._key(row))
+        if len(complete) < len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(len(complete))
+
+    def done(self, key) -> bool:
+        return key in self._done
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def write(self, row: dict) -> None:
+        self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.rows.append(row)
+        self._done.add(self._key(row))
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> "ResultWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
