@@ -1,0 +1,146 @@
+"""Load a Hugging Face model directory: config.json, safetensors weights (single or sharded), tokenizer.json.
+
+Weights come back as stored (names and layout are already HF's). `.bin` checkpoints are read only with
+`torch.load(weights_only=True)`: nothing is ever unpickled.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .errors import UserError
+from .tokenizer import Tokenizer, end_of_generation_ids
+
+
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError("no such model directory", str(path))
+    try:
+        config = ModelConfig.from_hf(_hf_config(path), source=str(path / "config.json"))
+    except KeyError as e:
+        raise UserError(f"config.json lacks {e}", str(path / "config.json")) from None
+    weights = _load_weights(path)
+    return config, weights, _load_tokenizer(path, config)
+
+
+def _read_json(path: Path, required: bool = True) -> dict | None:
+    if not path.is_file():
+        if required:
+            raise UserError(f"missing {path.name}", str(path.parent))
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"not valid JSON: {e}", str(path)) from None
+
+
+def _hf_config(path: Path) -> dict:
+    cfg = _read_json(path / "config.json")
+    # transformers >= 5 writes `rope_parameters` (theta + scaling in one dict) instead of rope_theta/rope_scaling.
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict):
+        cfg = dict(cfg)
+        cfg.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        if rope.get("rope_type", "default") != "default":
+            cfg.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    return cfg
+
+
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = _read_json(path / index_name, required=False)
+        if index is not None:
+            files = sorted(set(index.get("weight_map", {}).values()))
+            if not files:
+                raise UserError("index has no weight_map", str(path / index_name))
+            weights = {}
+            for name in files:
+                weights.update(_load_file(path / name))
+            return _drop_buffers(weights)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return _drop_buffers(_load_file(path / name))
+    raise UserError("no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)", str(path))
+
+
+def _load_file(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise UserError("missing weight shard", str(file))
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(file))
+        except (SafetensorError, OSError) as e:
+            raise UserError(f"not a readable safetensors file ({e})", str(file)) from None
+    try:
+        state = torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle.UnpicklingError for anything beyond plain tensors, RuntimeError if corrupt
+        raise UserError(f"cannot read as a plain tensor checkpoint (weights_only=True): {e}".splitlines()[0],
+                        str(file)) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError("checkpoint is not a name -> tensor dict", str(file))
+    return state
+
+
+def _drop_buffers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Older checkpoints also store the RoPE frequency buffers; they are recomputed from the config."""
+    return {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+
+
+def _token_text(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _load_tokenizer(path: Path, config: ModelConfig) -> Tokenizer:
+    import tokenizers
+
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        raise UserError("missing tokenizer.json (only fast tokenizers are supported)", str(path))
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(file))
+    except Exception as e:
+        raise UserError(f"not a readable tokenizer.json ({e})".splitlines()[0], str(file)) from None
+    tok_cfg = _read_json(path / "tokenizer_config.json", required=False) or {}
+    gen_cfg = _read_json(path / "generation_config.json", required=False) or {}
+
+    bos_text = _token_text(tok_cfg.get("bos_token"))
+    bos_id = backend.token_to_id(bos_text) if bos_text else None
+    bos_id = config.bos_token_id if bos_id is None else bos_id
+    eos_text = _token_text(tok_cfg.get("eos_token"))
+    gen_eos = gen_cfg.get("eos_token_id")
+    gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+    declared = list(config.eos_token_ids) + gen_eos + [backend.token_to_id(eos_text) if eos_text else None]
+    add_bos = tok_cfg.get("add_bos_token")
+    if add_bos is None:
+        add_bos = _post_processor_adds_bos(json.loads(backend.to_str()).get("post_processor"), bos_text)
+    return Tokenizer(backend, bos_id=bos_id, eos_ids=end_of_generation_ids(backend, declared),
+                     add_bos=bool(add_bos), chat_template=_chat_template(path, tok_cfg))
+
+
+def _post_processor_adds_bos(proc: dict | None, bos_text: str | None) -> bool:
+    """Fast tokenizers add BOS through a TemplateProcessing post-processor (e.g. Llama 3: `<|begin_of_text|> $A`)."""
+    if not proc or not bos_text:
+        return False
+    if proc.get("type") == "Sequence":
+        return any(_post_processor_adds_bos(p, bos_text) for p in proc.get("processors", []))
+    if proc.get("type") != "TemplateProcessing" or not proc.get("single"):
+        return False
+    first = proc["single"][0]
+    return first.get("SpecialToken", {}).get("id") == bos_text
+
+
+def _chat_template(path: Path, tok_cfg: dict) -> str | None:
+    jinja = path / "chat_template.jinja"  # where transformers >= 4.43 may save it
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = tok_cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template}
+        template = named.get("default", next(iter(named.values()), None))
+    return template

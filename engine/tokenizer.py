@@ -1,0 +1,169 @@
+"""The model's tokenizer: a `tokenizers.Tokenizer` plus the special tokens, BOS policy and chat template.
+
+Also builds the byte-level BPE tokenizer a GGUF file describes (tokens + merges + token types + pre-tokenizer
+name, as llama.cpp stores them), and caches built tokenizers on disk as tokenizer.json files.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+from .errors import UserError
+
+# Tokens that llama.cpp also treats as end of generation when the vocabulary has them as special tokens.
+END_OF_GENERATION_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
+
+
+class Tokenizer:
+    """Text <-> token ids. `encode` never adds BOS: whether a sequence starts with `bos_id` is the engine's call,
+    guided by `add_bos` (what the model was trained with)."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, *, bos_id: int | None, eos_ids: Sequence[int],
+                 add_bos: bool, chat_template: str | None = None):
+        self.backend = backend
+        self.bos_id = bos_id
+        self.eos_ids = list(dict.fromkeys(i for i in eos_ids if i is not None))
+        self.eos_id = self.eos_ids[0] if self.eos_ids else None
+        self.add_bos = bool(add_bos)
+        self.chat_template = chat_template or None
+        self._template = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def special_token_ids(self) -> list[int]:
+        return sorted(i for i, tok in self.backend.get_added_tokens_decoder().items() if tok.special)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
+        """Render the model's chat template the way transformers does (sandboxed jinja2, trim_blocks, lstrip_blocks)."""
+        if self.chat_template is None:
+            raise UserError("this model has no chat template")
+        if self._template is None:
+            self._template = _compile_template(self.chat_template)
+        bos = self.id_to_token(self.bos_id) if self.bos_id is not None else ""
+        eos = self.id_to_token(self.eos_id) if self.eos_id is not None else ""
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=bos, eos_token=eos, **variables)
+
+
+def _compile_template(source: str):
+    import json
+    from datetime import datetime
+
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise UserError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except TemplateError as e:
+        raise UserError(f"chat template does not compile: {e}") from None
+
+
+def end_of_generation_ids(backend: tokenizers.Tokenizer, declared: Sequence[int | None]) -> list[int]:
+    """The declared EOS/EOT ids first, then the special tokens whose text marks an end of turn."""
+    specials = {tok.content: i for i, tok in backend.get_added_tokens_decoder().items() if tok.special}
+    found = [specials[t] for t in END_OF_GENERATION_TEXTS if t in specials]
+    return list(dict.fromkeys([i for i in declared if i is not None] + found))
+
+
+# --- byte-level BPE from a GGUF vocabulary --------------------------------------------------------------------
+
+_GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# llama.cpp's `tokenizer.ggml.pre` names -> how text is split before BPE: "gpt2" (GPT-2 regex), "digits" (each
+# digit alone, then the GPT-2 regex: SmolLM, StarCoder), or a split regex applied before a regex-free byte level.
+PRE_TOKENIZERS = {
+    "default": "gpt2", "gpt2": "gpt2",
+    "smollm": "digits", "starcoder": "digits", "refact": "digits",
+    "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+# Llama 3 vocabularies take a whole pre-token from the vocabulary before applying merges (llama.cpp does too).
+IGNORE_MERGES_PRE = ("llama-bpe", "llama3", "llama-v3", "smaug-bpe")
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+
+
+def byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int],
+                   pre: str) -> tokenizers.Tokenizer:
+    """The byte-level BPE tokenizer that llama.cpp's `gpt2` tokenizer model with pre-tokenizer `pre` describes."""
+    split = PRE_TOKENIZERS[pre]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in IGNORE_MERGES_PRE))
+    if split == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif split == "digits":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                              use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    types = list(token_types) or [1] * len(tokens)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, kind in zip(tokens, types) if kind == CONTROL])
+    # User-defined tokens (e.g. <think>) are matched whole in text, like llama.cpp does, but are not special.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+    return tok
+
+
+# --- on-disk cache of built tokenizers --------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "icqs-engine" / "tokenizers"
+
+
+def cached_tokenizer(key: str, build: Callable[[], tokenizers.Tokenizer]) -> tuple[tokenizers.Tokenizer, bool]:
+    """The tokenizer cached under `key` (a content hash), else `build()` saved there. Returns (tokenizer, hit).
+    An unreadable cache entry is rebuilt; an unwritable cache directory only costs speed."""
+    path = cache_dir() / f"{key}.json"
+    if path.is_file():
+        try:
+            return tokenizers.Tokenizer.from_file(str(path)), True
+        except Exception:  # a corrupt entry (e.g. from a tokenizers version change): rebuild it
+            pass
+    tok, tmp = build(), None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        os.close(fd)
+        tok.save(tmp)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+    return tok, False
