@@ -34,35 +34,16 @@ def hf_model_from_weights(config: ModelConfig, weights: dict[str, torch.Tensor],
     return model.eval()
 
 
-def encode_pair(tokenizer, context: str, continuation: str, add_bos: bool) -> tuple[list[int], list[int]]:
-    """lm-evaluation-harness's split: trailing whitespace of the context moves to the continuation, the whole
-    text is encoded and the continuation is what follows the context's own tokens. An empty context becomes
-    [BOS] (or [EOS] without one)."""
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-    bos = [tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None else []
-    if not context:
-        prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
-        return [prefix], tokenizer.encode(continuation)
-    whole = tokenizer.encode(context + continuation)
-    ctx = tokenizer.encode(context)
-    return bos + ctx, whole[len(ctx):]
-
-
 @torch.no_grad()
-def hf_logprobs(model, tokenizer, requests: Sequence[tuple], add_bos: bool | None = None) -> list[RefScore]:
-    """log P(continuation | context) for each (context, continuation) request, each a str or a list of token
-    ids; strings need `tokenizer` (an engine Tokenizer) and get BOS when `add_bos` (default: tokenizer.add_bos).
-    Token-id requests are used as given."""
+def hf_logprobs(model, tokenizer, requests: Sequence[tuple]) -> list[RefScore]:
+    """log P(continuation | context) for each (context, continuation) request (both str or both token ids),
+    turned into token ids by the engine's own rule (engine.requests.encode_pair, lm-evaluation-harness's
+    convention), so that a parity test compares the computation only."""
+    from engine.requests import encode_pair
+
     out = []
     for context, continuation in requests:
-        if isinstance(context, str) or isinstance(continuation, str):
-            use_bos = tokenizer.add_bos if add_bos is None else add_bos
-            context, continuation = encode_pair(tokenizer, str(context), str(continuation), use_bos)
-        context, continuation = list(context), list(continuation)
-        if not context or not continuation:
-            raise ValueError("the reference needs a non-empty context and continuation")
+        context, continuation = encode_pair(tokenizer, context, continuation)
         ids = torch.tensor([context + continuation])
         logits = model(input_ids=ids).logits[0, len(context) - 1:-1].double()
         logp = torch.log_softmax(logits, dim=-1)
