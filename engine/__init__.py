@@ -1,0 +1,5 @@
+"""Prefix-sharing Llama-family inference engine: continuation log-probs and generation on a paged KV cache."""
+from .engine import Engine, ScoreResult
+from .errors import UserError
+
+__all__ = ["Engine", "ScoreResult", "UserError"]

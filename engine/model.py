@@ -1,0 +1,78 @@
+"""The Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2) over packed variable-length steps.
+
+One forward step takes the new tokens of many sequences packed back to back (no padding) and an attention plan
+(`StepBatch`): where their K/V go in the paged cache and which cached segments each sequence attends to. Only the
+rows that are asked for leave the last layer (the LM head never runs on the others)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+@dataclass
+class StepBatch:
+    token_ids: torch.Tensor  # [T] int64: new tokens of all sequences, packed
+    positions: torch.Tensor  # [T] int64: their absolute positions
+    write_slots: torch.Tensor  # [T] int64: cache slots that receive their K/V
+    cu_seqlens: list[int]  # sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1]
+    segments: list[tuple[torch.Tensor, torch.Tensor]]  # (query rows, cached slots) per shared cached segment
+    out_rows: torch.Tensor  # [N] int64: rows whose final hidden state is returned
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device):
+        self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        c = config
+
+        def w(name):
+            return weights[name].to(device=self.device, dtype=dtype).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        self.lm_head = self.embed if c.tie_embeddings else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            bias = torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if c.attention_bias else None
+            self.layers.append(dict(
+                attn_norm=w(p + "input_layernorm.weight"), qkv=qkv, qkv_bias=bias,
+                o=w(p + "self_attn.o_proj.weight"), mlp_norm=w(p + "post_attention_layernorm.weight"),
+                gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
+                down=w(p + "mlp.down_proj.weight")))
+        self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position,
+                                                  self.device)
+        self.scale = c.head_dim ** -0.5
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
+        """Runs one step, writing K/V of the new tokens into `kv`; returns final-normed hidden [N, hidden]."""
+        c = self.config
+        T = batch.token_ids.shape[0]
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        h = F.embedding(batch.token_ids, self.embed)
+        residual = None
+        for i, L in enumerate(self.layers):
+            x, residual = kernels.rms_norm(h, L["attn_norm"], c.rms_norm_eps, residual)
+            qkv = F.linear(x, L["qkv"], L["qkv_bias"])
+            q = qkv[:, :q_dim].reshape(T, c.num_heads, c.head_dim)
+            k = qkv[:, q_dim:q_dim + kv_dim].reshape(T, c.num_kv_heads, c.head_dim)
+            v = qkv[:, q_dim + kv_dim:].reshape(T, c.num_kv_heads, c.head_dim)
+            q, k = q.contiguous(), k.contiguous()
+            kernels.apply_rope(q, k, batch.positions, self.cos, self.sin)
+            kernels.store_kv(k, v, kv.k[i], kv.v[i], batch.write_slots)
+            attn = kernels.cascade_attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments,
+                                             self.scale)
+            h = F.linear(attn.reshape(T, q_dim), L["o"])
+            x, residual = kernels.rms_norm(h, L["mlp_norm"], c.rms_norm_eps, residual)
+            h = F.linear(kernels.silu_and_mul(F.linear(x, L["gate_up"])), L["down"])
+        rows = batch.out_rows
+        out, _ = kernels.rms_norm(h[rows], self.norm, c.rms_norm_eps, residual[rows])
+        return out
