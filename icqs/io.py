@@ -58,6 +58,33 @@ def atomic_write(path, data: str | bytes) -> None:
         raise
 
 
+def _read_complete(path: Path) -> tuple[list[dict], int, int]:
+    """(rows, bytes of complete lines, file size). Each row is written as one `json + "\\n"`, so a kill in the
+    middle of a write leaves a tail without its newline: that tail is not a row."""
+    if not path.exists():
+        return [], 0, 0
+    data = path.read_bytes()
+    complete = data.rfind(b"\n") + 1
+    rows = []
+    for number, raw in enumerate(data[:complete].splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise UserError("corrupt result line (not a JSON object); remove the file to start over", str(path),
+                            number)
+        rows.append(row)
+    return rows, complete, len(data)
+
+
+def read_results(path) -> list[dict]:
+    """The complete rows of a result log (a torn last line is ignored, the file is not changed); [] if absent."""
+    return _read_complete(Path(path))[0]
+
+
 class ResultWriter:
     """Append-only JSONL log of finished results, so that a killed run resumes without recomputing.
 
@@ -75,34 +102,16 @@ class ResultWriter:
             self._key = lambda row: tuple(row[k] for k in key)
         else:
             self._key = key
-        self.rows: list[dict] = []
-        self._done: set = set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._load()
         self._file = open(self.path, "a", encoding="utf-8")
 
     def _load(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            data = f.read()
-        # Each row is written as one `json + "\n"`; a kill mid-write leaves a tail without the newline: drop it.
-        complete = data[: data.rfind(b"\n") + 1]
-        for number, raw in enumerate(complete.splitlines(), 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except ValueError:
-                row = None
-            if not isinstance(row, dict):
-                raise UserError("corrupt result line (not a JSON object); remove the file to start over",
-                                str(self.path), number)
-            self.rows.append(row)
-            self._done.add(self._key(row))
-        if len(complete) < len(data):
+        self.rows, complete, size = _read_complete(self.path)
+        self._done = {self._key(row) for row in self.rows}
+        if complete < size:  # cut the torn tail so that appends start on a fresh line
             with open(self.path, "r+b") as f:
-                f.truncate(len(complete))
+                f.truncate(complete)
 
     def done(self, key) -> bool:
         return key in self._done

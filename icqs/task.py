@@ -1,0 +1,163 @@
+"""The ICQS task definition (YAML): the in-context template, the good and bad example pools Z_g and Z_b, the
+separators, the label options, the judge question, and the defaults for M, N, L and the seed.
+
+    name: sentiment
+    template: "Sentence: {x}\\nAnswer: {y}"   # {x} before {y}; the y part is the scored continuation
+    separator: "\\n\\n"                      # between demos, and between the last demo and the candidate
+    header: ""                              # optional text before the demos
+    good: [{x: "a fine film", y: positive}]  # inline list, or a JSONL path (relative to this file)
+    bad: bad.jsonl
+    labels: [negative, positive]             # label options (ICL baseline); default: the y values of the pools
+    judge_question: "What is the sentiment of: {x}"   # verbalized judge; default: the template's x part
+    M: 4        # ratios r_j = j/M, j = 0..M (r = fraction of good demos)
+    N: 8        # demos per demo set
+    L: 3        # demo sets per ratio (ICQS-Epistemic)
+    seed: 0
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from engine.errors import UserError
+
+from .io import read_jsonl
+
+DEFAULTS = {"separator": "\n\n", "header": "", "M": 4, "N": 8, "L": 3, "seed": 0}
+KEYS = {"name", "template", "separator", "header", "good", "bad", "labels", "judge_question", "M", "N", "L", "seed"}
+
+
+@dataclass(frozen=True)
+class Example:
+    x: str
+    y: str
+
+
+@dataclass
+class Task:
+    name: str
+    template: str
+    good: list[Example]
+    bad: list[Example]
+    separator: str = "\n\n"
+    header: str = ""
+    labels: list[str] = field(default_factory=list)
+    judge_question: str | None = None
+    M: int = 4
+    N: int = 8
+    L: int = 3
+    seed: int = 0
+
+    @property
+    def ratios(self) -> list[float]:
+        """r_j = j / M for j = 0..M: the fraction of good demos in the demo set of ratio j."""
+        return [j / self.M for j in range(self.M + 1)]
+
+    def x_part(self, x: str) -> str:
+        """The template up to {y}, with x filled in (the end of the scored context)."""
+        return self.template.split("{y}", 1)[0].replace("{x}", x)
+
+    def y_part(self, y: str) -> str:
+        """The template from {y} on, with y filled in (the scored continuation)."""
+        return y + self.template.split("{y}", 1)[1]
+
+    def render(self, example: Example) -> str:
+        return self.x_part(example.x) + self.y_part(example.y)
+
+    def demo_text(self, examples: list[Example]) -> str:
+        """The header and the demos, each followed by the separator: the context before a candidate's x part."""
+        return self.header + "".join(self.render(e) + self.separator for e in examples)
+
+
+def _key_lines(node) -> dict:
+    """Line (1-based) of each top-level key of a YAML mapping node, and of each item of its list values."""
+    lines = {}
+    for key_node, value_node in node.value:
+        lines[key_node.value] = key_node.start_mark.line + 1
+        if isinstance(value_node, yaml.SequenceNode):
+            for i, item in enumerate(value_node.value):
+                lines[(key_node.value, i)] = item.start_mark.line + 1
+    return lines
+
+
+def _examples(value, key: str, path: str, lines: dict) -> list[Example]:
+    if isinstance(value, str):
+        pool_path = Path(path).parent / value
+        rows = read_jsonl(pool_path, required=("x", "y"))
+        where = [(str(pool_path), None)] * len(rows)
+    elif isinstance(value, list):
+        rows = value
+        where = [(path, lines.get((key, i), lines.get(key))) for i in range(len(rows))]
+    else:
+        raise UserError(f"{key!r} must be a list of {{x, y}} examples or a JSONL path", path, lines.get(key))
+    examples = []
+    for row, (file, line) in zip(rows, where):
+        if not isinstance(row, dict) or "x" not in row or "y" not in row:
+            raise UserError(f"each {key!r} example needs fields 'x' and 'y'", file, line)
+        examples.append(Example(str(row["x"]), str(row["y"])))
+    if not examples:
+        raise UserError(f"{key!r} has no examples", path, lines.get(key))
+    return examples
+
+
+def load_task(path) -> Task:
+    """Read and check a task YAML; any problem is a one-line UserError naming file:line."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError("no such file", path) from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise UserError(f"invalid YAML: {problem}", path, mark.line + 1 if mark else None) from None
+    if not isinstance(data, dict):
+        raise UserError("a task file is a YAML mapping (name, template, good, bad, ...)", path, 1)
+    lines = _key_lines(node)
+    for key in data:
+        if key not in KEYS:
+            raise UserError(f"unknown key {key!r} (known: {', '.join(sorted(KEYS))})", path, lines.get(key))
+    for key in ("template", "good", "bad"):
+        if key not in data:
+            raise UserError(f"missing key {key!r}", path, 1)
+    values = {**DEFAULTS, **data}
+    template = values["template"]
+    if not isinstance(template, str) or template.count("{x}") != 1 or template.count("{y}") != 1 \
+            or template.index("{x}") > template.index("{y}"):
+        raise UserError("'template' must contain {x} once and then {y} once", path, lines.get("template"))
+    for key in ("M", "N", "L"):
+        if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
+            raise UserError(f"{key!r} must be a positive integer", path, lines.get(key))
+    if not isinstance(values["seed"], int):
+        raise UserError("'seed' must be an integer", path, lines.get("seed"))
+    for key in ("separator", "header"):
+        if not isinstance(values[key], str):
+            raise UserError(f"{key!r} must be a string", path, lines.get(key))
+    good = _examples(values["good"], "good", path, lines)
+    bad = _examples(values["bad"], "bad", path, lines)
+    labels = values.get("labels")
+    if labels is None:
+        labels = sorted({e.y for e in good + bad})
+    elif not isinstance(labels, list) or len(labels) < 2 or len(set(map(str, labels))) != len(labels):
+        raise UserError("'labels' must be a list of at least two distinct options", path, lines.get("labels"))
+    judge_question = values.get("judge_question")
+    if judge_question is not None and (not isinstance(judge_question, str) or judge_question.count("{x}") != 1):
+        raise UserError("'judge_question' must be a string containing {x} once", path, lines.get("judge_question"))
+    return Task(name=str(values.get("name") or Path(path).stem), template=template, good=good, bad=bad,
+                separator=values["separator"], header=values["header"], labels=[str(v) for v in labels],
+                judge_question=judge_question, M=values["M"], N=values["N"], L=values["L"], seed=values["seed"])
+
+
+def task_to_dict(task: Task) -> dict:
+    d = asdict(task)
+    d["good"], d["bad"] = [[e.x, e.y] for e in task.good], [[e.x, e.y] for e in task.bad]
+    return d
+
+
+def task_from_dict(d: dict) -> Task:
+    return Task(**{**d, "good": [Example(*e) for e in d["good"]], "bad": [Example(*e) for e in d["bad"]]})
