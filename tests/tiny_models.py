@@ -129,3 +129,140 @@ def make_tiny_model(path, arch: str = "llama", seed: int = 0, **config_overrides
                "add_bos_token": True, "chat_template": CHATML_TEMPLATE}
     (path / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     return path
+
+
+# --- GGUF ------------------------------------------------------------------------------------------------------
+
+# Block types gguf-py cannot quantize: random blocks are written instead, with their fp16 scales (at these byte
+# offsets of each block) set so that values stay around +-0.1.
+RANDOM_BLOCK_SCALES = {"Q2_K": ((80, 82), 2e-3), "Q3_K": ((108,), 8e-4), "Q4_K": ((0, 2), 1e-4),
+                       "Q5_K": ((0, 2), 5e-5), "Q6_K": ((208,), 2.5e-5),
+                       "IQ4_NL": ((0,), 1e-3)}  # a type the engine does not load, for its error
+_GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight", "input_layernorm.weight": "attn_norm.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name in _GGUF_NAMES:
+        return _GGUF_NAMES[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    if rest.startswith("self_attn.") and rest[10] in "qkv" and rest[11:17] == "_proj.":
+        return f"blk.{layer}.attn_{rest[10]}.{rest[17:]}"
+    return f"blk.{layer}.{_GGUF_NAMES[rest]}"
+
+
+def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter: per head, interleave the two rotary halves of the rows (for its pairwise RoPE)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(cfg: dict) -> np.ndarray:
+    """The `rope_freqs.weight` llama.cpp's converter writes for Llama 3 rope scaling (divisors of each frequency)."""
+    rs, hd = cfg["rope_scaling"], cfg["head_dim"]
+    factors = []
+    for freq in 1.0 / cfg["rope_theta"] ** (np.arange(0, hd, 2) / hd):
+        wavelen = 2 * np.pi / freq
+        low_wavelen = rs["original_max_position_embeddings"] / rs["low_freq_factor"]
+        high_wavelen = rs["original_max_position_embeddings"] / rs["high_freq_factor"]
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(rs["factor"])
+        else:
+            smooth = (rs["original_max_position_embeddings"] / wavelen - rs["low_freq_factor"]) / (
+                rs["high_freq_factor"] - rs["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / rs["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def reference_dequantize(blocks: np.ndarray, qtype: str, shape) -> torch.Tensor:
+    """Dequantize with an implementation other than gguf-py's where one exists: transformers' torch kernels
+    (Q4_0, Q4_1, Q8_0, K-quants); gguf-py's own for Q5_0 and Q5_1, which transformers lacks."""
+    import gguf
+    from transformers.integrations.gguf import dequant
+
+    type_id = int(gguf.GGMLQuantizationType[qtype])
+    if type_id in dequant.GGML_BLOCK:
+        return dequant.dequantize(torch.from_numpy(blocks.copy()).flatten(), type_id).reshape(shape)
+    return torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[qtype])).reshape(shape)
+
+
+def _encode_tensor(w: torch.Tensor, qtype: str, rng: np.random.Generator):
+    """(array to write, GGML type, the float32 tensor a reader must get back)."""
+    import gguf
+
+    if w.ndim == 1 or qtype == "F32":
+        return w.numpy(), gguf.GGMLQuantizationType.F32, w
+    if qtype == "F16":
+        return w.numpy().astype(np.float16), gguf.GGMLQuantizationType.F16, w.half().float()
+    kind = gguf.GGMLQuantizationType[qtype]
+    if qtype == "BF16":
+        return gguf.quants.quantize(w.numpy(), kind), kind, w.bfloat16().float()
+    if qtype in RANDOM_BLOCK_SCALES:
+        offsets, scale = RANDOM_BLOCK_SCALES[qtype]
+        block_elems, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+        rows, cols = w.shape
+        blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
+        for off in offsets:
+            d = rng.uniform(0.5 * scale, scale, blocks.shape[:2]).astype(np.float16)
+            blocks[:, :, off:off + 2] = d[..., None].view(np.uint8)
+        blocks = blocks.reshape(rows, -1)
+    else:
+        blocks = gguf.quants.quantize(w.numpy(), kind)
+    return blocks, kind, reference_dequantize(blocks, qtype, tuple(w.shape))
+
+
+def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0, **config_overrides):
+    """Write a tiny random GGUF the way llama.cpp's converter would (Q/K rows permuted for llama, norms and
+    biases in F32, every matrix in `qtype`, byte-level BPE vocabulary, ChatML template). `arch`: llama, mistral,
+    llama3 (rope_freqs.weight), smollm (tied embeddings) -> GGUF arch llama; qwen2. K-quant types widen the model
+    to 256-wide rows. Returns (path, the HF-layout float32 weights a loader must return)."""
+    import gguf
+
+    path = Path(path)
+    if qtype in RANDOM_BLOCK_SCALES:
+        config_overrides = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, **config_overrides}
+    cfg = hf_config(arch, **config_overrides)
+    gguf_arch, rng = ("qwen2" if cfg["model_type"] == "qwen2" else "llama"), np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), gguf_arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    _add_vocab(w, train_tokenizer(cfg["vocab_size"]))
+    expected = {}
+    for name, tensor in random_weights(cfg, seed).items():
+        data, kind, expected[name] = _encode_tensor(tensor, qtype, rng)
+        if gguf_arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            data = llama_cpp_permute(data, cfg["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"])
+        w.add_tensor(gguf_name(name), data, raw_dtype=kind)
+    if arch == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, expected
+
+
+def _add_vocab(w, tok) -> None:
+    model = json.loads(tok.to_str())["model"]
+    tokens = sorted(model["vocab"], key=model["vocab"].get)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
+    w.add_bos_token_id(SPECIAL_TOKENS.index("<s>"))
+    w.add_eos_token_id(SPECIAL_TOKENS.index("</s>"))
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHATML_TEMPLATE)

