@@ -20,8 +20,8 @@ def test_variants_show_each_answer_in_both_positions_under_both_symbols():
 @pytest.mark.parametrize("name,symbol_for_x", [("AB", "A"), ("BA", "B"), ("AB_sym", "B"), ("BA_sym", "A")])
 def test_symbols_map_back_to_answers(name, symbol_for_x):
     v = BY[name]
-    assert v.symbol_of("X") == symbol_for_x and v.symbol_of("tie") == "C"
-    assert v.outcome_of(symbol_for_x) == "X" and v.outcome_of("C") == "tie"
+    assert v.symbol_of("model_a") == symbol_for_x and v.symbol_of("tie") == "C"
+    assert v.outcome_of(symbol_for_x) == "model_a" and v.outcome_of("C") == "tie"
     probs = {"A": 0.7, "B": 0.2, "C": 0.1}
     out = to_outcome_probs(v, [probs["A"], probs["B"], probs["C"]])
     assert out[0] == pytest.approx(probs[symbol_for_x]) and out[2] == pytest.approx(0.1)
@@ -33,10 +33,10 @@ def test_aggregate_cancels_a_pure_symbol_bias():
     always_a = [to_outcome_probs(v, [0.9, 0.05, 0.05]) for v in VARIANTS]
     agg = aggregate(always_a)
     assert agg[0] == pytest.approx(agg[1])
-    prefers_x = [to_outcome_probs(v, [0.8, 0.1, 0.1] if v.symbol_of("X") == "A" else [0.1, 0.8, 0.1])
+    prefers_x = [to_outcome_probs(v, [0.8, 0.1, 0.1] if v.symbol_of("model_a") == "A" else [0.1, 0.8, 0.1])
                  for v in VARIANTS]
-    assert decide(aggregate(prefers_x)) == "X"
-    assert decide([0.3, 0.2, 0.5]) == "tie" and decide([0.3, 0.2, 0.5], decisive=True) == "X"
+    assert decide(aggregate(prefers_x)) == "model_a"
+    assert decide([0.3, 0.2, 0.5]) == "tie" and decide([0.3, 0.2, 0.5], decisive=True) == "model_a"
 
 
 def test_parse_verdict():
@@ -61,13 +61,13 @@ def test_bias_report_of_biased_and_unbiased_judges():
     assert always_first["position_bias_rate"] == 1.0 and always_first["first_position_share"] == 1.0
     assert always_first["symbol_bias_rate"] == 0.0 and always_first["symbol_A_share"] == 0.5
 
-    fair = bias_report([_verdicts_of(lambda v: v.symbol_of("X")), _verdicts_of(lambda v: "C")])
+    fair = bias_report([_verdicts_of(lambda v: v.symbol_of("model_a")), _verdicts_of(lambda v: "C")])
     assert fair["flip_rate"] == 0.0 and fair["position_bias_rate"] == 0.0 and fair["symbol_bias_rate"] == 0.0
     assert fair["tie_share"] == 0.5 and fair["position_flip_rate"] == 0.0
 
 
 def test_bias_report_counts_single_flips():
-    ver = {"AB": "X", "BA": "tie", "AB_sym": "X", "BA_sym": "X"}
+    ver = {"AB": "model_a", "BA": "tie", "AB_sym": "model_a", "BA_sym": "model_a"}
     r = bias_report([ver])
     assert r["flip_rate"] == 1.0
     assert r["position_flip_rate"] == 0.5 and r["symbol_flip_rate"] == 0.5 and r["order_flip_rate"] == 0.5

@@ -59,3 +59,19 @@ def grade(engine, jobs: list[tuple[dict, int, str]], generate: bool = False, max
             row["generated"] = g.text
             row["parsed"] = parse_rating(g.text, LOW, HIGH)
     return rows
+
+
+def fitting_shots(tokenizer, items: list[dict], drawers: list[Callable[[dict], list[Demo]]], method: str,
+                  limit: int, n_demos: int) -> list[int]:
+    """K = 0, 1, 2, 4, ... while every item's K-shot prompt (under every draw) fits in `limit` tokens."""
+    ks, k = [0], 1
+    while k <= n_demos - 1:   # a shared draw loses one demo for the item that is itself a demo
+        if method == "unsupervised" and n_demos - 1 < 4:
+            break
+        longest = max(prompt_tokens(tokenizer, p) for drawer in drawers
+                      for _, _, p in build_prompts(items, drawer, [k], method))
+        if longest > limit:
+            break
+        ks.append(k)
+        k *= 2
+    return ks

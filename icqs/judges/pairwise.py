@@ -1,12 +1,12 @@
 """Bias-controlled pairwise comparison: four prompts per pair (position swap x symbol swap, the paper's Table 2).
 
-For a pair (X, Y) of answers to one question:
+For a pair (X, Y) = (answer_a, answer_b) of answers to one question:
     Compare(A, B)   : X first as "A",  Y second as "B"
     Compare(B, A)   : Y first as "A",  X second as "B"    (position swap)
     Compare(A+, B+) : X first as "B",  Y second as "A"    (symbol swap: the symbols A and B change places)
     Compare(B+, A+) : Y first as "B",  X second as "A"    (both swaps)
 The tie symbol stays "C". Each verdict over the symbols [[A]], [[B]], [[C]] is mapped back to the answers, giving
-(P(X better), P(Y better), P(tie)); the aggregated verdict averages the four. Since every pair is shown in both
+(P(model_a better), P(model_b better), P(tie)); the aggregated verdict averages the four. Since every pair is shown in both
 positions and under both symbol assignments, a judge without bias picks the first position and the symbol "A"
 half of the time; the rates below measure how far it is from that.
 """
@@ -21,7 +21,7 @@ from ..options import option_logprobs
 from .prompts import VERDICT_PREFIX, chat_wrap, pairwise_prompt
 
 SYMBOLS = ("A", "B", "C")          # C: tie
-OUTCOMES = ("X", "Y", "tie")       # answer-level verdicts
+OUTCOMES = ("model_a", "model_b", "tie")   # answer-level verdicts: X = answer_a, Y = answer_b
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,10 @@ class Variant:
         return (self.first_label, "B" if self.first_label == "A" else "A")
 
     def symbol_of(self, outcome: str) -> str:
-        """The verdict symbol meaning `outcome` ("X", "Y", "tie") in this variant."""
+        """The verdict symbol meaning `outcome` ("model_a", "model_b", "tie") in this variant."""
         if outcome == "tie":
             return "C"
-        first = (outcome == "X") == self.x_first
+        first = (outcome == "model_a") == self.x_first
         return self.labels[0] if first else self.labels[1]
 
     def outcome_of(self, symbol: str) -> str:
@@ -48,7 +48,7 @@ class Variant:
         """"first" / "second" for a decisive outcome, None for a tie."""
         if outcome == "tie":
             return None
-        return "first" if (outcome == "X") == self.x_first else "second"
+        return "first" if (outcome == "model_a") == self.x_first else "second"
 
     def prompt(self, question: str, x: str, y: str) -> str:
         first, second = (x, y) if self.x_first else (y, x)
@@ -74,7 +74,7 @@ def verdict_options() -> list[str]:
 
 
 def to_outcome_probs(variant: Variant, symbol_probs) -> np.ndarray:
-    """[P(A), P(B), P(C)] of one variant -> [P(X better), P(Y better), P(tie)]."""
+    """[P(A), P(B), P(C)] of one variant -> [P(model_a better), P(model_b better), P(tie)]."""
     p = dict(zip(SYMBOLS, np.asarray(symbol_probs, dtype=np.float64)))
     return np.array([p[variant.symbol_of(o)] for o in OUTCOMES])
 
@@ -91,14 +91,15 @@ def aggregate(outcome_probs: list[np.ndarray]) -> np.ndarray:
 
 
 def decide(probs, decisive: bool = False) -> str:
-    """The outcome with the largest probability; decisive: X or Y only (the tie option ignored)."""
+    """The outcome with the largest probability; decisive: model_a or model_b only (the tie option ignored)."""
     probs = np.asarray(probs)
     return OUTCOMES[int(np.argmax(probs[:2] if decisive else probs))]
 
 
 def pairwise_logprob_verdicts(engine, items: list[dict], progress: bool = False) -> list[dict]:
     """items: dicts with question, x, y. For each item and variant the verdict distribution read from the
-    log-probs of "[[A]]", "[[B]]", "[[C]]" (one scoring call for all of them), mapped to the answers."""
+    log-probs of "[[A]]", "[[B]]", "[[C]]" (one scoring call for all of them), mapped to the answers; the
+    aggregate of the four; each variant's verdict and the aggregated verdict (argmax)."""
     prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"]), VERDICT_PREFIX)
                for it in items for v in VARIANTS]
     lp = option_logprobs(engine, prompts, verdict_options(), normalize=True, progress=progress)
@@ -106,13 +107,69 @@ def pairwise_logprob_verdicts(engine, items: list[dict], progress: bool = False)
     out = []
     for i in range(len(items)):
         per = {v.name: to_outcome_probs(v, probs[i, j]) for j, v in enumerate(VARIANTS)}
+        agg = aggregate(list(per.values()))
         out.append({"variants": {k: p.round(6).tolist() for k, p in per.items()},
-                    "aggregate": aggregate(list(per.values())).round(6).tolist()})
+                    "verdicts": {k: decide(p) for k, p in per.items()},
+                    "aggregate": agg.round(6).tolist(), "verdict": decide(agg)})
     return out
 
 
+def pairwise_generated_verdicts(engine, items: list[dict], max_tokens: int = 256,
+                                progress: bool = False) -> list[dict]:
+    """The judge's own generated judgment for each variant, its verdict parsed and mapped back (None: no verdict
+    in the text), and the majority of the four ("tie" when model_a and model_b get as many votes)."""
+    prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"])) for it in items
+               for v in VARIANTS]
+    gens = engine.generate(prompts, max_tokens=max_tokens, temperature=0.0, progress=progress)
+    out = []
+    for i in range(len(items)):
+        verdicts = {}
+        for j, v in enumerate(VARIANTS):
+            symbol = parse_verdict(gens[i * len(VARIANTS) + j].text)
+            verdicts[v.name] = None if symbol is None else v.outcome_of(symbol)
+        votes = [o for o in verdicts.values() if o is not None]
+        a, b = votes.count("model_a"), votes.count("model_b")
+        out.append({"verdicts": verdicts, "verdict": None if not votes else
+                    "model_a" if a > b else "model_b" if b > a else "tie",
+                    "texts": {v.name: gens[i * len(VARIANTS) + j].text for j, v in enumerate(VARIANTS)}})
+    return out
+
+
+def _accuracy(rows: list[dict], verdict_of) -> dict:
+    """Agreement of verdict_of(row) with row["winner"]; None verdicts count as wrong and are reported."""
+    labelled = [r for r in rows if r.get("winner") is not None]
+    got = [verdict_of(r) for r in labelled]
+    return {"n": len(labelled), "accuracy": float(np.mean([g == r["winner"] for g, r in zip(got, labelled)]))
+            if labelled else None, "no_verdict": sum(g is None for g in got)}
+
+
+def summarize_pairwise(rows: list[dict]) -> dict:
+    """Accuracy against the `winner` labels (per variant and aggregated; `decisive`: tie option ignored), bias
+    and flip rates of the log-prob verdicts, and the same for the generated ones when present."""
+    summary = {"pairs": len(rows), "logprob": {"bias": bias_report([r["verdicts"] for r in rows])}}
+    if any(r.get("winner") is not None for r in rows):
+        acc = {v.name: _accuracy(rows, lambda r, n=v.name: r["verdicts"][n]) for v in VARIANTS}
+        acc["aggregate"] = _accuracy(rows, lambda r: r["verdict"])
+        for v in VARIANTS:
+            acc[f"{v.name}_decisive"] = _accuracy(rows, lambda r, n=v.name: decide(r["variants"][n], True))
+        acc["aggregate_decisive"] = _accuracy(rows, lambda r: decide(r["aggregate"], True))
+        summary["logprob"]["accuracy"] = acc
+    gen_rows = [r["generated"] for r in rows if "generated" in r]
+    if gen_rows:
+        complete = [g["verdicts"] for g in gen_rows if None not in g["verdicts"].values()]
+        gen = {"pairs": len(gen_rows), "without_a_verdict": sum(o is None for g in gen_rows
+                                                                  for o in g["verdicts"].values()),
+               "bias_on_fully_parsed": bias_report(complete)}
+        if any(r.get("winner") is not None for r in rows):
+            both = [{**g, "winner": r.get("winner")} for r, g in zip(rows, gen_rows)]
+            gen["accuracy"] = {v.name: _accuracy(both, lambda g, n=v.name: g["verdicts"][n]) for v in VARIANTS}
+            gen["accuracy"]["aggregate"] = _accuracy(both, lambda g: g["verdict"])
+        summary["generated"] = gen
+    return summary
+
+
 def bias_report(verdicts: list[dict[str, str]]) -> dict:
-    """Bias and flip rates from answer-level verdicts, one dict per pair: variant name -> "X" | "Y" | "tie".
+    """Bias and flip rates from answer-level verdicts, one dict per pair: variant name -> an OUTCOMES value.
 
     position_bias_rate: share of POSITION_SWAPS prompt pairs in which the judge picked the same position both
     times (so a different answer); symbol_bias_rate: the same for SYMBOL_SWAPS pairs and the same symbol;
