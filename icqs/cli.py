@@ -112,7 +112,7 @@ def _load_engine(args):
     return Engine.load(model=args.model, dtype=args.dtype)
 
 
-def _print_leaderboard(out: Path, rows: list[dict], task) -> str:
+def print_leaderboard(out: Path, rows: list[dict], task) -> str:
     from .aggregate import format_leaderboards, leaderboard
     boards = [leaderboard(rows, m) for m in METHODS if any(r["method"] == m for r in rows)]
     text = format_leaderboards(boards, title=f"task {task.name}, {len({r['id'] for r in rows})} candidates")
@@ -140,14 +140,14 @@ def cmd_score(args) -> None:
     out = Path(args.out)
     rows = score_run(engine, task, candidates, out, args.method, args.sampler, args.model or "default",
                      progress=not args.quiet)
-    _print_leaderboard(out, rows, task)
+    print_leaderboard(out, rows, task)
 
 
 def cmd_leaderboard(args) -> None:
     task, _, rows = load_scores(args.dir)
     if not rows:
         raise UserError("no method has complete results yet; run `icqs score` again to finish", args.dir)
-    _print_leaderboard(Path(args.dir), rows, task)
+    print_leaderboard(Path(args.dir), rows, task)
 
 
 def cmd_report(args) -> None:

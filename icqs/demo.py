@@ -1,0 +1,92 @@
+"""`icqs demo`: a built-in task the project generates itself (no third-party data) and simulated models with known
+accuracies, scored by ICQS, ICQS-Epistemic, plain ICL and the verbalized judge on the embedded model.
+
+The task: the sentiment of short generated reviews ("The soundtrack was a joy to watch."). Z_g holds reviews with
+their true label, Z_b other reviews with the label flipped. Four simulated models answer the same test reviews,
+each correct on exactly a known share of them (1.0, 0.8, 0.6, 0.4): the true ranking is known, and the
+leaderboard prints it beside each method's.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from .candidates import Candidate
+from .io import atomic_write
+from .task import Example, Task
+
+SUBJECTS = ["The movie", "This film", "The acting", "The story", "The soundtrack", "The ending", "The dialogue",
+            "The sequel", "The cast", "The plot", "This show", "The new series"]
+POSITIVE = ["was wonderful", "was a joy to watch", "made me smile all evening", "was brilliant", "was beautiful and moving",
+            "was delightful", "is a true masterpiece", "was fun from start to finish", "deserves every award",
+            "left me happy and inspired"]
+NEGATIVE = ["was terrible", "was a waste of time", "bored me to tears", "was awful", "was dull and lifeless",
+            "made me angry", "is a complete mess", "was painful to sit through", "deserves to be forgotten",
+            "left me sad and disappointed"]
+LABELS = ["negative", "positive"]
+MODELS = {"model-A": 1.0, "model-B": 0.8, "model-C": 0.6, "model-D": 0.4}
+SIZES = {"pool": 16, "questions": 20, "M": 4, "N": 6, "L": 2}
+
+
+def reviews(seed: int = 0) -> list[Example]:
+    """Every subject x predicate review with its true label, in a fixed random order."""
+    pairs = [(s, p, "positive") for s, p in itertools.product(SUBJECTS, POSITIVE)]
+    pairs += [(s, p, "negative") for s, p in itertools.product(SUBJECTS, NEGATIVE)]
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    return [Example(f"{pairs[i][0]} {pairs[i][1]}.", pairs[i][2]) for i in order]
+
+
+def _flip(label: str) -> str:
+    return LABELS[1 - LABELS.index(label)]
+
+
+def demo_task(pool: int = SIZES["pool"], M: int = SIZES["M"], N: int = SIZES["N"], L: int = SIZES["L"]) -> Task:
+    all_reviews = reviews()
+    good = all_reviews[:pool]
+    bad = [Example(e.x, _flip(e.y)) for e in all_reviews[pool:2 * pool]]
+    return Task("demo-review-sentiment", "Review: {x}\nSentiment: {y}", good, bad, labels=list(LABELS),
+                judge_question="Is the sentiment of the following review 'negative' or 'positive': {x}\n"
+                               "Respond with 'negative' or 'positive'.", M=M, N=N, L=L, seed=0)
+
+
+def demo_candidates(task: Task, questions: int = SIZES["questions"], seed: int = 1) -> list[Candidate]:
+    """Each simulated model answers the same held-out reviews, right on exactly round(accuracy * questions)."""
+    held_out = reviews()[len(task.good) + len(task.bad):][:questions]
+    rng = np.random.default_rng(seed)
+    out = []
+    for model, accuracy in MODELS.items():
+        right = set(rng.permutation(questions)[:round(accuracy * questions)].tolist())
+        for q, e in enumerate(held_out):
+            ok = q in right
+            out.append(Candidate(f"{model}/q{q}", model, e.x, e.y if ok else _flip(e.y), 1.0 if ok else 0.0))
+    return out
+
+
+def task_yaml(task: Task) -> str:
+    d = {"name": task.name, "template": task.template, "labels": task.labels, "judge_question": task.judge_question,
+         "M": task.M, "N": task.N, "L": task.L, "seed": task.seed,
+         "good": [{"x": e.x, "y": e.y} for e in task.good], "bad": [{"x": e.x, "y": e.y} for e in task.bad]}
+    return yaml.safe_dump(d, sort_keys=False, allow_unicode=True, width=120)
+
+
+def run_demo(out, model: str | None = None, dtype: str = "bfloat16", progress: bool = True) -> str:
+    """Score the demo, print the leaderboard (true ranking beside it) and write the report; returns the text."""
+    from engine import Engine
+
+    from .cli import METHODS, print_leaderboard, score_run
+    from .report import write_report
+
+    out = Path(out)
+    task = demo_task()
+    candidates = demo_candidates(task)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "demo_task.yaml", task_yaml(task))  # `icqs score` can rerun it: with out/candidates.jsonl
+    engine = Engine.load(model=model, dtype=dtype)
+    rows = score_run(engine, task, candidates, out, METHODS, "coupled", model or "default", progress=progress)
+    text = print_leaderboard(out, rows, task)
+    print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")
+    print(f"report: {write_report(out)}")
+    return text
