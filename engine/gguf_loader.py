@@ -59,7 +59,16 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], T
                     if name in weights:
                         weights[name] = unpermute_rotary(weights[name], heads)
     config.tie_embeddings = "lm_head.weight" not in weights
-    return config, weights, _tokenizer(reader, meta, config)
+    return config, weights, _tokenizer(meta, config)
+
+
+def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """Only the tokenizer of a GGUF file (no weights are read)."""
+    path = Path(path)
+    reader = open_gguf(path)
+    meta = _Metadata(reader, str(path))
+    arch = meta.get("general.architecture")
+    return _tokenizer(meta, _config(meta, arch, {t.name: t for t in reader.tensors}))
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -235,7 +244,7 @@ def llama3_rope_from_factors(factors: np.ndarray, config: ModelConfig, source: s
 
 # --- tokenizer ---------------------------------------------------------------------------------------------------
 
-def _tokenizer(reader, meta: _Metadata, config: ModelConfig) -> Tokenizer:
+def _tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise UserError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')",

