@@ -1,0 +1,148 @@
+"""One entry point per op; picks the implementation from the backend setting and the tensors' device.
+
+Backends (env ENGINE_KERNELS, or set_backend()):
+  auto    CUDA tensors -> Triton. CPU tensors -> the path measured faster on the CPU by
+          benchmarks/bench_kernels.py: the native ops (kernels/native, C++/OpenMP) for attention when the library
+          is built, the torch references for everything else (no native version of those ops is kept: see
+          CPU_NATIVE_OPS). Without the library, the torch references, and a warning says so once.
+  torch   the torch references (*_ref) everywhere.
+  triton  the Triton kernels everywhere; on a CPU this is the Triton interpreter (TRITON_INTERPRET=1, set here
+          when triton is not yet imported), slow, meant for tests.
+  native  the native ops where they exist (attention), torch references for the rest; an error if not built.
+One log line per (op, device) says which path runs.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import torch
+
+from . import native_ops
+
+log = logging.getLogger("kernels")
+BACKENDS = ("auto", "torch", "triton", "native")
+
+# op -> {backend: "module:function"}
+IMPLS = {
+    "rms_norm": {"torch": "rmsnorm:rms_norm_ref", "triton": "rmsnorm_triton:rms_norm_triton"},
+    "apply_rope": {"torch": "rope:apply_rope_ref", "triton": "rope_triton:apply_rope_triton"},
+    "silu_and_mul": {"torch": "swiglu:silu_and_mul_ref", "triton": "swiglu_triton:silu_and_mul_triton"},
+    "store_kv": {"torch": "kv_store:store_kv_ref", "triton": "kv_store_triton:store_kv_triton"},
+    "cascade_attention": {"torch": "attention:cascade_attention_ref",
+                          "triton": "attention_triton:cascade_attention_triton",
+                          "native": "native_ops:cascade_attention_native"},
+    "paged_prefill_attention": {"torch": "paged_attention:paged_prefill_attention_ref",
+                                "triton": "attention_triton:paged_prefill_attention_triton",
+                                "native": "native_ops:paged_prefill_attention_native"},
+    "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
+    "dequantize": {"torch": "dequant:dequantize_ref", "triton": "dequant_triton:dequantize_triton"},
+}
+# Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32).
+CPU_NATIVE_OPS = frozenset({"cascade_attention", "paged_prefill_attention"})
+
+_state = {"backend": None}
+_chosen: dict[tuple[str, str, str], object] = {}
+
+
+def set_backend(name: str | None) -> None:
+    """Forces one backend for every op (None: back to ENGINE_KERNELS / auto)."""
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r} (expected one of {', '.join(BACKENDS)})")
+    _state["backend"] = name
+    _chosen.clear()
+
+
+def get_backend() -> str:
+    name = _state["backend"] or os.environ.get("ENGINE_KERNELS", "auto") or "auto"
+    if name not in BACKENDS:
+        raise ValueError(f"ENGINE_KERNELS={name!r} is not one of {', '.join(BACKENDS)}")
+    return name
+
+
+def _import_triton_module(module: str):
+    """Without a GPU, Triton kernels run in the interpreter, which must be on when @triton.jit runs (import)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return importlib.import_module(f"{__package__}.{module}")
+
+
+def _pick(op: str, device: torch.device, backend: str) -> tuple[str, str]:
+    impls = IMPLS[op]
+    if backend == "auto":
+        if device.type == "cuda":
+            return "triton", "CUDA"
+        if op in CPU_NATIVE_OPS:
+            if native_ops.load():
+                return "native", f"measured faster on CPU ({native_ops.LIB_DIR.name}/libicqs_native.so)"
+            log.warning("kernels: native CPU ops are not built (no libicqs_native.so in %s); %s runs the torch "
+                        "reference", native_ops.LIB_DIR, op)
+            return "torch", "native library absent"
+        return "torch", "no faster CPU path measured"
+    if backend == "native":
+        if "native" not in impls:
+            return "torch", "no native version of this op"
+        if not native_ops.load():
+            raise RuntimeError(f"ENGINE_KERNELS=native but libicqs_native.so is not built in {native_ops.LIB_DIR}")
+        return "native", "forced"
+    if backend == "triton" and device.type == "cpu":
+        return "triton", "forced; Triton interpreter"
+    return backend, "forced"
+
+
+def resolve(op: str, device: torch.device):
+    """The function that runs `op` for tensors on `device` under the current backend."""
+    backend = get_backend()
+    key = (op, device.type, backend)
+    fn = _chosen.get(key)
+    if fn is None:
+        impl, why = _pick(op, device, backend)
+        module, name = IMPLS[op][impl].split(":")
+        mod = _import_triton_module(module) if impl == "triton" else importlib.import_module(f"{__package__}.{module}")
+        fn = _chosen[key] = getattr(mod, name)
+        log.info("kernels: %s on %s -> %s (%s)", op, device.type, impl, why)
+    return fn
+
+
+def describe(device: str | None = None) -> str:
+    """One line: the backend and the implementation each op gets on `device` (default: cuda if present)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    picks = {op: _pick(op, dev, get_backend())[0] for op in IMPLS}
+    common = max(set(picks.values()), key=list(picks.values()).count)
+    rest = ", ".join(f"{op}={impl}" for op, impl in picks.items() if impl != common)
+    return f"{get_backend()} on {dev.type}: {rest + ', ' if rest else ''}others={common}"
+
+
+def rms_norm(x, weight, eps, residual=None):
+    return resolve("rms_norm", x.device)(x, weight, eps, residual)
+
+
+def apply_rope(q, k, positions, cos, sin):
+    return resolve("apply_rope", q.device)(q, k, positions, cos, sin)
+
+
+def silu_and_mul(gate_up):
+    return resolve("silu_and_mul", gate_up.device)(gate_up)
+
+
+def store_kv(k, v, k_cache, v_cache, slots):
+    return resolve("store_kv", k.device)(k, v, k_cache, v_cache, slots)
+
+
+def cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
+    return resolve("cascade_attention", q.device)(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale)
+
+
+def paged_prefill_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens, page_size,
+                            scale):
+    return resolve("paged_prefill_attention", q.device)(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table,
+                                                        prefix_lens, page_size, scale)
+
+
+def target_logprobs(hidden, weight, targets):
+    return resolve("target_logprobs", hidden.device)(hidden, weight, targets)
+
+
+def dequantize(raw, qtype, dtype=torch.float32):
+    return resolve("dequantize", raw.device)(raw, qtype, dtype)

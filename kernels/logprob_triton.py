@@ -1,0 +1,72 @@
+"""Triton fused target log-prob; same contract as logprob.target_logprobs_ref.
+
+A program owns BLOCK_M rows and one slice of the vocabulary: it computes the logits of that slice tile by tile
+(hidden x LM-head rows, K-looped over the model dimension), keeps an online max / sum of exp and the target's
+logit, and writes only those three numbers per row. The slices are merged by log-sum-exp on the host side of
+the launch. No [tokens x vocab] tensor exists at any point."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _target_logprob_kernel(h_ptr, w_ptr, t_ptr, m_ptr, l_ptr, tgt_ptr, N, V, Dm, v_per_split,
+                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                           PRECISION: tl.constexpr):
+    split = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < N
+    target = tl.load(t_ptr + offs_m, mask=m_mask, other=-1)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    tgt = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    v_lo = split * v_per_split
+    v_hi = tl.minimum(V, v_lo + v_per_split)
+    for v0 in range(v_lo, v_hi, BLOCK_V):
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        v_mask = offs_v < v_hi
+        logits = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+        for k0 in range(0, Dm, BLOCK_K):
+            k_mask = (k0 + offs_k) < Dm
+            h = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * Dm + k0 + offs_k[None, :],
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptr + offs_v[:, None].to(tl.int64) * Dm + k0 + offs_k[None, :],
+                        mask=v_mask[:, None] & k_mask[None, :], other=0.0)
+            logits = tl.dot(h, tl.trans(w), acc=logits, input_precision=PRECISION)
+        logits = tl.where(v_mask[None, :], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, 1))
+        l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), 1)
+        m_i = m_new
+        hit = offs_v[None, :] == target[:, None]
+        tgt = tl.maximum(tgt, tl.max(tl.where(hit, logits, float("-inf")), 1))
+    out = split * N + offs_m
+    tl.store(m_ptr + out, m_i, mask=m_mask)
+    tl.store(l_ptr + out, l_i, mask=m_mask)
+    tl.store(tgt_ptr + out, tgt, mask=m_mask)
+
+
+def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                           splits: int | None = None):
+    """splits: vocabulary slices run in parallel (default: enough programs to fill a GPU, 1 elsewhere)."""
+    N, Dm = hidden.shape
+    V = weight.shape[0]
+    bm, bv, bk = (64, 128, 64) if hidden.is_cuda else (16, 64, 32)
+    row_blocks = triton.cdiv(N, bm)
+    if splits is None:
+        splits = min(triton.cdiv(V, bv), triton.cdiv(512, row_blocks)) if hidden.is_cuda else 1
+    v_per_split = triton.cdiv(triton.cdiv(V, splits), bv) * bv
+    splits = triton.cdiv(V, v_per_split)
+    m = torch.empty(splits, N, dtype=torch.float32, device=hidden.device)
+    l, tgt = torch.empty_like(m), torch.empty_like(m)
+    if N:
+        prec = "ieee" if hidden.dtype == torch.float32 else "tf32"
+        _target_logprob_kernel[(row_blocks, splits)](
+            hidden.contiguous(), weight.contiguous(), targets.contiguous(), m, l, tgt, N, V, Dm, v_per_split,
+            BLOCK_M=bm, BLOCK_V=bv, BLOCK_K=bk, PRECISION=prec)
+    run_max = m.max(0).values
+    total = (l * torch.exp(m - run_max)).sum(0)
+    target_logit = tgt.max(0).values
+    return target_logit - run_max - torch.log(total), target_logit >= run_max

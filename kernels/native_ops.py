@@ -1,0 +1,62 @@
+"""The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
+Python functions with the signatures of their torch references. `load()` is False when the library is absent."""
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+LIB_DIR = Path(__file__).parent / "native"
+
+
+@functools.cache
+def load() -> bool:
+    """Loads the library once; True when the ops are registered."""
+    libs = sorted(LIB_DIR.glob("libicqs_native*.so"))
+    if not libs:
+        return False
+    try:
+        torch.ops.load_library(str(libs[0]))
+    except OSError as e:
+        log.warning("native CPU ops present but not loadable (%s): using the torch references", e)
+        return False
+    return True
+
+
+def _ops():
+    return torch.ops.icqs_native
+
+
+def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
+                                       page_size: int, scale: float):
+    cu = torch.as_tensor(cu_seqlens, dtype=torch.long)
+    return _ops().paged_prefill_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), cu, k_cache,
+                                          v_cache, torch.as_tensor(block_table), torch.as_tensor(prefix_lens),
+                                          int(page_size), float(scale))
+
+
+def paged_prefill_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
+                                   page_size: int, scale: float):
+    out, _ = paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table,
+                                                prefix_lens, page_size, scale)
+    return out.to(q.dtype)
+
+
+def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float):
+    """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32)."""
+    nseq = len(cu_seqlens) - 1
+    none = torch.zeros(nseq, 0, dtype=torch.long)
+    return paged_prefill_attention_lse_native(q, k, v, cu_seqlens, k, v, none, torch.zeros(nseq, dtype=torch.long),
+                                              1, scale)
+
+
+def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
+    """Same contract as attention.cascade_attention_ref; segment K/V are read from the cache in place."""
+    q = q.contiguous()
+    out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale)
+    for rows, slots in segments:
+        _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse)
+    return out.to(q.dtype)

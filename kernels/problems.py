@@ -1,0 +1,60 @@
+"""Random attention problems with the engine's layouts, shared by the kernel tests and benchmarks: packed new
+tokens of several sequences, a one-layer paged cache, and either block tables (paged prefill) or cascade
+segments (a prefix shared by all sequences, then a private cached segment per sequence)."""
+from __future__ import annotations
+
+import torch
+
+
+def _packed(seq_lens, H, Hkv, D, dtype, gen):
+    T = sum(seq_lens)
+    cu = [0]
+    for n in seq_lens:
+        cu.append(cu[-1] + n)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    return rand(T, H, D), rand(T, Hkv, D), rand(T, Hkv, D), cu, rand
+
+
+def paged_problem(seq_lens, prefix_lens, H, Hkv, D, page_size, dtype=torch.float32, seed=0):
+    """Arguments of paged_prefill_attention: each sequence's prefix on its own randomly chosen pages."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, cu, rand = _packed(seq_lens, H, Hkv, D, dtype, gen)
+    pages_per_seq = max(1, max(-(-p // page_size) for p in prefix_lens))
+    num_pages = pages_per_seq * len(seq_lens) + 3
+    table = torch.randperm(num_pages, generator=gen)[:pages_per_seq * len(seq_lens)]
+    return dict(q=q, k_new=k, v_new=v, cu_seqlens=cu, k_cache=rand(num_pages * page_size, Hkv, D),
+                v_cache=rand(num_pages * page_size, Hkv, D),
+                block_table=table.reshape(len(seq_lens), pages_per_seq).to(torch.int32),
+                prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64), page_size=page_size, scale=D ** -0.5)
+
+
+def cascade_problem(seq_lens, shared_len, own_lens, H, Hkv, D, dtype=torch.float32, seed=0):
+    """Arguments of cascade_attention: a cached segment of shared_len tokens below all sequences (none when 0)
+    and one of own_lens[b] tokens below sequence b alone (none when 0), at scattered cache slots."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, cu, rand = _packed(seq_lens, H, Hkv, D, dtype, gen)
+    num_slots = shared_len + sum(own_lens) + 7
+    slots = torch.randperm(num_slots, generator=gen)
+    segments, used = [], 0
+    if shared_len:
+        segments.append((torch.arange(cu[-1]), slots[:shared_len]))
+        used = shared_len
+    for b, n in enumerate(own_lens):
+        if n:
+            segments.append((torch.arange(cu[b], cu[b + 1]), slots[used:used + n]))
+            used += n
+    return dict(q=q, k_new=k, v_new=v, cu_seqlens=cu, k_cache=rand(num_slots, Hkv, D),
+                v_cache=rand(num_slots, Hkv, D), segments=segments, scale=D ** -0.5)
+
+
+def upcast(problem: dict) -> dict:
+    """The same problem in fp32 (to compare a bf16 kernel with the fp32 reference)."""
+    def f(x):
+        return x.float() if torch.is_tensor(x) and x.is_floating_point() else x
+    out = {k: f(x) for k, x in problem.items()}
+    if "segments" in out:
+        out["segments"] = [(r, s) for r, s in problem["segments"]]
+    return out

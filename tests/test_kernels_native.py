@@ -1,0 +1,80 @@
+"""The native CPU attention ops (kernels/native, built by `pip install` through CMakeLists.txt) against the torch
+references: fp32 to 1e-5, bf16 against the fp32 reference on the same (bf16-rounded) inputs.
+
+The library must be built; set ICQS_NO_NATIVE=1 to skip these tests on a machine without a C++ toolchain."""
+import os
+
+import pytest
+import torch
+
+from kernels import native_ops
+from kernels.attention import cascade_attention_ref
+from kernels.paged_attention import paged_prefill_attention_lse_ref
+from kernels.problems import cascade_problem, paged_problem, upcast
+
+if os.environ.get("ICQS_NO_NATIVE") == "1":
+    pytest.skip("ICQS_NO_NATIVE=1", allow_module_level=True)
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+BF16_TOL = dict(atol=2e-2, rtol=2e-2)
+SEQ_LENS, PREFIX_LENS = [5, 1, 0, 19, 70], [0, 17, 3, 40, 33]
+
+
+def test_library_is_built():
+    assert native_ops.load(), f"libicqs_native.so missing in {native_ops.LIB_DIR}: run `pip install -e .` or cmake"
+
+
+@pytest.mark.parametrize("D", [20, 64])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("ratio", [1, 3, 4])
+def test_paged_prefill_attention_fp32(ratio, page_size, D):
+    assert native_ops.load()
+    p = paged_problem(SEQ_LENS, PREFIX_LENS, H=2 * ratio, Hkv=2, D=D, page_size=page_size, seed=ratio)
+    out, lse = native_ops.paged_prefill_attention_lse_native(**p)
+    ref_out, ref_lse = paged_prefill_attention_lse_ref(**p)
+    torch.testing.assert_close(out, ref_out, **TOL)
+    torch.testing.assert_close(lse, ref_lse, **TOL)
+
+
+@pytest.mark.parametrize("D", [20, 64])
+@pytest.mark.parametrize("ratio", [1, 3, 4])
+def test_cascade_attention_fp32(ratio, D):
+    assert native_ops.load()
+    # 100 stacked rows x 4 heads span several work items; segments of 1, 5, 33 and 70 keys cover partial tiles
+    p = cascade_problem([3, 18, 1, 78], shared_len=70, own_lens=[1, 5, 33, 0], H=ratio, Hkv=1, D=D, seed=ratio)
+    torch.testing.assert_close(native_ops.cascade_attention_native(**p), cascade_attention_ref(**p), **TOL)
+
+
+def test_cascade_attention_without_cache():
+    assert native_ops.load()
+    p = cascade_problem([4, 7], shared_len=0, own_lens=[0, 0], H=2, Hkv=2, D=16)
+    torch.testing.assert_close(native_ops.cascade_attention_native(**p), cascade_attention_ref(**p), **TOL)
+
+
+@pytest.mark.parametrize("ratio", [1, 3])
+def test_bf16_against_fp32_reference(ratio):
+    assert native_ops.load()
+    p = cascade_problem([3, 40], shared_len=50, own_lens=[7, 0], H=3 * ratio, Hkv=3, D=64, dtype=torch.bfloat16)
+    out = native_ops.cascade_attention_native(**p)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), cascade_attention_ref(**upcast(p)), **BF16_TOL)
+    pp = paged_problem(SEQ_LENS, PREFIX_LENS, H=3 * ratio, Hkv=3, D=64, page_size=16, dtype=torch.bfloat16)
+    out, lse = native_ops.paged_prefill_attention_lse_native(**pp)
+    ref_out, ref_lse = paged_prefill_attention_lse_ref(**upcast(pp))
+    torch.testing.assert_close(out, ref_out, **BF16_TOL)
+    torch.testing.assert_close(lse, ref_lse, **BF16_TOL)
+
+
+def test_segment_merge_reads_the_cache_in_place():
+    """The merge updates only the given rows and leaves the cache untouched."""
+    assert native_ops.load()
+    p = cascade_problem([6, 6], shared_len=9, own_lens=[0, 0], H=2, Hkv=1, D=16)
+    k_before = p["k_cache"].clone()
+    out = torch.zeros(12, 2, 16)
+    lse = torch.full((12, 2), float("-inf"))
+    rows, slots = torch.arange(6, 12), p["segments"][0][1]
+    torch.ops.icqs_native.segment_attention_merge_(p["q"], rows, p["k_cache"], p["v_cache"], slots, p["scale"],
+                                                   out, lse)
+    assert torch.equal(p["k_cache"], k_before)
+    assert torch.all(out[:6] == 0) and torch.all(lse[:6] == float("-inf"))
+    assert torch.isfinite(lse[6:]).all()
