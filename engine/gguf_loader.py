@@ -1,5 +1,6 @@
 """Load a llama.cpp GGUF file (architectures llama and qwen2): config from the metadata, weights dequantized to
-float32 in HF naming and layout, and the tokenizer rebuilt from the vocabulary (cached on disk).
+float32 in HF naming and layout, and the tokenizer rebuilt from the vocabulary (byte-level or SentencePiece BPE,
+cached on disk).
 
 llama.cpp's converter interleaves the two rotary halves of each Q and K head of `llama` models (its RoPE rotates
 adjacent pairs); the loader undoes that so the weights match HF's rotate-half layout. qwen2 files are not permuted.
@@ -16,12 +17,13 @@ import torch
 
 from .config import ModelConfig
 from .errors import UserError
-from .tokenizer import PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokenizer, end_of_generation_ids
+from .tokenizer import (PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokenizer, end_of_generation_ids,
+                        sentencepiece_bpe)
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-TOKENIZER_FORMAT = "icqs-bpe-1"  # part of the tokenizer cache key: bump when byte_level_bpe changes
+TOKENIZER_FORMAT = "icqs-tok-1"  # part of the tokenizer cache key: bump when a builder changes
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
@@ -246,22 +248,27 @@ def llama3_rope_from_factors(factors: np.ndarray, config: ModelConfig, source: s
 
 def _tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise UserError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')",
-                        meta.source)
+    if model not in ("gpt2", "llama"):
+        raise UserError(f"GGUF tokenizer model {model!r} is not supported (supported: byte-level BPE 'gpt2', "
+                        "SentencePiece BPE 'llama')", meta.source)
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if model == "gpt2" and pre not in PRE_TOKENIZERS:
         raise UserError(f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(PRE_TOKENIZERS)})", meta.source)
-    digest = hashlib.sha256(f"{TOKENIZER_FORMAT}\0{model}\0{pre}\0".encode())
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+    space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    digest = hashlib.sha256(f"{TOKENIZER_FORMAT}\0{model}\0{pre}\0{space_prefix}\0".encode())
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.scores", "tokenizer.ggml.unknown_token_id"):
         digest.update(meta.raw_bytes(key))
 
     def build():
-        return byte_level_bpe(meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges"),
-                              meta.get("tokenizer.ggml.token_type", []), pre)
+        tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type", [])
+        if model == "gpt2":
+            return byte_level_bpe(tokens, meta.get("tokenizer.ggml.merges"), types, pre)
+        return sentencepiece_bpe(tokens, meta.get("tokenizer.ggml.scores"), types, space_prefix,
+                                 meta.get("tokenizer.ggml.unknown_token_id", None))
 
     backend, _ = cached_tokenizer(digest.hexdigest()[:32], build)
     return Tokenizer(backend, bos_id=config.bos_token_id,
                      eos_ids=end_of_generation_ids(backend, config.eos_token_ids),
-                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
                      chat_template=meta.get("tokenizer.chat_template", None))

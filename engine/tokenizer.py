@@ -1,7 +1,8 @@
 """The model's tokenizer: a `tokenizers.Tokenizer` plus the special tokens, BOS policy and chat template.
 
-Also builds the byte-level BPE tokenizer a GGUF file describes (tokens + merges + token types + pre-tokenizer
-name, as llama.cpp stores them), and caches built tokenizers on disk as tokenizer.json files.
+Also builds the tokenizers a GGUF file describes, as llama.cpp stores them: byte-level BPE (tokens + merges +
+token types + pre-tokenizer name) and SentencePiece BPE (tokens + scores + token types), and caches built
+tokenizers on disk as tokenizer.json files.
 """
 from __future__ import annotations
 
@@ -129,13 +130,45 @@ def byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], token_types: Se
                                                      pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                                               use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    _add_special_tokens(tok, tokens, list(token_types) or [1] * len(tokens))
+    return tok
+
+
+def sentencepiece_bpe(tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int],
+                      add_space_prefix: bool, unk_id: int | None) -> tokenizers.Tokenizer:
+    """llama.cpp's `llama` tokenizer model (SentencePiece BPE): spaces are written "▁", the adjacent pair whose
+    merged piece scores highest is merged first, and bytes missing from the vocabulary become <0xXX> tokens.
+    As a tokenizers BPE: every split of a normal piece into two vocabulary pieces is a merge, ranked by score."""
     types = list(token_types) or [1] * len(tokens)
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    ranked = []
+    for i, (piece, kind) in enumerate(zip(tokens, types)):
+        if kind != 1 or vocab[piece] != i:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], i, cut, left, right))
+    ranked.sort()
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in ranked], unk_token=unk,
+                                          fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False,
+                                                 prepend_scheme="first" if add_space_prefix else "never")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                    + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
+    _add_special_tokens(tok, tokens, types)
+    return tok
+
+
+def _add_special_tokens(tok: tokenizers.Tokenizer, tokens: Sequence[str], types: Sequence[int]) -> None:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, kind in zip(tokens, types) if kind == CONTROL])
     # User-defined tokens (e.g. <think>) are matched whole in text, like llama.cpp does, but are not special.
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
                     for t, kind in zip(tokens, types) if kind == USER_DEFINED])
-    return tok
 
 
 # --- on-disk cache of built tokenizers --------------------------------------------------------------------------

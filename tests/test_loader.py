@@ -176,19 +176,30 @@ def test_errors_truncated_and_corrupt_gguf(tmp_path):
     _raises_with_path(tmp_path / "garbage.gguf", "corrupt or truncated")
 
 
-def test_errors_unsupported_gguf_contents(tmp_path):
+def _small_gguf(path, arch="llama", tokenizer_model=None, pre="gpt2"):
     import gguf
 
+    w = gguf.GGUFWriter(str(path), arch)
+    if tokenizer_model:
+        for key, value in {"block_count": 1, "embedding_length": 8, "feed_forward_length": 16,
+                           "attention.head_count": 2}.items():
+            w.add_uint32(f"{arch}.{key}", value)
+        w.add_tokenizer_model(tokenizer_model)
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(["a", "b"])
+    w.add_tensor("token_embd.weight", torch.zeros(2, 8).numpy())
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
+def test_errors_unsupported_gguf_contents(tmp_path):
     path, _ = make_tiny_gguf(tmp_path / "iq.gguf", qtype="IQ4_NL", num_hidden_layers=1)
     _raises_with_path(path, "unsupported tensor type IQ4_NL")
-    w = gguf.GGUFWriter(str(tmp_path / "gemma.gguf"), "gemma")
-    w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    _raises_with_path(tmp_path / "gemma.gguf", "unsupported architecture 'gemma'")
-    w = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "llama")
-    w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    _raises_with_path(tmp_path / "bare.gguf", "missing metadata llama.")
+    _raises_with_path(_small_gguf(tmp_path / "gemma.gguf", "gemma"), "unsupported architecture 'gemma'")
+    _raises_with_path(_small_gguf(tmp_path / "bare.gguf"), "missing metadata llama.")
+    _raises_with_path(_small_gguf(tmp_path / "t5.gguf", tokenizer_model="t5"), "tokenizer model 't5' is not supported")
+    _raises_with_path(_small_gguf(tmp_path / "pre.gguf", tokenizer_model="gpt2", pre="mystery"),
+                      "unsupported pre-tokenizer 'mystery'")
 
 
 def test_errors_bad_hf_dirs(tiny_model_dir, tmp_path):

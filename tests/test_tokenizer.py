@@ -125,3 +125,18 @@ def test_encode_never_adds_bos_and_template_errors(tiny_model_dir):
     with_bos = Tokenizer(tok.backend, bos_id=0, eos_ids=[1], add_bos=True,
                          chat_template="{{ bos_token }}{{ eos_token }}")
     assert with_bos.apply_chat_template(MESSAGES[0]) == "<s></s>"
+
+
+def test_sentencepiece_gguf_tokenizer_equals_transformers(tmp_path):
+    """llama.cpp's `llama` (SentencePiece) vocabulary: scores instead of merges, <0xXX> byte fallback."""
+    from transformers import AutoTokenizer
+
+    path, _ = make_tiny_gguf(tmp_path / "spm.gguf", vocab="spm")
+    ours = load_gguf_tokenizer(path)
+    theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    assert (ours.bos_id, ours.eos_id, ours.add_bos) == (1, 2, True)
+    assert any(len(ours.id_to_token(i)) > 2 for i in ours.encode("The quality of the example"))  # merges applied
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
+        assert ours.decode(ids) == theirs.decode(ids)

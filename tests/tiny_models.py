@@ -215,11 +215,13 @@ def _encode_tensor(w: torch.Tensor, qtype: str, rng: np.random.Generator):
     return blocks, kind, reference_dequantize(blocks, qtype, tuple(w.shape))
 
 
-def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0, **config_overrides):
+def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0, vocab: str = "bpe",
+                   **config_overrides):
     """Write a tiny random GGUF the way llama.cpp's converter would (Q/K rows permuted for llama, norms and
-    biases in F32, every matrix in `qtype`, byte-level BPE vocabulary, ChatML template). `arch`: llama, mistral,
-    llama3 (rope_freqs.weight), smollm (tied embeddings) -> GGUF arch llama; qwen2. K-quant types widen the model
-    to 256-wide rows. Returns (path, the HF-layout float32 weights a loader must return)."""
+    biases in F32, every matrix in `qtype`, ChatML template). `arch`: llama, mistral, llama3 (rope_freqs.weight),
+    smollm (tied embeddings) -> GGUF arch llama; qwen2. K-quant types widen the model to 256-wide rows.
+    `vocab`: "bpe" (byte-level, the tokenizer.json of make_tiny_model) or "spm" (SentencePiece with byte tokens).
+    Returns (path, the HF-layout float32 weights a loader must return)."""
     import gguf
 
     path = Path(path)
@@ -238,7 +240,10 @@ def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0,
     w.add_value_length(cfg["head_dim"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    _add_vocab(w, train_tokenizer(cfg["vocab_size"]))
+    if vocab == "spm":
+        _add_sentencepiece_vocab(w, cfg["vocab_size"])
+    else:
+        _add_vocab(w, train_tokenizer(cfg["vocab_size"]))
     expected = {}
     for name, tensor in random_weights(cfg, seed).items():
         data, kind, expected[name] = _encode_tensor(tensor, qtype, rng)
@@ -265,4 +270,34 @@ def _add_vocab(w, tok) -> None:
     w.add_bos_token_id(SPECIAL_TOKENS.index("<s>"))
     w.add_eos_token_id(SPECIAL_TOKENS.index("</s>"))
     w.add_add_bos_token(True)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+
+def _add_sentencepiece_vocab(w, vocab_size: int) -> None:
+    """A llama-style SentencePiece vocabulary: <unk> <s> </s>, chat tokens, 256 byte tokens, then pieces trained
+    on TEXT, each merged piece scored by its merge order (earlier = higher), as SentencePiece scores are."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    n_pieces = vocab_size - len(specials) - 256
+    trainer = SentencePieceBPETokenizer()
+    trainer.train_from_iterator(TEXT.splitlines(), vocab_size=n_pieces + 1, special_tokens=["<unk>"],
+                                show_progress=False)
+    model = json.loads(trainer._tokenizer.to_str())["model"]
+    pieces = [t for t in sorted(model["vocab"], key=model["vocab"].get) if t != "<unk>"]
+    merged = {m if isinstance(m, str) else "".join(m): rank for rank, m in enumerate(model["merges"])}
+    merged = {piece.replace(" ", ""): rank for piece, rank in merged.items()}
+    tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    scores = [0.0] * (len(specials) + 256) + [-float(merged.get(p, 1000 + i)) for i, p in enumerate(pieces)]
+    types = [2] + [3] * (len(specials) - 1) + [6] * 256 + [1] * len(pieces)  # unknown, control, byte, normal
+    assert len(tokens) == vocab_size, (len(tokens), vocab_size)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_space_prefix(True)
     w.add_chat_template(CHATML_TEMPLATE)
