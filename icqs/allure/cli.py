@@ -1,0 +1,199 @@
+"""`icqs allure run|review|report`: the iterative ICL audit of an evaluator LLM.
+
+  icqs allure run ITEMS.jsonl --out DIR      rounds of evaluate -> audit -> grow memory, then optionally the ICL-size
+                                             sweep and the failure-mode clustering + cluster ablation; resumable
+  icqs allure review --memory DB             list pending ICL examples and accept / reject them (human audit)
+  icqs allure report DIR                     summary.json and report.html from a run folder (no model needed)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from engine.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("allure", help="ALLURE: audit an evaluator LLM and improve it with iterative ICL")
+    sub = p.add_subparsers(dest="allure_command", required=True, metavar="ACTION")
+
+    r = sub.add_parser("run", help="run (or resume) the audit loop on a JSONL file of (task, response) items")
+    r.add_argument("items", help="JSONL items: response, answer (or label), optional id/match/split/group/...")
+    r.add_argument("--out", required=True, help="run folder (resumed if it exists)")
+    r.add_argument("--model", default=None, help="GGUF file or HF folder (default: the embedded SmolLM2)")
+    r.add_argument("--dtype", default="bfloat16")
+    r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file")
+    r.add_argument("--memory", default=None, help="SQLite ICL memory (default: OUT/memory.sqlite)")
+    r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--holdout", type=float, default=0.0, help="fraction of items only measured, never audited")
+    r.add_argument("--review", action="store_true", help="new ICL examples wait for `icqs allure review`")
+    r.add_argument("--max-icl", type=int, default=None, help="show at most the newest N examples")
+    r.add_argument("--sweep", default="", help="comma-separated ICL example counts, e.g. 0,4,8,16 (Fig. 3)")
+    r.add_argument("--failure-modes", action="store_true",
+                   help="cluster the memory's examples (MiniLM, k-means, t-SNE) and ablate each cluster")
+    r.add_argument("--clusters", type=int, default=None, help="k for k-means (default: best silhouette)")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("review", help="human audit of pending ICL examples")
+    v.add_argument("--memory", required=True)
+    v.add_argument("--all", action="store_true", help="list every example, not only pending ones")
+    v.add_argument("--accept", default="", help="comma-separated ids to accept ('pending': all pending)")
+    v.add_argument("--reject", default="", help="comma-separated ids to reject")
+    v.add_argument("--tag", action="append", default=[], metavar="ID=TEXT", help="set a failure-mode tag")
+    v.set_defaults(func=cmd_review)
+
+    o = sub.add_parser("report", help="write summary.json and report.html of a run folder")
+    o.add_argument("run_dir")
+    o.add_argument("--out", default=None, help="HTML file (default: RUN_DIR/report.html)")
+    o.set_defaults(func=cmd_report)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def _settings(args, template, tasks: str) -> dict:
+    from .run_dir import file_sha256
+
+    memory = args.memory or os.path.join(args.out, "memory.sqlite")
+    return dict(tasks=os.path.abspath(tasks), tasks_sha256=file_sha256(tasks), template=template.to_dict(),
+                model=args.model or "default", dtype=args.dtype, holdout=args.holdout, seed=args.seed,
+                memory=os.path.abspath(memory), rounds=args.rounds, review=args.review, max_icl=args.max_icl)
+
+
+def cmd_run(args) -> int:
+    from .ablation import cluster_ablation, icl_sweep
+    from .loop import iterate, shown_examples
+    from .memory import Memory
+    from .report import round_markdown, write_report
+    from .run_dir import RunDir
+    from .tasks import load_items
+    from .template import load_template
+
+    if args.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {args.rounds}")
+    sizes = _ints(args.sweep, "--sweep")
+    template = load_template(args.template)
+    items = load_items(args.items, template, args.holdout, args.seed)
+    run = RunDir(args.out, items, _settings(args, template, args.items))
+    memory = Memory(run.settings["memory"])
+    try:
+        from engine import Engine
+        from .evaluator import Evaluator
+
+        engine = Engine.load(args.model, dtype=args.dtype, keep_cache=True)
+        evaluator = Evaluator(engine, template)
+        provenance = dict(tasks=run.settings["tasks"], model=run.settings["model"], template=template.name)
+        outcome = iterate(run, evaluator, memory, args.rounds, args.review, args.max_icl, provenance)
+        print(outcome.message, file=sys.stderr)
+        if outcome.status != "review":
+            ids = shown_examples(memory, args.max_icl)
+            if sizes:
+                icl_sweep(run, evaluator, memory, ids, sizes, args.seed)
+            if args.failure_modes:
+                _failure_modes(run, evaluator, memory, ids, args.clusters, args.seed, cluster_ablation)
+        path, s = write_report(run, memory)
+        print(round_markdown(s["rounds"]))
+        print(f"report: {path}", file=sys.stderr)
+    finally:
+        memory.close()
+        run.close()
+    return 0
+
+
+def _failure_modes(run, evaluator, memory, ids, k, seed, cluster_ablation) -> None:
+    from icqs.io import atomic_write
+
+    from .failure_modes import MiniLM, failure_modes, tag_memory
+    from .report import MODES_FILE, load_modes
+
+    if len(ids) < 3:
+        print(f"failure modes: {len(ids)} ICL example(s), too few to cluster", file=sys.stderr)
+        return
+    modes = load_modes(run)
+    if modes is None or modes["ids"] != ids:
+        modes = failure_modes(memory.examples(ids=ids), MiniLM(), k, seed)
+        atomic_write(run.path / MODES_FILE, json.dumps(modes, indent=1) + "\n")
+    tag_memory(memory, modes)
+    cluster_ablation(run, evaluator, memory, ids, modes)
+
+
+def cmd_review(args) -> int:
+    from .memory import Memory
+
+    if not Path(args.memory).is_file():
+        raise UserError("no such memory file", args.memory)
+    with Memory(args.memory) as mem:
+        accept = [e.id for e in mem.examples(status="pending")] if args.accept.strip() == "pending" \
+            else _ints(args.accept, "--accept")
+        reject = _ints(args.reject, "--reject")
+        tags = []
+        for t in args.tag:
+            ex_id, sep, text = t.partition("=")
+            if not sep:
+                raise UserError(f"--tag wants ID=TEXT, got {t!r}")
+            tags.append((_ints(ex_id, "--tag id")[0], text.strip() or None))
+        for ex_id in accept + reject + [i for i, _ in tags]:
+            mem.get(ex_id)  # every id checked before anything is changed
+        for ex_id in accept:
+            mem.review(ex_id, "accepted")
+        for ex_id in reject:
+            mem.review(ex_id, "rejected")
+        for ex_id, text in tags:
+            mem.tag(ex_id, text)
+        if not (accept or reject or tags) and sys.stdin.isatty():
+            _interactive(mem)
+        shown = mem.examples() if args.all else mem.examples(status="pending")
+        for e in shown:
+            print(f"--- #{e.id} [{e.status}] item {e.item_id}, round {e.round}, {e.error_kind}, "
+                  f"failure mode: {e.failure_mode or '-'}\nuser: {e.user_text}\nassistant: {e.assistant_text}")
+        print(f"memory: {json.dumps(mem.counts())}", file=sys.stderr)
+    return 0
+
+
+def _interactive(mem) -> None:
+    for e in mem.examples(status="pending"):
+        print(f"--- #{e.id} item {e.item_id} ({e.error_kind}; the evaluator said {e.evaluator_label})\n"
+              f"user: {e.user_text}\nassistant: {e.assistant_text}")
+        answer = input("[a]ccept, [r]eject, [s]kip, [q]uit? ").strip().lower()[:1]
+        if answer == "q":
+            break
+        if answer in ("a", "r"):
+            mem.review(e.id, "accepted" if answer == "a" else "rejected")
+
+
+def open_run(run_dir):
+    """A finished or partial run folder, with its items re-read as the run read them."""
+    from .run_dir import RunDir, file_sha256
+    from .tasks import load_items
+    from .template import template_from_dict
+
+    cfg = Path(run_dir) / "run.json"
+    if not cfg.is_file():
+        raise UserError("not an ALLURE run folder (no run.json)", str(run_dir))
+    settings = json.loads(cfg.read_text(encoding="utf-8"))
+    if not Path(settings["tasks"]).is_file() or file_sha256(settings["tasks"]) != settings["tasks_sha256"]:
+        raise UserError("the run's items file is gone or has changed since the run", settings["tasks"])
+    template = template_from_dict(settings["template"], str(cfg))
+    items = load_items(settings["tasks"], template, settings["holdout"], settings["seed"])
+    return RunDir(run_dir, items, settings)
+
+
+def cmd_report(args) -> int:
+    from .memory import Memory
+    from .report import write_report
+
+    run = open_run(args.run_dir)
+    try:
+        with Memory(run.settings["memory"]) as mem:
+            path, _ = write_report(run, mem, Path(args.out) if args.out else None)
+    finally:
+        run.close()
+    print(f"report: {path}", file=sys.stderr)
+    return 0

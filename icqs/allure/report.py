@@ -1,0 +1,115 @@
+"""The run's summary (from the run folder and the memory, no model needed) and its HTML report with the plots."""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+
+from icqs.io import atomic_write
+
+from . import plots
+from .ablation import ablation_rows, sweep_rows
+from .loop import round_table
+from .memory import Memory
+from .run_dir import RunDir
+
+MODES_FILE = "failure_modes.json"
+METRICS = ("accuracy", "f1", "auc", "errors", "false_positives", "false_negatives")
+
+
+def load_modes(run: RunDir) -> dict | None:
+    path = run.path / MODES_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def summary(run: RunDir, memory: Memory) -> dict:
+    modes = load_modes(run)
+    return dict(settings=run.settings, rounds=round_table(run, memory), sweep=sweep_rows(run),
+                ablation=ablation_rows(run, modes), failure_modes=modes, memory=memory.counts())
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "n/a" if math.isnan(v) else f"{v:.3f}"
+    return html.escape(str(v))
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _img(png: bytes | None, alt: str) -> str:
+    if png is None:
+        return f"<p><em>{html.escape(alt)}: nothing to plot yet.</em></p>"
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _split_columns(rows: list[dict], lead: list[str]) -> tuple[list[str], list[list]]:
+    splits = [s for s in ("audit", "holdout", "all") if any(s in r for r in rows)]
+    header = lead + [f"{s} {m}" for s in splits for m in METRICS]
+    body = [[r.get(k) for k in lead] + [r.get(s, {}).get(m) for s in splits for m in METRICS] for r in rows]
+    return header, body
+
+
+def round_markdown(rows: list[dict]) -> str:
+    """The per-round table as Markdown (for RESULTS.md)."""
+    header, body = _split_columns(rows, ["round", "n_icl", "new_examples"])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in body:
+        lines.append("| " + " | ".join(_fmt(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def render_html(s: dict, examples: list) -> str:
+    st = s["settings"]
+    parts = [f"<h1>ALLURE audit of the evaluator</h1><p>items: {html.escape(str(st.get('tasks')))}, model: "
+             f"{html.escape(str(st.get('model')))}, template: {html.escape(str(st.get('template', {}).get('name')))}"
+             f", holdout fraction: {_fmt(st.get('holdout'))}, memory: {html.escape(json.dumps(s['memory']))}</p>"]
+    parts.append("<h2>Rounds</h2><p>Round r shows the evaluator every accepted ICL example; its errors on audit "
+                 "items become new examples. Holdout items are never turned into examples.</p>")
+    parts.append(_table(*_split_columns(s["rounds"], ["round", "n_icl", "new_examples", "new_accepted"])))
+    parts.append(_img(plots.rounds_figure(s["rounds"]), "metrics per round"))
+    parts.append("<h2>F1 and AUC vs number of ICL examples</h2>")
+    if s["sweep"]:
+        parts.append(_table(*_split_columns(s["sweep"], ["n", "of"])))
+    parts.append(_img(plots.icl_size_figure(s["sweep"], s["rounds"]), "F1/AUC vs number of ICL examples"))
+    modes = s["failure_modes"]
+    parts.append("<h2>Failure modes</h2>")
+    if modes:
+        counts = {c: modes["cluster"].count(int(c)) for c in modes["names"]}
+        parts.append(_table(["cluster", "examples", "top words"],
+                            [[c, counts[c], name] for c, name in sorted(modes["names"].items())]))
+    parts.append(_img(plots.tsne_figure(modes), "t-SNE map of the ICL examples"))
+    parts.append("<h2>Cluster ablation</h2>")
+    if s["ablation"]:
+        rows = [[r["cluster"], r["name"], r["removed"], r["kappa"], r["all"]["f1"], r["all"]["auc"],
+                 r["all"]["errors"]] for r in s["ablation"]]
+        parts.append(_table(["ablated cluster", "name", "examples removed", "kappa vs full", "F1", "AUC",
+                             "errors"], rows))
+    parts.append(_img(plots.ablation_figure(s["ablation"]), "cluster ablation"))
+    parts.append("<h2>ICL examples memory</h2>")
+    parts.append(_table(["id", "status", "round", "error", "failure mode", "ICL user turn", "label"],
+                        [[e.id, e.status, e.round, e.error_kind, e.failure_mode, e.user_text[:300],
+                          e.correct_label] for e in examples]))
+    style = ("body{font-family:sans-serif;max-width:1300px;margin:auto}table{border-collapse:collapse;"
+             "margin:8px 0;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top;"
+             "white-space:pre-wrap}img{max-width:100%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ALLURE report</title><style>{style}"
+            f"</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def write_report(run: RunDir, memory: Memory, out: Path | None = None) -> tuple[Path, dict]:
+    """summary.json and report.html (or `out`) in the run folder, written atomically."""
+    s = summary(run, memory)
+    atomic_write(run.path / "summary.json", json.dumps(s, indent=2, default=str) + "\n")
+    ids = {i for st in run.stages.rows for i in st["icl_ids"]}
+    examples = [e for e in memory.examples() if e.run_id == run.run_id or e.id in ids]
+    out = out or run.path / "report.html"
+    atomic_write(out, render_html(s, examples))
+    return out, s

@@ -1,0 +1,121 @@
+"""The state of one ALLURE run on disk, so that a killed run resumes where it stopped.
+
+  run.json      the settings the run was started with (a resume with other items, template or model is refused)
+  stages.jsonl  one row per evaluation pass ("stage"): its name, kind (round, sweep, full, ablation) and the ids
+                of the memory's ICL examples shown to the evaluator, fixed when the stage starts
+  evals.jsonl   one row per (stage, item): the audited truth, P(label = 1) and the evaluator's label
+Metrics are recomputed from these rows; nothing else is kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.errors import UserError
+from icqs.io import ResultWriter, atomic_write
+
+from .metrics import summarize
+
+# Settings that must not change on resume (the rest, e.g. the number of rounds, may).
+FIXED = ("tasks_sha256", "template", "model", "holdout", "seed")
+CHUNK = 32  # items per engine call: results are written after each chunk
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class RunDir:
+    def __init__(self, out_dir, items: list[dict], settings: dict):
+        self.path = Path(out_dir)
+        self.items = items
+        self.path.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.path / "run.json"
+        if cfg_path.exists():
+            try:
+                old = json.loads(cfg_path.read_text(encoding="utf-8"))
+            except ValueError as e:
+                raise UserError(f"unreadable run settings ({e})", str(cfg_path)) from None
+            changed = [k for k in FIXED if old.get(k) != settings.get(k)]
+            if changed:
+                raise UserError(f"this run was started with other {', '.join(changed)}; use a new output folder",
+                                str(cfg_path))
+            self.settings = {**old, **{k: v for k, v in settings.items() if k not in FIXED}}
+        else:
+            self.settings = {**settings, "run_id": uuid.uuid4().hex[:12]}
+        atomic_write(cfg_path, json.dumps(self.settings, indent=2, sort_keys=True) + "\n")
+        self.run_id = self.settings["run_id"]
+        self.stages = ResultWriter(self.path / "stages.jsonl", key="stage")
+        self.evals = ResultWriter(self.path / "evals.jsonl", key=("stage", "id"))
+
+    def close(self) -> None:
+        self.stages.close()
+        self.evals.close()
+
+    # ---- stages ----------------------------------------------------------------------------------------------
+    def stage(self, name: str) -> dict | None:
+        for row in self.stages.rows:
+            if row["stage"] == name:
+                return row
+        return None
+
+    def plan(self, name: str, kind: str, icl_ids: list[int], **meta) -> dict:
+        """The stage's row: written now if new, else the one fixed when it first started."""
+        row = self.stage(name)
+        if row is None:
+            row = dict(stage=name, kind=kind, icl_ids=[int(i) for i in icl_ids], **meta)
+            self.stages.write(row)
+        return row
+
+    def stages_of(self, kind: str) -> list[dict]:
+        return [r for r in self.stages.rows if r["kind"] == kind]
+
+    def evaluate(self, evaluator, name: str, turns: list[tuple[str, str]], items: list[dict] | None = None) -> list[dict]:
+        """Label the items (default: all) not yet labelled in this stage; returns all the stage's rows."""
+        items = self.items if items is None else items
+        todo = [it for it in items if not self.evals.done((name, it["id"]))]
+        with tqdm(total=len(todo), desc=name, unit="item", disable=not todo) as bar:
+            for start in range(0, len(todo), CHUNK):
+                chunk = todo[start:start + CHUNK]
+                got = evaluator.label(chunk, turns)
+                for it, p, lab in zip(chunk, got.p_correct, got.labels):
+                    self.evals.write(dict(stage=name, id=it["id"], split=it["split"], truth=int(it["truth"]),
+                                          p_correct=round(float(p), 6), label=int(lab)))
+                bar.update(len(chunk))
+        return self.rows(name)
+
+    def rows(self, name: str) -> list[dict]:
+        order = {it["id"]: i for i, it in enumerate(self.items)}
+        got = [r for r in self.evals.rows if r["stage"] == name and r["id"] in order]
+        return sorted(got, key=lambda r: order[r["id"]])
+
+    def complete(self, name: str) -> bool:
+        return all(self.evals.done((name, it["id"])) for it in self.items)
+
+    # ---- metrics ---------------------------------------------------------------------------------------------
+    def metrics(self, name: str) -> dict:
+        """summarize() per split ("audit", "holdout") and over all items, plus errors by item group."""
+        rows = self.rows(name)
+        out = {}
+        for split in ("all", "audit", "holdout"):
+            sel = [r for r in rows if split == "all" or r["split"] == split]
+            if sel:
+                out[split] = summarize([r["truth"] for r in sel], [r["label"] for r in sel],
+                                       [r["p_correct"] for r in sel])
+        groups = {it["id"]: it.get("group") for it in self.items}
+        by_group: dict = {}
+        for r in rows:
+            g = groups.get(r["id"])
+            if g is not None and r["truth"] != r["label"]:
+                by_group[str(g)] = by_group.get(str(g), 0) + 1
+        if by_group:
+            out["errors_by_group"] = by_group
+        return out

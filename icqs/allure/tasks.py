@@ -1,0 +1,65 @@
+"""The items an ALLURE run evaluates: one JSONL row per (task, response).
+
+Fields: "response" (the generated response), "answer" (the task's correct answer) or "label" (a human 1/0 label,
+for match kind "label"), optional "id" (default: file:line), "match" (a match spec overriding the template's),
+"split" ("audit": its errors grow the memory, "holdout": only measured), "group" (a problem type for error counts),
+and any further fields the template's user turn names ({question}, {source}, ...).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.errors import UserError
+from icqs.io import read_jsonl
+
+from .audit import MatchSpec, MatchSpecError, truth
+from .template import Template
+
+SPLITS = ("audit", "holdout")
+
+
+def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) -> list[dict]:
+    """Read and check the items, add "truth" (the audited correctness) and "split" to each."""
+    if not 0.0 <= holdout < 1.0:
+        raise UserError(f"holdout fraction must be in [0, 1), got {holdout}")
+    rows = read_jsonl(path, required=("response",))
+    with open(path, encoding="utf-8") as f:  # read_jsonl skips blank lines: recover each row's line number
+        line_numbers = [n for n, text in enumerate(f.read().splitlines(), 1) if text.strip()]
+    seen = {}
+    for number, row in zip(line_numbers, rows):
+        where = (str(path), number)
+        row.setdefault("id", f"{path}:{number}")
+        row["id"] = str(row["id"])
+        if row["id"] in seen:
+            raise UserError(f"duplicate id {row['id']!r} (first at line {seen[row['id']]})", *where)
+        seen[row["id"]] = number
+        try:
+            spec = MatchSpec.parse(row["match"]) if "match" in row else template.match
+            if spec.kind == "label":
+                if row.get("label") not in (0, 1, True, False):
+                    raise UserError("match kind 'label' needs a field 'label' of 1 or 0", *where)
+            elif "answer" not in row:
+                raise UserError("missing field 'answer' (the task's correct answer)", *where)
+            row["truth"] = truth(row, template.match)
+        except MatchSpecError as e:
+            raise UserError(str(e), *where) from None
+        missing = [f for f in template.fields if f not in row]
+        if missing:
+            raise UserError(f"missing field(s) {', '.join(map(repr, missing))} used by template "
+                            f"{template.name!r}", *where)
+        if "split" in row and row["split"] not in SPLITS:
+            raise UserError(f"'split' must be one of {', '.join(SPLITS)}, got {row['split']!r}", *where)
+    if not rows:
+        raise UserError("no items", str(path))
+    _assign_splits(rows, holdout, seed)
+    return rows
+
+
+def _assign_splits(rows: list[dict], holdout: float, seed: int) -> None:
+    """Items without a "split" are held out at random (seeded): round(holdout * n) of them."""
+    free = sorted((r for r in rows if "split" not in r), key=lambda r: r["id"])
+    n_hold = int(round(holdout * len(free)))
+    order = np.random.default_rng(seed).permutation(len(free))
+    held = {free[i]["id"] for i in order[:n_hold]}
+    for r in free:
+        r["split"] = "holdout" if r["id"] in held else "audit"
