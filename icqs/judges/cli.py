@@ -82,7 +82,9 @@ def _write_summary(output: str, summary: dict) -> str:
 def _load_engine(args):
     from engine import Engine
 
-    return Engine.load(args.model, dtype=args.dtype)
+    # keep_cache: prefixes computed in one engine call (a demo block, a prompt scored then generated from) are
+    # reused by the next ones
+    return Engine.load(args.model, dtype=args.dtype, keep_cache=True)
 
 
 def _run_judge(args) -> int:
@@ -113,6 +115,11 @@ def _run_judge(args) -> int:
     limit = eng.config.max_position - reserve
     if auto:
         ks = fitting_shots(eng.tokenizer, items, drawers, args.method, limit, len(demos))
+    need = max(max(ks), 4 if args.method == "unsupervised" and max(ks) else 0)
+    if need > len(demos) - (0 if args.demos else 1):
+        raise UserError(f"{need} demos needed but only {len(demos)} of the {len(pool)} pool items got a rated "
+                        f"zero-shot judgment (see {args.demo_cache or args.output + '.demos.jsonl'}); use fewer "
+                        f"--shots or a larger --demos pool")
     for drawer in drawers:
         for it, k, prompt in build_prompts(items, drawer, [max(ks)], args.method):
             if (n := prompt_tokens(eng.tokenizer, prompt)) > limit:
