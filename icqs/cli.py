@@ -108,7 +108,7 @@ def load_scores(out) -> tuple:
 
 def _load_engine(args):
     from engine import Engine
-    return Engine.load(model=args.model, dtype=args.dtype)
+    return Engine.load(model=args.model, dtype=args.dtype, keep_cache=True)  # chunks of one job reuse the demo sets
 
 
 def print_leaderboard(out: Path, rows: list[dict], task) -> str:

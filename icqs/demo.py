@@ -20,9 +20,9 @@ from .task import Example, Task
 
 SUBJECTS = ["The movie", "This film", "The acting", "The story", "The soundtrack", "The ending", "The dialogue",
             "The sequel", "The cast", "The plot", "This show", "The new series"]
-POSITIVE = ["was wonderful", "was a joy to watch", "made me smile all evening", "was brilliant", "was beautiful and moving",
-            "was delightful", "is a true masterpiece", "was fun from start to finish", "deserves every award",
-            "left me happy and inspired"]
+POSITIVE = ["was wonderful", "was a joy to watch", "made me smile all evening", "was brilliant",
+            "was beautiful and moving", "was delightful", "is a true masterpiece", "was fun from start to finish",
+            "deserves every award", "left me happy and inspired"]
 NEGATIVE = ["was terrible", "was a waste of time", "bored me to tears", "was awful", "was dull and lifeless",
             "made me angry", "is a complete mess", "was painful to sit through", "deserves to be forgotten",
             "left me sad and disappointed"]
@@ -84,7 +84,7 @@ def run_demo(out, model: str | None = None, dtype: str = "bfloat16", progress: b
     candidates = demo_candidates(task)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "demo_task.yaml", task_yaml(task))  # `icqs score` can rerun it: with out/candidates.jsonl
-    engine = Engine.load(model=model, dtype=dtype)
+    engine = Engine.load(model=model, dtype=dtype, keep_cache=True)
     rows = score_run(engine, task, candidates, out, METHODS, "coupled", model or "default", progress=progress)
     text = print_leaderboard(out, rows, task)
     print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")

@@ -102,9 +102,11 @@ def board_table(board: dict) -> str:
         tds = f"<td>{html.escape(m['model'])}</td><td>{m['n']}</td>"
         for x in measures:
             c = cells[x][m["model"]]
-            tds += f"<td>{_fmt(c['mean'])}</td><td>[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}]</td><td>{_fmt(c['rank'])}</td>"
+            tds += (f"<td>{_fmt(c['mean'])}</td><td>[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}]</td>"
+                    f"<td>{_fmt(c['rank'])}</td>")
         if board["truth"]:
-            tds += f"<td>{_fmt(board['truth'].get(m['model']))}</td><td>{_fmt(board['truth_rank'].get(m['model']))}</td>"
+            name = m["model"]
+            tds += f"<td>{_fmt(board['truth'].get(name))}</td><td>{_fmt(board['truth_rank'].get(name))}</td>"
         body.append(f"<tr>{tds}</tr>")
     notes = []
     for x in measures:

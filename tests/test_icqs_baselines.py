@@ -65,7 +65,8 @@ def test_judge_expected_rating_and_unparsable_generation_is_unscored(tmp_path):
     assert [s["generated"] for s in scores] == [4, None, 5]
     assert [s["generated_score"] for s in scores] == [0.75, None, 1.0]
     p = judge_prompt(task, cands[0])
-    assert "[Question]\nIs it so: x\n[The Start of Assistant's Answer]\ny\n[The End of Assistant's Answer]\nRating:" in p
+    assert p.endswith("[Question]\nIs it so: x\n[The Start of Assistant's Answer]\ny\n"
+                      "[The End of Assistant's Answer]\nRating:")
 
 
 def test_demo_models_have_exactly_their_accuracy():
