@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
 
@@ -81,31 +82,30 @@ def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 # --- reading -----------------------------------------------------------------------------------------------------
 
-def open_gguf(path: Path):
-    import gguf
+class _FastReader(gguf.GGUFReader):
+    """GGUFReader parses each metadata array element into numpy views of the file; views of a np.memmap cost
+    ~10 us each in memmap.__array_finalize__, which makes a 49k-token vocabulary take seconds. Slicing a plain
+    ndarray view of the same mapping instead is ~3x faster; the data stays memory-mapped."""
 
-    class FastReader(gguf.GGUFReader):
-        """GGUFReader parses each metadata array element into numpy views of the file; views of a np.memmap
-        cost ~10 us each in memmap.__array_finalize__, which makes a 49k-token vocabulary take seconds.
-        Slicing a plain ndarray view of the same mapping instead is ~3x faster; the data is still mapped."""
+    def _get(self, offset, dtype, count=1, override_order=None):
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        dtype = np.dtype(dtype)
+        arr = plain[offset:offset + dtype.itemsize * int(count)].view(dtype)
+        order = self.byte_order if override_order is None else override_order
+        native = order == "I" or (order == "<" and sys.byteorder == "little")
+        return arr if native else arr.view(dtype.newbyteorder(order))
 
-        def _get(self, offset, dtype, count=1, override_order=None):
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self._plain = self.data.view(np.ndarray)
-            dtype = np.dtype(dtype)
-            arr = plain[offset:offset + dtype.itemsize * int(count)].view(dtype)
-            order = self.byte_order if override_order is None else override_order
-            native = order == "I" or (order == "<" and sys.byteorder == "little")
-            return arr if native else arr.view(dtype.newbyteorder(order))
 
+def open_gguf(path: Path) -> gguf.GGUFReader:
     if not path.is_file():
         raise UserError("no such file", str(path))
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise UserError("not a GGUF file (no GGUF magic)", str(path))
     try:
-        reader = FastReader(path)
+        reader = _FastReader(path)
         for t in reader.tensors:  # a truncated file yields short tensor views
             if t.data.nbytes != t.n_bytes:
                 raise ValueError(f"tensor {t.name} is cut short")
@@ -155,8 +155,6 @@ def _hf_name(name: str, source: str) -> str:
 
 
 def _dequantize(t, source: str) -> torch.Tensor:
-    import gguf
-
     kind = t.tensor_type.name
     if kind not in SUPPORTED_TYPES:
         raise UserError(f"unsupported tensor type {kind} in {t.name} (supported: {', '.join(SUPPORTED_TYPES)})",
