@@ -50,9 +50,6 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
-    def special_token_ids(self) -> list[int]:
-        return sorted(i for i, tok in self.backend.get_added_tokens_decoder().items() if tok.special)
-
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
         """Render the model's chat template the way transformers does (sandboxed jinja2, trim_blocks, lstrip_blocks)."""
         if self.chat_template is None:
@@ -76,7 +73,8 @@ def _compile_template(source: str):
         raise UserError(f"chat template: {message}")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
@@ -92,9 +90,8 @@ def end_of_generation_ids(backend: tokenizers.Tokenizer, declared: Sequence[int 
     return list(dict.fromkeys([i for i in declared if i is not None] + found))
 
 
-# --- byte-level BPE from a GGUF vocabulary --------------------------------------------------------------------
+# --- tokenizers from a GGUF vocabulary -------------------------------------------------------------------------
 
-_GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -140,9 +137,7 @@ def sentencepiece_bpe(tokens: Sequence[str], scores: Sequence[float], token_type
     merged piece scores highest is merged first, and bytes missing from the vocabulary become <0xXX> tokens.
     As a tokenizers BPE: every split of a normal piece into two vocabulary pieces is a merge, ranked by score."""
     types = list(token_types) or [1] * len(tokens)
-    vocab: dict[str, int] = {}
-    for i, t in enumerate(tokens):
-        vocab.setdefault(t, i)
+    vocab = {t: i for i, t in enumerate(tokens)}  # a repeated piece keeps its last id, as in llama.cpp
     ranked = []
     for i, (piece, kind) in enumerate(zip(tokens, types)):
         if kind != 1 or vocab[piece] != i:
