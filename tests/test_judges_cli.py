@@ -25,18 +25,20 @@ def _rows(path):
 
 def test_judge_runs_resumes_and_reports_consistency(model, tmp_path):
     inp = _jsonl(tmp_path / "in.jsonl", ITEMS)
-    out = str(tmp_path / "out.jsonl")
+    run = tmp_path / "run"
+    run.mkdir()
     # the demos' zero-shot judgments, as a previous run would have cached them
-    _jsonl(tmp_path / "out.jsonl.demos.jsonl",
+    _jsonl(run / "demos.jsonl",
            [{"id": it["id"], "generated": f'{n + 5}", "reason": "fine"}}'} for n, it in enumerate(ITEMS)])
-    argv = ["judge", inp, "-o", out, "--model", model, "--dtype", "float32", "--shots", "0,1", "--runs", "2",
-            "--generate", "--max-tokens", "3", "--batch", "2", "--quiet"]
+    argv = ["judge", inp, "--out", str(run), "--model", model, "--dtype", "float32", "--shots", "0,1", "--runs",
+            "2", "--generate", "--max-tokens", "3", "--batch", "2", "--quiet"]
     assert main(argv) == 0
+    out = run / "grades.jsonl"
     rows = _rows(out)
     assert sorted((r["id"], r["k"], r["run"]) for r in rows) == sorted(
         (it["id"], k, r) for it in ITEMS for k in (0, 1) for r in (0, 1))
     assert all(abs(sum(r["probs"]) - 1) < 1e-4 and "parsed" in r for r in rows)
-    summary = json.load(open(out + ".summary.json"))
+    summary = json.load(open(run / "summary.json"))
     by_k = {c["k"]: c for c in summary["consistency"]}
     assert by_k[0]["logprob_exact"] == 1.0 and by_k[0]["expected_gap"] < 1e-3   # zero-shot: no draw to differ
     assert by_k[1]["items"] == 3 and "unscored" in by_k[1]
@@ -49,29 +51,33 @@ def test_judge_runs_resumes_and_reports_consistency(model, tmp_path):
     key = {(r["id"], r["k"], r["run"]): r["probs"] for r in rows}
     for r in again:
         assert r["probs"] == pytest.approx(key[(r["id"], r["k"], r["run"])], abs=1e-5)
+    # the same directory with other settings is refused
+    assert main(argv[:-1] + ["--method", "unsupervised", "--quiet"]) == 2
 
 
 def test_judge_auto_shots_and_too_many_shots(model, tmp_path, capsys):
     inp = _jsonl(tmp_path / "in.jsonl", ITEMS)
-    _jsonl(tmp_path / "demos.jsonl", [{"id": it["id"], "generated": '7", "reason": "ok"}'} for it in ITEMS])
-    base = ["judge", inp, "--model", model, "--dtype", "float32", "--demo-cache", str(tmp_path / "demos.jsonl"),
-            "--quiet"]
-    assert main(base + ["-o", str(tmp_path / "auto.jsonl"), "--shots", "auto"]) == 0
-    assert json.load(open(tmp_path / "auto.jsonl.summary.json"))["shots"] == [0, 1, 2]
-    assert main(base + ["-o", str(tmp_path / "many.jsonl"), "--shots", "0,4"]) == 2
+    for name in ("auto", "many"):
+        (tmp_path / name).mkdir()
+        _jsonl(tmp_path / name / "demos.jsonl",
+               [{"id": it["id"], "generated": '7", "reason": "ok"}'} for it in ITEMS])
+    base = ["judge", inp, "--model", model, "--dtype", "float32", "--quiet"]
+    assert main(base + ["--out", str(tmp_path / "auto"), "--shots", "auto"]) == 0
+    assert json.load(open(tmp_path / "auto" / "summary.json"))["shots"] == [0, 1, 2]
+    assert main(base + ["--out", str(tmp_path / "many"), "--shots", "0,4"]) == 2
     assert "4 demos needed" in capsys.readouterr().err
-    assert not (tmp_path / "many.jsonl").exists()
+    assert not (tmp_path / "many" / "grades.jsonl").exists()
 
 
 def test_judge_bad_input_is_one_line_with_file_and_line(model, tmp_path, capsys):
     inp = tmp_path / "bad.jsonl"
     inp.write_text(json.dumps(ITEMS[0]) + "\n{not json\n")
-    out = tmp_path / "out.jsonl"
-    assert main(["judge", str(inp), "-o", str(out), "--model", model]) == 2
+    out = tmp_path / "run"
+    assert main(["judge", str(inp), "--out", str(out), "--model", model]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {inp}:2: ") and "\n" not in err and not out.exists()
     inp.write_text(json.dumps({"question": "q"}) + "\n")
-    assert main(["pairwise", str(inp), "-o", str(out), "--model", model]) == 2
+    assert main(["pairwise", str(inp), "--out", str(out), "--model", model]) == 2
     assert "missing fields 'answer_a', 'answer_b'" in capsys.readouterr().err
 
 
@@ -80,14 +86,14 @@ def test_pairwise_with_labels_and_leaderboard(model, tmp_path):
     rows = [{"id": f"p{i}", "question": "Name a colour.", "answer_a": f"Blue {i}.", "answer_b": "I do not know.",
              "model_a": names[i % 3], "model_b": names[(i + 1) % 3], "winner": "model_a"} for i in range(6)]
     inp = _jsonl(tmp_path / "pairs.jsonl", rows)
-    out, board = str(tmp_path / "out.jsonl"), str(tmp_path / "board.json")
-    assert main(["pairwise", inp, "-o", out, "--model", model, "--dtype", "float32", "--leaderboard", board,
-                 "--bootstrap", "20", "--batch", "4", "--quiet"]) == 0
-    results = _rows(out)
+    out = tmp_path / "run"
+    assert main(["pairwise", inp, "--out", str(out), "--model", model, "--dtype", "float32", "--bootstrap", "20",
+                 "--batch", "4", "--quiet"]) == 0
+    results = _rows(out / "verdicts.jsonl")
     assert [r["id"] for r in results] == [r["id"] for r in rows]
     assert all(set(r["variants"]) == {"AB", "BA", "AB_sym", "BA_sym"} for r in results)
-    summary = json.load(open(out + ".summary.json"))
+    summary = json.load(open(out / "summary.json"))
     assert summary["pairs"] == 6 and 0 <= summary["logprob"]["bias"]["flip_rate"] <= 1
     assert summary["logprob"]["accuracy"]["aggregate"]["n"] == 6
-    lb = json.load(open(board))
+    lb = json.load(open(out / "leaderboard.json"))
     assert {r["model"] for r in lb} == set(names) and all(1 <= r["rank"] <= 3 for r in lb)

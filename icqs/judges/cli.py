@@ -1,27 +1,30 @@
 """`icqs judge` (single answer grading, zero- and many-shot) and `icqs pairwise` (four-variant comparison).
 
-Both read JSONL, append one result row per finished unit to the output (a killed run resumes where it stopped),
-show tqdm progress, and write a summary (JSON, through a temporary file and a rename) next to the output.
+As `icqs score`: JSONL input, a run directory --out holding run.json (the settings; a rerun with other settings is
+refused), append-only result rows (a killed run resumes where it stopped), tqdm progress, and the summary files
+written through a temporary file and a rename.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 from engine.errors import UserError
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("judge", help="grade answers 1-10 with zero-shot or many-shot ICL judge prompts",
-                              description="Input JSONL rows: question, response, optional id. Output rows: id, k, "
-                              "run, the rating distribution over 1..10 (probs), expected, argmax, and with "
-                              "--generate the generated answer and its parsed rating (null = unscored).")
+                              description="Input JSONL rows: question, response, optional id. OUT/grades.jsonl rows: "
+                              "id, k, run, the rating distribution over 1..10 (probs), expected, argmax, and with "
+                              "--generate the generated answer and its parsed rating (null = unscored); "
+                              "OUT/summary.json: per K, and the consistency of runs 0 and 1.")
     _common(p)
     p.add_argument("--method", choices=("reinforced", "unsupervised"), default="reinforced")
     p.add_argument("--shots", default="0,1,2,4", help="comma-separated K values, or 'auto' (0, 1, 2, 4, ... up to "
                    "what fits the model's context); K=0 is the zero-shot Prompt B")
     p.add_argument("--demos", help="JSONL pool of demo (question, response) rows; default: the input itself, the "
                    "graded item left out of its own demos")
-    p.add_argument("--demo-cache", help="JSONL cache of the demos' zero-shot judgments (default: OUTPUT.demos.jsonl)")
     p.add_argument("--demo-tokens", type=int, default=96, help="max tokens of a generated demo judgment")
     p.add_argument("--runs", type=int, default=1, help="independent demo draws (seed, seed+1, ...); with 2 or more "
                    "the summary has the consistency of runs 0 and 1 for every K")
@@ -34,20 +37,21 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("pairwise", help="compare two answers under four prompts (position x symbol swap)",
                               description="Input JSONL rows: question, answer_a, answer_b, optional id, model_a, "
                               "model_b (for a leaderboard) and winner (model_a | model_b | tie: accuracy against "
-                              "it). Output rows: each variant's verdict distribution, the aggregate and verdicts.")
+                              "it). OUT/verdicts.jsonl rows: each variant's verdict distribution and verdict, the "
+                              "aggregate; OUT/summary.json: accuracy, bias and flip rates; OUT/leaderboard.json: "
+                              "the Bradley-Terry leaderboard when every row names its two models.")
     _common(p)
     p.add_argument("--generate", action="store_true", help="also generate each variant's judgment and parse it")
     p.add_argument("--max-tokens", type=int, default=256, help="max generated tokens with --generate")
-    p.add_argument("--leaderboard", help="write a Bradley-Terry leaderboard (JSON) from the aggregated verdicts")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap rounds for the leaderboard's 95%% CIs")
     p.set_defaults(func=_run_pairwise)
 
 
 def _common(p) -> None:
     p.add_argument("input", help="input JSONL")
-    p.add_argument("-o", "--output", required=True, help="output JSONL (appended; rerun to resume)")
+    p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
     p.add_argument("--model", help="a .gguf file or an HF model folder (default: the embedded SmolLM2)")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
     p.add_argument("--batch", type=int, default=16, help="items per engine call (the unit of resumption)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -71,11 +75,29 @@ def _items(path: str, fields: tuple[str, ...]) -> list[dict]:
     return rows
 
 
-def _write_summary(output: str, summary: dict) -> str:
+def _digest(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _open_run(out: Path, meta: dict) -> None:
+    """Create OUT/run.json, or check that OUT holds a run with the same settings."""
     from ..io import atomic_write
 
-    path = output + ".summary.json"
-    atomic_write(path, json.dumps(summary, indent=2) + "\n")
+    path = out / "run.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        for key, value in meta.items():
+            if old.get(key) != value:
+                raise UserError(f"this run directory holds results for a different {key} ({old.get(key)!r}, now "
+                                f"{value!r}); use another --out", str(path))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(meta, indent=1) + "\n")
+
+
+def _write_json(path: Path, obj) -> Path:
+    from ..io import atomic_write
+
+    atomic_write(path, json.dumps(obj, indent=2) + "\n")
     return path
 
 
@@ -106,9 +128,13 @@ def _run_judge(args) -> int:
         raise UserError(f"--shots must be comma-separated integers or 'auto', got {args.shots!r}") from None
     if ks is not None and min(ks) < 0:
         raise UserError("--shots must not be negative")
+    out = Path(args.out)
+    _open_run(out, {"command": "judge", "input": _digest(items), "demos": _digest(pool), "model": args.model,
+                    "dtype": args.dtype, "method": args.method, "seed": args.seed, "demo_tokens": args.demo_tokens,
+                    "per_item_draws": args.per_item_draws, "max_tokens": args.max_tokens if args.generate else None})
     eng = _load_engine(args)
     needs_demos = auto or max(ks) > 0
-    demos = generate_demos(eng, pool, args.demo_cache or args.output + ".demos.jsonl", args.demo_tokens,
+    demos = generate_demos(eng, pool, out / "demos.jsonl", args.demo_tokens,
                            progress=not args.quiet) if needs_demos else {}
     reserve = args.max_tokens if args.generate else 4
     drawers = [demo_drawer(demos, args.seed + r, args.per_item_draws) for r in range(args.runs)]
@@ -118,29 +144,29 @@ def _run_judge(args) -> int:
     need = max(max(ks), 4 if args.method == "unsupervised" and max(ks) else 0)
     if need > len(demos) - (0 if args.demos else 1):
         raise UserError(f"{need} demos needed but only {len(demos)} of the {len(pool)} pool items got a rated "
-                        f"zero-shot judgment (see {args.demo_cache or args.output + '.demos.jsonl'}); use fewer "
+                        f"zero-shot judgment (see {out / 'demos.jsonl'}); use fewer "
                         f"--shots or a larger --demos pool")
     for drawer in drawers:
         for it, k, prompt in build_prompts(items, drawer, [max(ks)], args.method):
             if (n := prompt_tokens(eng.tokenizer, prompt)) > limit:
                 raise UserError(f"the {k}-shot prompt of item {it['id']} has {n} tokens, over the {limit} that fit "
                                 f"the model's context; use fewer --shots (or --shots auto)")
-    with ResultWriter(args.output, key=("id", "k", "run")) as out:
+    with ResultWriter(out / "grades.jsonl", key=("id", "k", "run")) as log:
         for r, drawer in enumerate(drawers):
-            todo = [it for it in items if not all(out.done((it["id"], k, r)) for k in ks)]
+            todo = [it for it in items if not all(log.done((it["id"], k, r)) for k in ks)]
             for start in tqdm(range(0, len(todo), args.batch), desc=f"judge run {r}", disable=args.quiet):
                 jobs = build_prompts(todo[start:start + args.batch], drawer, ks, args.method)
                 for row in grade(eng, jobs, args.generate, args.max_tokens):
-                    if not out.done((row["id"], row["k"], r)):
-                        out.write({**row, "run": r, "method": args.method, "seed": args.seed + r})
-        rows = [row for row in out.rows if row["k"] in ks and row["run"] < args.runs]
+                    if not log.done((row["id"], row["k"], r)):
+                        log.write({**row, "run": r, "seed": args.seed + r})
+        rows = [row for row in log.rows if row["k"] in ks and row["run"] < args.runs]
     summary = {"method": args.method, "shots": ks, "demos": len(demos), "demo_pool": len(pool),
                "per_item_draws": args.per_item_draws, "items": len(items), "by_k": _grading_by_k(rows, ks)}
     if args.runs >= 2:
         summary["consistency"] = consistency_by_k([r for r in rows if r["run"] == 0],
                                                   [r for r in rows if r["run"] == 1])
-    print(json.dumps(summary["by_k"], indent=1))
-    print(f"summary: {_write_summary(args.output, summary)}")
+    print(json.dumps(summary["by_k"] + summary.get("consistency", []), indent=1))
+    print(f"summary: {_write_json(out / 'summary.json', summary)}")
     return 0
 
 
@@ -167,11 +193,12 @@ def _run_pairwise(args) -> int:
         if it.get("winner") not in (None, "model_a", "model_b", "tie"):
             raise UserError(f"row {it['id']}: winner must be model_a, model_b or tie", args.input)
         it["x"], it["y"] = it["answer_a"], it["answer_b"]
-    if args.leaderboard and not all("model_a" in it and "model_b" in it for it in items):
-        raise UserError("--leaderboard needs model_a and model_b in every row", args.input)
+    out = Path(args.out)
+    _open_run(out, {"command": "pairwise", "input": _digest(items), "model": args.model, "dtype": args.dtype,
+                    "max_tokens": args.max_tokens if args.generate else None})
     eng = _load_engine(args)
-    with ResultWriter(args.output, key="id") as out:
-        todo = [it for it in items if not out.done(it["id"])]
+    with ResultWriter(out / "verdicts.jsonl", key="id") as log:
+        todo = [it for it in items if not log.done(it["id"])]
         for start in tqdm(range(0, len(todo), args.batch), desc="pairwise", disable=args.quiet):
             part = todo[start:start + args.batch]
             results = pairwise_logprob_verdicts(eng, part)
@@ -179,19 +206,18 @@ def _run_pairwise(args) -> int:
                 for res, gen in zip(results, pairwise_generated_verdicts(eng, part, args.max_tokens)):
                     res["generated"] = gen
             for it, res in zip(part, results):
-                out.write({"id": it["id"], **{k: it[k] for k in ("model_a", "model_b", "winner") if k in it},
+                log.write({"id": it["id"], **{k: it[k] for k in ("model_a", "model_b", "winner") if k in it},
                            **res})
-        done = {row["id"]: row for row in out.rows}
+        done = {row["id"]: row for row in log.rows}
     rows = [done[it["id"]] for it in items]
     summary = summarize_pairwise(rows)
-    if args.leaderboard:
-        from ..io import atomic_write
-        from .bradley_terry import leaderboard
+    if all("model_a" in r and "model_b" in r for r in rows):
+        from .bradley_terry import format_leaderboard, leaderboard
 
         battles = [(r["model_a"], r["model_b"], r["verdict"]) for r in rows]
         board = leaderboard(battles, rounds=args.bootstrap, seed=args.seed)
-        atomic_write(args.leaderboard, json.dumps(board, indent=2) + "\n")
-        summary["leaderboard"] = board
-    print(json.dumps({k: v for k, v in summary.items() if k != "leaderboard"}, indent=1))
-    print(f"summary: {_write_summary(args.output, summary)}")
+        _write_json(out / "leaderboard.json", board)
+        print(format_leaderboard(board))
+    print(json.dumps(summary, indent=1))
+    print(f"summary: {_write_json(out / 'summary.json', summary)}")
     return 0
