@@ -67,7 +67,7 @@ def judge_prompt(task: Task, c: Candidate) -> str:
     return JUDGE_TEMPLATE.replace("{question}", question).replace("{answer}", c.y)
 
 
-def compute_judge(engine, task: Task, candidates: list[Candidate], writer: ResultWriter, max_tokens: int = 8,
+def compute_judge(engine, task: Task, candidates: list[Candidate], writer: ResultWriter, max_tokens: int = 4,
                   progress: bool = True) -> None:
     """Rating-token log-probs and a greedy generation per candidate; rows {id, rating_logprobs, text} (key: id)."""
     todo = [c for c in candidates if not writer.done(c.id)]

@@ -17,8 +17,12 @@ def epistemic_curve(loglik: np.ndarray) -> np.ndarray:
 
 
 def argmax_ratio(curve: np.ndarray, ratios) -> np.ndarray:
-    """The ratio with the highest log-likelihood (ties: the lowest such ratio). [..., M+1] -> [...]."""
-    return np.asarray(ratios, dtype=np.float64)[np.argmax(curve, axis=-1)]
+    """The ratio with the highest log-likelihood. [..., M+1] -> [...]. Exact ties, which arise when two ratios
+    draw the same demo set (coupled sets at neighbouring ratios often do), give the mean of the tied ratios rather
+    than favouring either end."""
+    curve = np.asarray(curve, dtype=np.float64)
+    best = curve == curve.max(axis=-1, keepdims=True)
+    return (best * np.asarray(ratios, dtype=np.float64)).sum(axis=-1) / best.sum(axis=-1)
 
 
 def posterior(curve: np.ndarray) -> np.ndarray:

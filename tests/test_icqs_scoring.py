@@ -18,6 +18,9 @@ def test_argmax_picks_the_most_likely_ratio_not_the_least():
     assert post.argmax_ratio(np.array([-3.0, -1.0, -2.0]), RATIOS) == 0.5
     assert post.argmax_ratio(np.array([-0.5, -1.0, -2.0]), RATIOS) == 0.0
     assert post.argmax_ratio(np.array([-9.0, -1.0, -0.1]), RATIOS) == 1.0
+    # an exact tie (the same demo set at two ratios) gives the mean of the tied ratios
+    assert post.argmax_ratio(np.array([-1.0, -1.0, -3.0]), RATIOS) == 0.25
+    assert list(post.argmax_ratio(np.array([[-2.0, -1.0, -1.0], [-1.0, -1.0, -1.0]]), RATIOS)) == [0.75, 0.5]
 
 
 def test_icqs_reads_repeat_zero_and_epistemic_the_mean_over_repeats():
