@@ -22,7 +22,7 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "transformers", "triton"],
+        "test": ["pytest", "pytest-benchmark", "transformers", "accelerate", "triton"],
         "triton": ["triton"],
         "bench": ["llama-cpp-python", "transformers", "pytest-benchmark"],
         "cuda": ["flash-attn"],

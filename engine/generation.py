@@ -39,7 +39,7 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Ge
 def _encode_prompt(eng, prompt) -> list[int]:
     tok = eng.tokenizer
     ids = tok.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    if (tok.add_bos and tok.bos_id is not None and ids[:1] != [tok.bos_id]) or not ids:
+    if (isinstance(prompt, str) and tok.add_bos and tok.bos_id is not None) or not ids:
         ids = [tok.bos_id if tok.bos_id is not None else tok.eos_id] + ids
     if len(ids) >= eng.config.max_position:
         raise UserError(f"prompt of {len(ids)} tokens leaves no room under the model's maximum of "

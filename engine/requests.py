@@ -27,6 +27,6 @@ def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[
     if not cont:
         raise UserError("empty continuation: nothing to score")
     start = tok.bos_id if tok.bos_id is not None else tok.eos_id
-    if (tok.add_bos and tok.bos_id is not None and ctx[:1] != [tok.bos_id]) or not ctx:
+    if (isinstance(context, str) and tok.add_bos and tok.bos_id is not None) or not ctx:
         ctx = [start] + ctx
     return ctx, cont

@@ -1,0 +1,103 @@
+"""Prefix sharing changes how much is computed, never the scores: sharing on/off, request order, step budget,
+KV pressure (preemption), and the online cache across calls all give the same log-probs (fp32, 1e-5)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine import Engine
+from engine.loader import load_model_files
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model_files(str(tiny_model_dir))
+
+
+def icqs_shaped(vocab: int, seed: int = 0, demo_sets: int = 3, questions: int = 4, answers: int = 3):
+    """demo set -> question -> answer, as an ICQS job lays out its requests."""
+    rng = random.Random(seed)
+    toks = lambda n: [rng.randrange(4, vocab) for _ in range(n)]  # noqa: E731
+    demos = [toks(rng.randrange(30, 60)) for _ in range(demo_sets)]
+    qs = [toks(rng.randrange(3, 9)) for _ in range(questions)]
+    ans = [[toks(rng.randrange(1, 5)) for _ in range(answers)] for _ in qs]
+    return [(d + q, a) for d in demos for q, aa in zip(qs, ans) for a in aa]
+
+
+def engine(tiny, **opts):
+    config, weights, tok = tiny
+    return Engine(config, weights, tok, dtype=torch.float32, **{"kv_tokens": 4096, **opts})
+
+
+def logprobs(eng, reqs, **kw):
+    return [r.logprob for r in eng.score(reqs, **kw)]
+
+
+def test_sharing_order_and_budget_invariance(tiny):
+    reqs = icqs_shaped(tiny[0].vocab_size)
+    base = logprobs(engine(tiny), reqs, share_prefix=False)
+    for budget in (5, 37, 4096):
+        for seed in range(3):
+            order = list(range(len(reqs)))
+            random.Random(seed).shuffle(order)
+            got = logprobs(engine(tiny, token_budget=budget), [reqs[i] for i in order])
+            back = [0.0] * len(reqs)
+            for pos, i in enumerate(order):
+                back[i] = got[pos]
+            assert back == pytest.approx(base, abs=1e-5)
+
+
+def test_tokens_computed_near_unique_tokens(tiny):
+    reqs = icqs_shaped(tiny[0].vocab_size, seed=1)
+    eng = engine(tiny, token_budget=64)
+    eng.score(reqs)
+    s = eng.last_stats
+    unique = set()
+    for ctx, cont in reqs:
+        seq = ctx + cont
+        unique |= {tuple(seq[:i]) for i in range(1, len(seq))}  # every distinct input prefix = one token computed
+    assert s["tokens_computed"] <= 1.1 * len(unique)
+    assert s["tokens_requested"] == sum(len(c) + len(a) - 1 for c, a in reqs)
+    assert s["tokens_computed"] < s["tokens_requested"] / 5
+    assert eng.kv.used_pages == 0  # exact lifetimes: everything freed at the end
+
+
+def test_kv_exhaustion_preempts_and_recomputes(tiny):
+    reqs = icqs_shaped(tiny[0].vocab_size, seed=2, demo_sets=6)
+    base = logprobs(engine(tiny), reqs, share_prefix=False)
+    eng = engine(tiny, kv_tokens=160, page_size=16, token_budget=512)
+    assert logprobs(eng, reqs) == pytest.approx(base, abs=1e-5)
+    assert eng.last_stats["preemptions"] > 0
+    assert eng.last_stats["peak_kv_pages"] <= 10
+    assert eng.kv.used_pages == 0
+
+
+def test_online_cache_reuses_and_evicts(tiny):
+    reqs = icqs_shaped(tiny[0].vocab_size, seed=3)
+    base = logprobs(engine(tiny), reqs, share_prefix=False)
+    eng = engine(tiny, keep_cache=True, token_budget=64)
+    first = logprobs(eng, reqs[: len(reqs) // 2])
+    assert first == pytest.approx(base[: len(reqs) // 2], abs=1e-5)
+    again = logprobs(eng, reqs)
+    assert again == pytest.approx(base, abs=1e-5)
+    assert eng.last_stats["cache_hit_tokens"] > 0
+    assert eng.kv.used_pages > 0  # kept for the next call
+    small = engine(tiny, keep_cache=True, kv_tokens=128, token_budget=64)  # cannot keep everything: LRU evicts
+    for chunk in range(0, len(reqs), 6):
+        assert logprobs(small, reqs[chunk:chunk + 6]) == pytest.approx(base[chunk:chunk + 6], abs=1e-5)
+    assert small.last_stats["evicted_nodes"] > 0
+
+
+def test_generation_shares_prompt_prefix(tiny):
+    eng = engine(tiny)
+    prompt = list(range(10, 60))
+    greedy = eng.generate([prompt, prompt + [7]], max_tokens=6)
+    single = [eng.generate([p], max_tokens=6)[0].token_ids for p in (prompt, prompt + [7])]
+    assert [g.token_ids for g in greedy] == single
+    a = eng.generate([prompt] * 3, max_tokens=8, temperature=1.0, top_p=0.9, seed=11)
+    b = eng.generate([prompt] * 3, max_tokens=8, temperature=1.0, top_p=0.9, seed=11)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert len({tuple(g.token_ids) for g in a}) > 1
+    assert eng.kv.used_pages == 0
