@@ -100,14 +100,16 @@ def describe(texts: list[str], labels, top: int = 4) -> dict[int, str]:
 
 
 def failure_modes(examples, embed: Embed, k: int | None = None, seed: int = 0) -> dict:
-    """Clusters of memory examples: {"ids", "cluster", "xy", "names", "error_kind"} (lists aligned with ids)."""
+    """Clusters of memory examples: {"ids", "cluster", "xy", "names", "error_kind"} (lists aligned with ids).
+    The ICL user turns are embedded; clusters are named from the responses alone (the template's own words,
+    shared by every example, would otherwise top every cluster)."""
     texts = [e.user_text for e in examples]
     emb = np.asarray(embed(texts), dtype=np.float64) if texts else np.zeros((0, 1))
     labels = kmeans(emb, k, seed)
     xy = tsne_map(emb, seed)
+    names = describe([e.response for e in examples], labels) if texts else {}
     return dict(ids=[e.id for e in examples], cluster=[int(c) for c in labels], xy=xy.round(4).tolist(),
-                names={str(c): name for c, name in describe(texts, labels).items()} if texts else {},
-                error_kind=[e.error_kind for e in examples])
+                names={str(c): name for c, name in names.items()}, error_kind=[e.error_kind for e in examples])
 
 
 def tag_memory(memory, modes: dict) -> None:

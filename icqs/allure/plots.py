@@ -85,7 +85,7 @@ def ablation_figure(rows: list[dict]) -> bytes | None:
     if len(rows) < 2:
         return None
     full, abl = rows[0], rows[1:]
-    labels = [f"-{r['cluster']}" for r in abl]
+    labels = [str(r["cluster"]) for r in abl]
     x = range(len(abl))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for i, metric in enumerate(("f1", "auc")):
