@@ -95,14 +95,15 @@ def run_grading(eng, graded_pairs, pool_pairs, out_dir: Path, runs: int, gen_tok
     return rows, ks, graded, len(pool), len(demos), t_demos, time.time() - t0, longest
 
 
-def grading_accuracy(rows, graded, k, run=0) -> dict:
-    """Share of graded pairs whose human-preferred answer gets the higher rating (expected; argmax, ties half)."""
+def grading_accuracy(rows, graded, k) -> dict:
+    """Share of (graded pair, run) whose human-preferred answer gets the higher rating: by the expected rating,
+    and by the argmax (equal argmax counts half)."""
     side = {it["id"]: (it["pair"], it["side"]) for it in graded}
     by_pair: dict = {}
     for r in rows:
-        if r["k"] == k and r["run"] == run:
+        if r["k"] == k:
             pair, s = side[r["id"]]
-            by_pair.setdefault(pair, {})[s] = r
+            by_pair.setdefault((pair, r["run"]), {})[s] = r
     full = [v for v in by_pair.values() if len(v) == 2]
     exp = np.mean([v["better"]["expected"] > v["worse"]["expected"] for v in full])
     arg = np.mean([1.0 if v["better"]["argmax"] > v["worse"]["argmax"] else
@@ -114,7 +115,7 @@ def fmt(x, digits=3):
     return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def tables(ps, pair_time, grading, meta) -> str:
+def tables(ps, pair_time, grading, meta, meta_gen) -> str:
     acc, bias = ps["logprob"]["accuracy"], ps["logprob"]["bias"]
     lines = [SECTION, "", meta, "",
              f"**Pairwise** ({ps['pairs']} pairs x 4 prompts, verdict = argmax of the log-probs of [[A]]/[[B]]/[[C]]; "
@@ -133,16 +134,19 @@ def tables(ps, pair_time, grading, meta) -> str:
     lines += ["", f"**Single answer grading** ({len(graded)} answers = {len(graded) // 2} pairs, Reinforced ICL, "
               f"two runs with independent shared demo draws from {demo_n} rated zero-shot judgments of {pool_n} "
               f"other answers (demo generation {t_demos:.0f} s, grading {t_grade:.0f} s, longest prompt {longest} "
-              f"tokens). Consistency of run 0 vs run 1; 'pref. acc.' = share of pairs whose human-preferred answer "
-              f"gets the higher rating (run 0).", "",
-              "| K | exact (log-prob argmax) | within 1 | mean abs. gap of expected | exact (generated) | "
-              "within 1 (generated) | unscored (of 2 runs) | pref. acc. (expected) | pref. acc. (argmax) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              f"tokens). Consistency of run 0 vs run 1: 'sampled' = probability that ratings sampled from the two "
+              f"runs' rating-token distributions agree; 'argmax' = the distributions' argmax; 'generated' = the "
+              f"rating parsed from a greedy generation ({meta_gen} tokens; unparsable = unscored). 'pref. acc.' = "
+              f"share of (pair, run) whose human-preferred answer gets the higher rating.", "",
+              "| K | sampled exact | sampled within 1 | argmax exact | argmax within 1 | mean abs. gap of expected | "
+              "generated exact | generated within 1 | unscored | pref. acc. (expected) | pref. acc. (argmax) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in ks:
         c, a = cons[k], grading_accuracy(rows, graded, k)
-        lines.append(f"| {k} | {fmt(c['logprob_exact'])} | {fmt(c['logprob_within1'])} | {fmt(c['expected_gap'])} "
-                     f"| {fmt(c.get('text_exact'))} | {fmt(c.get('text_within1'))} | {c.get('unscored', '-')}/"
-                     f"{2 * c['items']} | {fmt(a['expected'])} | {fmt(a['argmax'])} |")
+        lines.append(f"| {k} | {fmt(c['sampled_exact'])} | {fmt(c['sampled_within1'])} | {fmt(c['logprob_exact'])} "
+                     f"| {fmt(c['logprob_within1'])} | {fmt(c['expected_gap'])} | {fmt(c.get('text_exact'))} | "
+                     f"{fmt(c.get('text_within1'))} | {c.get('unscored', '-')}/{2 * c['items']} | "
+                     f"{fmt(a['expected'])} | {fmt(a['argmax'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -184,7 +188,7 @@ def main():
             f"{len(compared)} pairs compared, {len(graded)} pairs graded, {len(pool)} pairs as demo pool. Total "
             f"{time.time() - t0:.0f} s. Command: `python benchmarks/judges_hhh.py --pairs {args.pairs} "
             f"--grade-pairs {args.grade_pairs} --pool {args.pool}`.")
-    text = tables(ps, pair_time, grading, meta)
+    text = tables(ps, pair_time, grading, meta, args.gen_tokens)
     print(text)
     write_section(text, Path(args.results))
 

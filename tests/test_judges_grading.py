@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from icqs.judges.consistency import agreement, consistency_by_k
+from icqs.judges.consistency import agreement, consistency_by_k, sampled_agreement
 from icqs.judges.grading import rating_options, summarize
 from icqs.judges.prompts import RATING_PREFIX, Demo
 from icqs.judges.reinforced import demo_drawer, demo_from_generation, draw
@@ -68,11 +68,22 @@ def test_agreement():
 
 
 def test_consistency_by_k():
-    run1 = [{"id": i, "k": k, "argmax": 5, "expected": 5.0, "parsed": 5} for i in "ab" for k in (0, 2)]
-    run2 = [{"id": i, "k": k, "argmax": 5 if k else 7, "expected": 5.5, "parsed": None if i == "a" else 5}
-            for i in "ab" for k in (0, 2)]
+    p5, p7 = np.eye(10)[4].tolist(), np.eye(10)[6].tolist()
+    run1 = [{"id": i, "k": k, "argmax": 5, "expected": 5.0, "probs": p5, "parsed": 5} for i in "ab" for k in (0, 2)]
+    run2 = [{"id": i, "k": k, "argmax": 5 if k else 7, "expected": 5.5, "probs": p5 if k else p7,
+             "parsed": None if i == "a" else 5} for i in "ab" for k in (0, 2)]
     table = consistency_by_k(run1, run2)
     assert [row["k"] for row in table] == [0, 2]
     assert table[0]["logprob_exact"] == 0.0 and table[1]["logprob_exact"] == 1.0
     assert table[1]["expected_gap"] == pytest.approx(0.5)
+    assert table[0]["sampled_exact"] == 0.0 and table[1]["sampled_exact"] == 1.0
     assert table[0]["text_compared"] == 1 and table[0]["unscored"] == 1 and table[0]["text_exact"] == 1.0
+
+
+def test_sampled_agreement():
+    sure, split = np.eye(10)[6], np.zeros(10)
+    split[[6, 7]] = 0.5                                          # ratings 7 and 8
+    r = sampled_agreement([sure, split], [sure, split])
+    assert r["exact"] == pytest.approx((1 + 0.5) / 2) and r["within1"] == pytest.approx(1.0)
+    far = sampled_agreement([np.eye(10)[0]], [np.eye(10)[9]])
+    assert far == {"exact": 0.0, "within1": 0.0}
