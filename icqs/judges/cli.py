@@ -118,9 +118,11 @@ def _run_judge(args) -> int:
     from .reinforced import demo_drawer, generate_demos
 
     items = _items(args.input, ("question", "response"))
-    pool = _items(args.demos, ("question", "response")) if args.demos else items
-    if args.runs < 1:
-        raise UserError("--runs must be at least 1")
+    pool = items
+    if args.demos:  # a separate pool: its ids must not be taken for graded items (a graded item skips its own demo)
+        pool = [{**row, "id": f"demo:{row['id']}"} for row in _items(args.demos, ("question", "response"))]
+    if args.runs < 1 or args.batch < 1:
+        raise UserError("--runs and --batch must be at least 1")
     auto = args.shots.strip() == "auto"
     try:
         ks = None if auto else sorted({int(k) for k in args.shots.split(",")})
