@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from icqs.judges.grading import build_prompts, grade, rating_options
-from icqs.judges.pairwise import VARIANTS, pairwise_logprob_verdicts, verdict_options
+from icqs.judges.pairwise import VARIANTS, pairwise_generated_verdicts, pairwise_logprob_verdicts, verdict_options
 from icqs.judges.prompts import RATING_PREFIX, VERDICT_PREFIX, chat_wrap
 from icqs.judges.reinforced import demo_drawer, demo_from_generation, generate_demos
 from tiny_models import make_tiny_model
@@ -78,3 +78,10 @@ def test_demo_generations_are_cached(engine, tmp_path):
     again = generate_demos(engine, ITEMS[:4], cache, max_tokens=6)   # only i3 is new
     assert cache.read_text().splitlines()[:3] == lines and len(cache.read_text().splitlines()) == 4
     assert set(first) <= set(again)
+
+
+def test_generated_pairwise_verdicts_have_one_entry_per_variant(engine):
+    item = {"question": "Which is better?", "x": "Yes.", "y": "No."}
+    gen = pairwise_generated_verdicts(engine, [item], max_tokens=3)[0]
+    assert set(gen["verdicts"]) == set(gen["texts"]) == {v.name for v in VARIANTS}
+    assert all(o in (None, "model_a", "model_b", "tie") for o in gen["verdicts"].values())

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from icqs.judges.pairwise import (VARIANTS, aggregate, bias_report, decide, parse_verdict, to_outcome_probs)
+from icqs.judges.pairwise import (VARIANTS, aggregate, bias_report, decide, majority, parse_verdict, summarize_pairwise,
+                                  to_outcome_probs)
 
 BY = {v.name: v for v in VARIANTS}
 
@@ -72,3 +73,22 @@ def test_bias_report_counts_single_flips():
     assert r["flip_rate"] == 1.0
     assert r["position_flip_rate"] == 0.5 and r["symbol_flip_rate"] == 0.5 and r["order_flip_rate"] == 0.5
     assert r["position_bias_rate"] == 0.0 and r["symbol_bias_rate"] == 0.0
+
+
+def test_majority_of_generated_verdicts():
+    assert majority(["model_a", "model_a", "model_b", None]) == "model_a"
+    assert majority(["model_a", "model_b", "tie", "tie"]) == "tie"
+    assert majority([None] * 4) is None
+
+
+def test_summarize_pairwise_accuracy():
+    rows = []
+    for winner, probs in [("model_a", [0.6, 0.3, 0.1]), ("model_b", [0.2, 0.3, 0.5]), ("model_a", [0.3, 0.6, 0.1])]:
+        variants = {v.name: probs for v in VARIANTS}
+        rows.append({"winner": winner, "variants": variants, "verdicts": {n: decide(p) for n, p in variants.items()},
+                     "aggregate": probs, "verdict": decide(probs)})
+    s = summarize_pairwise(rows)
+    acc = s["logprob"]["accuracy"]
+    assert acc["aggregate"]["accuracy"] == pytest.approx(1 / 3)            # the second is read as a tie
+    assert acc["aggregate_decisive"]["accuracy"] == pytest.approx(2 / 3)
+    assert s["logprob"]["bias"]["flip_rate"] == 0.0 and "generated" not in s

@@ -127,12 +127,16 @@ def pairwise_generated_verdicts(engine, items: list[dict], max_tokens: int = 256
         for j, v in enumerate(VARIANTS):
             symbol = parse_verdict(gens[i * len(VARIANTS) + j].text)
             verdicts[v.name] = None if symbol is None else v.outcome_of(symbol)
-        votes = [o for o in verdicts.values() if o is not None]
-        a, b = votes.count("model_a"), votes.count("model_b")
-        out.append({"verdicts": verdicts, "verdict": None if not votes else
-                    "model_a" if a > b else "model_b" if b > a else "tie",
+        out.append({"verdicts": verdicts, "verdict": majority(list(verdicts.values())),
                     "texts": {v.name: gens[i * len(VARIANTS) + j].text for j, v in enumerate(VARIANTS)}})
     return out
+
+
+def majority(verdicts: list[str | None]) -> str | None:
+    """The aggregated generated verdict: the answer with more votes, "tie" when equal, None without votes."""
+    votes = [o for o in verdicts if o is not None]
+    a, b = votes.count("model_a"), votes.count("model_b")
+    return None if not votes else "model_a" if a > b else "model_b" if b > a else "tie"
 
 
 def _accuracy(rows: list[dict], verdict_of) -> dict:
