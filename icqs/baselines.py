@@ -69,14 +69,18 @@ def judge_prompt(task: Task, c: Candidate) -> str:
 
 def compute_judge(engine, task: Task, candidates: list[Candidate], writer: ResultWriter, max_tokens: int = 4,
                   progress: bool = True) -> None:
-    """Rating-token log-probs and a greedy generation per candidate; rows {id, rating_logprobs, text} (key: id)."""
+    """Rating-token log-probs and a greedy generation per candidate; rows {id, rating_logprobs, text} (key: id).
+    Candidates with the same prompt (models giving the same answer) share one generation."""
     todo = [c for c in candidates if not writer.done(c.id)]
     for part in tqdm(_chunks(todo, CHUNK), desc="verbalized judge", unit="batch", disable=not progress or not todo):
         prompts = [judge_prompt(task, c) for c in part]
-        lp = option_logprobs(engine, prompts, RATING_OPTIONS, normalize=True, progress=progress)
-        gens = engine.generate(prompts, max_tokens=max_tokens, temperature=0.0, stop=["\n"], progress=progress)
-        for c, row, gen in zip(part, lp, gens):
-            writer.write({"id": c.id, "rating_logprobs": row.tolist(), "text": gen.text})
+        unique = list(dict.fromkeys(prompts))
+        lp = option_logprobs(engine, unique, RATING_OPTIONS, normalize=True, progress=progress)
+        gens = engine.generate(unique, max_tokens=max_tokens, temperature=0.0, stop=["\n"], progress=progress)
+        by_prompt = {p: (row, gen.text) for p, row, gen in zip(unique, lp, gens)}
+        for c, prompt in zip(part, prompts):
+            row, text = by_prompt[prompt]
+            writer.write({"id": c.id, "rating_logprobs": row.tolist(), "text": text})
 
 
 def judge_score(row: dict) -> dict:

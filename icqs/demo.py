@@ -28,7 +28,7 @@ NEGATIVE = ["was terrible", "was a waste of time", "bored me to tears", "was awf
             "left me sad and disappointed"]
 LABELS = ["negative", "positive"]
 MODELS = {"model-A": 1.0, "model-B": 0.8, "model-C": 0.6, "model-D": 0.4}
-SIZES = {"pool": 16, "questions": 20, "M": 4, "N": 6, "L": 2}
+SIZES = {"pool": 16, "questions": 20, "M": 4, "N": 10, "L": 2}
 
 
 def reviews(seed: int = 0) -> list[Example]:

@@ -57,13 +57,14 @@ def test_judge_expected_rating_and_unparsable_generation_is_unscored(tmp_path):
     probs = [0.1, 0.0, 0.2, 0.3, 0.4]  # ratings 1..5: expected 0.1 + 0.6 + 1.2 + 2.0 = 3.9
     table = {("Rating:", o): (math.log(p) if p else -1e9) for o, p in zip(RATING_OPTIONS, probs)}
     eng = OptionEngine(table, texts=[" 4", " excellent answer", " [[5]]"])
-    cands = [Candidate(str(i), "m", "x", "y") for i in range(3)]
+    # candidates 0 and 3 have the same prompt: one generation serves both
+    cands = [Candidate(str(i), "m", "x", y) for i, y in enumerate(["y", "z", "w", "y"])]
     with ResultWriter(tmp_path / "judge.jsonl", "id") as w:
         compute_judge(eng, task, cands, w, progress=False)
         scores = [judge_score(r) for r in w.rows]
     assert scores[0]["expected_rating"] == pytest.approx(3.9) and scores[0]["score"] == pytest.approx(2.9 / 4)
-    assert [s["generated"] for s in scores] == [4, None, 5]
-    assert [s["generated_score"] for s in scores] == [0.75, None, 1.0]
+    assert [s["generated"] for s in scores] == [4, None, 5, 4]
+    assert [s["generated_score"] for s in scores] == [0.75, None, 1.0, 0.75]
     p = judge_prompt(task, cands[0])
     assert p.endswith("[Question]\nIs it so: x\n[The Start of Assistant's Answer]\ny\n"
                       "[The End of Assistant's Answer]\nRating:")
