@@ -137,8 +137,8 @@ def cmd_score(args) -> None:
         raise UserError("the icl method needs label options ('labels' in the task)", args.task)
     engine = _load_engine(args)
     out = Path(args.out)
-    rows = score_run(engine, task, candidates, out, args.method, args.sampler, args.model or "default",
-                     progress=not args.quiet)
+    model = f"{args.model or 'default'} {args.dtype}"
+    rows = score_run(engine, task, candidates, out, args.method, args.sampler, model, progress=not args.quiet)
     print_leaderboard(out, rows, task)
 
 

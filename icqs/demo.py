@@ -85,7 +85,8 @@ def run_demo(out, model: str | None = None, dtype: str = "bfloat16", progress: b
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "demo_task.yaml", task_yaml(task))  # `icqs score` can rerun it: with out/candidates.jsonl
     engine = Engine.load(model=model, dtype=dtype, keep_cache=True)
-    rows = score_run(engine, task, candidates, out, METHODS, "coupled", model or "default", progress=progress)
+    rows = score_run(engine, task, candidates, out, METHODS, "coupled", f"{model or 'default'} {dtype}",
+                     progress=progress)
     text = print_leaderboard(out, rows, task)
     print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")
     print(f"report: {write_report(out)}")
