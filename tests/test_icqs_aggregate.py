@@ -58,3 +58,13 @@ def test_leaderboard_orders_models_and_counts_unscored():
     assert b["truth_rank"] == {"a": 1.0, "b": 2.0}
     text = format_leaderboards([b])
     assert "1 candidates unscored" in text and "a " in text
+
+
+def test_leaderboard_compares_the_posterior_with_distributional_truths():
+    rows = [{"method": "icqs", "model": "m", "id": "1", "score": 1.0, "expected": 0.7, "posterior": [0.2, 0.4, 0.4],
+             "truth_dist": [0.2, 0.3, 0.5]},
+            {"method": "icqs", "model": "m", "id": "2", "score": 0.0, "expected": 0.4, "posterior": [0.5, 0.25, 0.25],
+             "truth_dist": [1.0, 0.0, 0.0]}]
+    b = leaderboard(rows, "icqs")
+    assert b["distribution"]["mae"] == pytest.approx(0.6)
+    assert "posterior vs truth_dist: MAE 0.600" in format_leaderboards([b])
