@@ -7,9 +7,9 @@ import pytest
 
 from icqs.baselines import RATING_OPTIONS, compute_icl, compute_judge, icl_score, judge_prompt, judge_score
 from icqs.candidates import Candidate
-from icqs.demo import MODELS, demo_candidates, demo_task
+from icqs.demo import MODELS, demo_candidates, demo_task, task_yaml
 from icqs.io import ResultWriter
-from icqs.task import Example, Task
+from icqs.task import Example, Task, load_task
 
 
 class OptionEngine:
@@ -68,6 +68,12 @@ def test_judge_expected_rating_and_unparsable_generation_is_unscored(tmp_path):
     p = judge_prompt(task, cands[0])
     assert p.endswith("[Question]\nIs it so: x\n[The Start of Assistant's Answer]\ny\n"
                       "[The End of Assistant's Answer]\nRating:")
+
+
+def test_demo_task_yaml_loads_back(tmp_path):
+    task = demo_task()
+    (tmp_path / "demo_task.yaml").write_text(task_yaml(task))
+    assert load_task(tmp_path / "demo_task.yaml") == task
 
 
 def test_demo_models_have_exactly_their_accuracy():
