@@ -13,8 +13,9 @@ class KVCache:
     def __init__(self, config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device):
         self.num_pages, self.page_size = num_pages, page_size
         shape = (config.num_layers, num_pages * page_size, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # empty, not zeros: a slot is read only after its K/V were written, and untouched pages cost no memory
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.refcount = [0] * num_pages
         self.free_pages = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
         self.peak_used = 0
