@@ -29,7 +29,7 @@ def test_judge_runs_resumes_and_reports_consistency(model, tmp_path):
     run.mkdir()
     # the demos' zero-shot judgments, as a previous run would have cached them
     _jsonl(run / "demos.jsonl",
-           [{"id": it["id"], "generated": f'{n + 5}", "reason": "fine"}}'} for n, it in enumerate(ITEMS)])
+           [{"id": it["id"], "rating": n + 5, "reason": "fine"} for n, it in enumerate(ITEMS)])
     argv = ["judge", inp, "--out", str(run), "--model", model, "--dtype", "float32", "--shots", "0,1", "--runs",
             "2", "--generate", "--max-tokens", "3", "--batch", "2", "--quiet"]
     assert main(argv) == 0
@@ -60,7 +60,7 @@ def test_judge_auto_shots_and_too_many_shots(model, tmp_path, capsys):
     for name in ("auto", "many"):
         (tmp_path / name).mkdir()
         _jsonl(tmp_path / name / "demos.jsonl",
-               [{"id": it["id"], "generated": '7", "reason": "ok"}'} for it in ITEMS])
+               [{"id": it["id"], "rating": 7, "reason": "ok"} for it in ITEMS])
     base = ["judge", inp, "--model", model, "--dtype", "float32", "--quiet"]
     assert main(base + ["--out", str(tmp_path / "auto"), "--shots", "auto"]) == 0
     assert json.load(open(tmp_path / "auto" / "summary.json"))["shots"] == [0, 1, 2]

@@ -7,8 +7,8 @@ import pytest
 
 from icqs.judges.grading import build_prompts, grade, rating_options
 from icqs.judges.pairwise import VARIANTS, pairwise_generated_verdicts, pairwise_logprob_verdicts, verdict_options
-from icqs.judges.prompts import RATING_PREFIX, VERDICT_PREFIX, chat_wrap
-from icqs.judges.reinforced import demo_drawer, demo_from_generation, generate_demos
+from icqs.judges.prompts import RATING_PREFIX, VERDICT_PREFIX, Demo, chat_wrap, grading_problem, solution_text
+from icqs.judges.reinforced import demo_drawer, generate_demos
 from tiny_models import make_tiny_model
 
 ITEMS = [{"id": f"i{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(6)]
@@ -27,7 +27,8 @@ def engine(long_tiny_dir):
 
 
 def _demos():
-    return {it["id"]: demo_from_generation(it, str(int(it["id"][1:]) + 3) + '", "reason": "ok"}') for it in ITEMS}
+    return {it["id"]: Demo(it["question"], it["response"], solution_text(int(it["id"][1:]) + 3, "ok"))
+            for it in ITEMS}
 
 
 def test_rating_distribution_is_the_renormalised_option_scores(engine):
@@ -70,14 +71,20 @@ def test_pairwise_verdicts_are_mapped_back_to_the_answers(engine):
     assert res["verdict"] in ("model_a", "model_b", "tie")
 
 
-def test_demo_generations_are_cached(engine, tmp_path):
+def test_demos_are_the_judges_own_zero_shot_judgments_and_are_cached(engine, tmp_path):
     cache = tmp_path / "demos.jsonl"
     first = generate_demos(engine, ITEMS[:3], cache, max_tokens=6)
     lines = cache.read_text().splitlines()
-    assert [json.loads(x)["id"] for x in lines] == ["i0", "i1", "i2"]
+    assert [json.loads(x)["id"] for x in lines] == ["i0", "i1", "i2"] and set(first) == {"i0", "i1", "i2"}
+    for it in ITEMS[:3]:
+        row = json.loads(lines[int(it["id"][1:])])
+        rows = grade(engine, [(it, 0, grading_problem(it["question"], it["response"]))])
+        assert row["rating"] == rows[0]["argmax"]          # the rating is read from the rating tokens
+        solution = json.loads(first[it["id"]].solution)    # valid JSON, the reason generated after the rating
+        assert solution == {"rating": str(row["rating"]), "reason": row["reason"]} and '"' not in row["reason"]
     again = generate_demos(engine, ITEMS[:4], cache, max_tokens=6)   # only i3 is new
     assert cache.read_text().splitlines()[:3] == lines and len(cache.read_text().splitlines()) == 4
-    assert set(first) <= set(again)
+    assert {k: d.solution for k, d in again.items() if k != "i3"} == {k: d.solution for k, d in first.items()}
 
 
 def test_generated_pairwise_verdicts_have_one_entry_per_variant(engine):

@@ -1,14 +1,11 @@
-"""Single grading pieces without a model: rating summaries, demo Solutions from generations, demo draws,
-consistency between two runs."""
-import json
-
+"""Single grading pieces without a model: rating summaries, demo draws, consistency between two runs."""
 import numpy as np
 import pytest
 
 from icqs.judges.consistency import agreement, consistency_by_k, sampled_agreement
 from icqs.judges.grading import rating_options, summarize
-from icqs.judges.prompts import RATING_PREFIX, Demo
-from icqs.judges.reinforced import demo_drawer, demo_from_generation, draw
+from icqs.judges.prompts import Demo
+from icqs.judges.reinforced import demo_drawer, draw
 
 
 def test_rating_options_are_not_prefixes_of_each_other():
@@ -22,24 +19,6 @@ def test_summarize_distribution():
     p[[6, 7]] = [0.25, 0.75]          # ratings 7 and 8
     s = summarize(p)
     assert s["argmax"] == 8 and s["expected"] == pytest.approx(7.75)
-
-
-ITEM = {"id": "q1", "question": "What is 2+2?", "response": "4"}
-
-
-@pytest.mark.parametrize("generated,rating,reason", [
-    ('8", "reason": "Correct and concise."}', 8, "Correct and concise."),
-    ('3", "reason": "Wrong because the answer', 3, "Wrong because the answer"),   # cut off by max_tokens
-    ('10"}', 10, ""),
-])
-def test_demo_from_generation(generated, rating, reason):
-    demo = demo_from_generation(ITEM, generated)
-    assert demo.question == ITEM["question"] and demo.solution.startswith(RATING_PREFIX)
-    assert json.loads(demo.solution) == {"rating": str(rating), "reason": reason}
-
-
-def test_unrated_generation_is_not_a_demo():
-    assert demo_from_generation(ITEM, 'excellent", "reason": "no number"}') is None
 
 
 DEMOS = {f"d{i}": Demo(f"q{i}", f"r{i}", f"s{i}") for i in range(12)}

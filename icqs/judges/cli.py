@@ -25,7 +25,7 @@ def register(subparsers) -> None:
                    "what fits the model's context); K=0 is the zero-shot Prompt B")
     p.add_argument("--demos", help="JSONL pool of demo (question, response) rows; default: the input itself, the "
                    "graded item left out of its own demos")
-    p.add_argument("--demo-tokens", type=int, default=96, help="max tokens of a generated demo judgment")
+    p.add_argument("--demo-tokens", type=int, default=48, help="max tokens of a demo judgment's generated reason")
     p.add_argument("--runs", type=int, default=1, help="independent demo draws (seed, seed+1, ...); with 2 or more "
                    "the summary has the consistency of runs 0 and 1 for every K")
     p.add_argument("--per-item-draws", action="store_true", help="draw demos for each item separately (the paper's "
@@ -145,9 +145,9 @@ def _run_judge(args) -> int:
         ks = fitting_shots(eng.tokenizer, items, drawers, args.method, limit, len(demos))
     need = max(max(ks), 4 if args.method == "unsupervised" and max(ks) else 0)
     if need > len(demos) - (0 if args.demos else 1):
-        raise UserError(f"{need} demos needed but only {len(demos)} of the {len(pool)} pool items got a rated "
-                        f"zero-shot judgment (see {out / 'demos.jsonl'}); use fewer "
-                        f"--shots or a larger --demos pool")
+        raise UserError(f"{need} demos needed but the demo pool has {len(demos)} items"
+                        f"{'' if args.demos else ' (one of them the graded item itself)'}; use fewer --shots or a "
+                        f"larger --demos pool")
     for drawer in drawers:
         for it, k, prompt in build_prompts(items, drawer, [max(ks)], args.method):
             if (n := prompt_tokens(eng.tokenizer, prompt)) > limit:
