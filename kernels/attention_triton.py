@@ -1,8 +1,8 @@
 """Triton attention over the paged KV cache: paged prefix-prefill and the cascade form (see attention.py and
 paged_attention.py for the contracts and the torch references).
 
-Both kernels are flash-attention loops: one program owns BLOCK_M query rows of one head, walks its keys in tiles
-of BLOCK_N with an online softmax in fp32 (log2 domain), and reads K/V rows straight from the cache through
+Both kernels are flash-attention loops: one program owns the query rows of a few tokens times the G query heads
+of one KV head (GQA: K/V tiles are loaded once for the group), walks its keys in tiles of BLOCK_N with an online softmax in fp32 (log2 domain), and reads K/V rows straight from the cache through
 slot indices. The segment kernel starts its online softmax from the running (out, lse) of its rows, which is
 exactly the log-sum-exp merge of the cascade.
 """
@@ -33,25 +33,28 @@ def _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION: tl.conste
 @triton.jit
 def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cu_ptr, bt_ptr, plen_ptr,
                           blk_seq_ptr, blk_start_ptr, bt_stride, page_size, qk_scale, H, Hkv, D,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           PRECISION: tl.constexpr):
+    # one program: BLOCK_R // G tokens x the G query heads of KV head kh, stacked as BLOCK_R query rows
     pid = tl.program_id(0)
-    h = tl.program_id(1)
-    kh = h // (H // Hkv)
+    kh = tl.program_id(1)
     b = tl.load(blk_seq_ptr + pid).to(tl.int64)
     start = tl.load(blk_start_ptr + pid)
     lo = tl.load(cu_ptr + b).to(tl.int64)
     n = tl.load(cu_ptr + b + 1) - lo
     plen = tl.load(plen_ptr + b)
-    offs_m = start + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    tok = start + offs_r // G  # token index within the sequence
+    head = kh * G + offs_r % G
+    r_mask = (offs_r < (BLOCK_R // G) * G) & (tok < n)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
-    q_off = ((lo + offs_m)[:, None] * H + h) * D + offs_d[None, :]
-    q_mask = (offs_m < n)[:, None] & d_mask[None, :]
+    q_off = ((lo + tok)[:, None] * H + head[:, None]) * D + offs_d[None, :]
+    q_mask = r_mask[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     for j0 in range(0, plen, BLOCK_N):  # the cached prefix, through the block table
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < plen
@@ -62,37 +65,39 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
         k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
         acc, m_i, l_i = _online_update(q, k, v, n_mask[None, :], acc, m_i, l_i, qk_scale, PRECISION)
-    for j0 in range(0, tl.minimum(start + BLOCK_M, n), BLOCK_N):  # the sequence's own new tokens, causal
+    for j0 in range(0, tl.minimum(start + BLOCK_R // G, n), BLOCK_N):  # the sequence's own tokens, causal
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < n
         kv_off = ((lo + offs_n)[:, None] * Hkv + kh) * D + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kn_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(vn_ptr + kv_off, mask=kv_mask, other=0.0)
-        valid = n_mask[None, :] & (offs_n[None, :] <= offs_m[:, None])
+        valid = n_mask[None, :] & (offs_n[None, :] <= tok[:, None])
         acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(out_ptr + q_off, acc / l_safe[:, None], mask=q_mask)
-    tl.store(lse_ptr + (lo + offs_m) * H + h, (m_i + tl.log2(l_safe)) / 1.4426950408889634, mask=offs_m < n)
+    tl.store(lse_ptr + (lo + tok) * H + head, (m_i + tl.log2(l_safe)) / 1.4426950408889634, mask=r_mask)
 
 
 @triton.jit
 def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, lse_ptr, R, S, qk_scale, H, Hkv, D,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           PRECISION: tl.constexpr):
-    h = tl.program_id(1)
-    kh = h // (H // Hkv)
-    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    r_mask = offs_r < R
-    rows = tl.load(rows_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
+    # one program: BLOCK_R // G of the stacked rows x the G query heads of KV head kh
+    kh = tl.program_id(1)
+    offs_r = tl.arange(0, BLOCK_R)
+    i = tl.program_id(0) * (BLOCK_R // G) + offs_r // G
+    head = kh * G + offs_r % G
+    r_mask = (offs_r < (BLOCK_R // G) * G) & (i < R)
+    rows = tl.load(rows_ptr + i, mask=r_mask, other=0).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
-    q_off = (rows[:, None] * H + h) * D + offs_d[None, :]
+    q_off = (rows[:, None] * H + head[:, None]) * D + offs_d[None, :]
     q_mask = r_mask[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
     # the running state of these rows: m = lse (log2 domain), l = 1, acc = out
     acc = tl.load(out_ptr + q_off, mask=q_mask, other=0.0)
-    m_i = tl.load(lse_ptr + rows * H + h, mask=r_mask, other=float("-inf")) * 1.4426950408889634
+    m_i = tl.load(lse_ptr + rows * H + head, mask=r_mask, other=float("-inf")) * 1.4426950408889634
     l_i = tl.where(r_mask, 1.0, 0.0)
     for j0 in range(0, S, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
@@ -105,26 +110,28 @@ def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, l
         acc, m_i, l_i = _online_update(q, k, v, n_mask[None, :], acc, m_i, l_i, qk_scale, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(out_ptr + q_off, acc / l_safe[:, None], mask=q_mask)
-    tl.store(lse_ptr + rows * H + h, (m_i + tl.log2(l_safe)) / 1.4426950408889634, mask=r_mask)
+    tl.store(lse_ptr + rows * H + head, (m_i + tl.log2(l_safe)) / 1.4426950408889634, mask=r_mask)
 
 
-def _blocks(q: torch.Tensor):
-    """(BLOCK_M, BLOCK_N, BLOCK_D, precision): small tiles under the CPU interpreter, flash-sized ones on a GPU;
-    fp32 inputs are multiplied exactly (no TF32)."""
+def _blocks(q: torch.Tensor, group: int):
+    """(BLOCK_R, BLOCK_N, BLOCK_D, precision): small tiles under the CPU interpreter, flash-sized ones on a GPU;
+    BLOCK_R holds at least one token's group of heads. fp32 inputs are multiplied exactly (no TF32)."""
     bd = max(16, triton.next_power_of_2(q.shape[-1]))
-    bm, bn = (64, 64) if q.is_cuda else (16, 16)
-    return bm, bn, bd, "ieee" if q.dtype == torch.float32 else "tf32"
+    br, bn = (128, 64) if q.is_cuda else (16, 16)
+    return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32"
 
 
 def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
                                        page_size: int, scale: float):
     """Contract of paged_attention.paged_prefill_attention_lse_ref: (out fp32 [T, H, D], lse fp32 [T, H])."""
     T, H, D = q.shape
-    bm, bn, bd, prec = _blocks(q)
+    Hkv = k_new.shape[1]
+    br, bn, bd, prec = _blocks(q, H // Hkv)
+    tokens = br // (H // Hkv)
     cu = [int(c) for c in cu_seqlens]
     seq, start = [], []
     for b in range(len(cu) - 1):
-        for s in range(0, cu[b + 1] - cu[b], bm):
+        for s in range(0, cu[b + 1] - cu[b], tokens):
             seq.append(b)
             start.append(s)
     dev = q.device
@@ -132,12 +139,12 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if seq:
         bt = torch.as_tensor(block_table, device=dev).contiguous()
-        _paged_prefill_kernel[(len(seq), H)](
+        _paged_prefill_kernel[(len(seq), Hkv)](
             q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache, out, lse,
             torch.tensor(cu, device=dev), bt, torch.as_tensor(prefix_lens, device=dev).contiguous(),
             torch.tensor(seq, device=dev, dtype=torch.int32), torch.tensor(start, device=dev, dtype=torch.int32),
-            bt.stride(0), page_size, scale * LOG2E, H, k_new.shape[1], D,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec)
+            bt.stride(0), page_size, scale * LOG2E, H, Hkv, D,
+            G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec)
     return out, lse
 
 
@@ -153,11 +160,11 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
     R, S = rows.numel(), slots.numel()
     if R == 0 or S == 0:
         return
-    H, D = q.shape[1], q.shape[2]
-    bm, bn, bd, prec = _blocks(q)
-    _segment_merge_kernel[(triton.cdiv(R, bm), H)](
-        q, rows, k_cache, v_cache, slots, out, lse, R, S, scale * LOG2E, H, k_cache.shape[1], D,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec)
+    H, Hkv, D = q.shape[1], k_cache.shape[1], q.shape[2]
+    br, bn, bd, prec = _blocks(q, H // Hkv)
+    _segment_merge_kernel[(triton.cdiv(R, br // (H // Hkv)), Hkv)](
+        q, rows, k_cache, v_cache, slots, out, lse, R, S, scale * LOG2E, H, Hkv, D,
+        G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec)
 
 
 def cascade_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):

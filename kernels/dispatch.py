@@ -2,13 +2,13 @@
 
 Backends (env ENGINE_KERNELS, or set_backend()):
   auto    CUDA tensors -> Triton. CPU tensors -> the path measured faster on the CPU by
-          benchmarks/bench_kernels.py: the native ops (kernels/native, C++/OpenMP) for attention when the library
-          is built, the torch references for everything else (no native version of those ops is kept: see
-          CPU_NATIVE_OPS). Without the library, the torch references, and a warning says so once.
+          benchmarks/bench_kernels.py: the native ops (kernels/native, C++/OpenMP) where the library is built and
+          the op is in CPU_NATIVE_OPS, the torch references for the others (KV store, target log-prob, dequant).
+          Without the library, the torch references, and a warning says so once.
   torch   the torch references (*_ref) everywhere.
   triton  the Triton kernels everywhere; on a CPU this is the Triton interpreter (TRITON_INTERPRET=1, set here
           when triton is not yet imported), slow, meant for tests.
-  native  the native ops where they exist (attention), torch references for the rest; an error if not built.
+  native  the native ops where they exist, torch references for the rest; an error if the library is not built.
 One log line per (op, device) says which path runs.
 """
 from __future__ import annotations
@@ -26,9 +26,12 @@ BACKENDS = ("auto", "torch", "triton", "native")
 
 # op -> {backend: "module:function"}
 IMPLS = {
-    "rms_norm": {"torch": "rmsnorm:rms_norm_ref", "triton": "rmsnorm_triton:rms_norm_triton"},
-    "apply_rope": {"torch": "rope:apply_rope_ref", "triton": "rope_triton:apply_rope_triton"},
-    "silu_and_mul": {"torch": "swiglu:silu_and_mul_ref", "triton": "swiglu_triton:silu_and_mul_triton"},
+    "rms_norm": {"torch": "rmsnorm:rms_norm_ref", "triton": "rmsnorm_triton:rms_norm_triton",
+                 "native": "native_ops:rms_norm_native"},
+    "apply_rope": {"torch": "rope:apply_rope_ref", "triton": "rope_triton:apply_rope_triton",
+                   "native": "native_ops:apply_rope_native"},
+    "silu_and_mul": {"torch": "swiglu:silu_and_mul_ref", "triton": "swiglu_triton:silu_and_mul_triton",
+                     "native": "native_ops:silu_and_mul_native"},
     "store_kv": {"torch": "kv_store:store_kv_ref", "triton": "kv_store_triton:store_kv_triton"},
     "cascade_attention": {"torch": "attention:cascade_attention_ref",
                           "triton": "attention_triton:cascade_attention_triton",
@@ -39,8 +42,10 @@ IMPLS = {
     "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
     "dequantize": {"torch": "dequant:dequantize_ref", "triton": "dequant_triton:dequantize_triton"},
 }
-# Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32).
-CPU_NATIVE_OPS = frozenset({"cascade_attention", "paged_prefill_attention"})
+# Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
+# shapes). store_kv (one index_copy_ per tensor) and target_logprobs (matmul-bound) have no native version.
+CPU_NATIVE_OPS = frozenset({"cascade_attention", "paged_prefill_attention", "rms_norm", "apply_rope",
+                            "silu_and_mul"})
 
 _state = {"backend": None}
 _chosen: dict[tuple[str, str, str], object] = {}
@@ -76,8 +81,10 @@ def _pick(op: str, device: torch.device, backend: str) -> tuple[str, str]:
         if op in CPU_NATIVE_OPS:
             if native_ops.load():
                 return "native", f"measured faster on CPU ({native_ops.LIB_DIR.name}/libicqs_native.so)"
-            log.warning("kernels: native CPU ops are not built (no libicqs_native.so in %s); %s runs the torch "
-                        "reference", native_ops.LIB_DIR, op)
+            if not _state.get("warned"):
+                _state["warned"] = True
+                log.warning("kernels: native CPU ops are not built (no libicqs_native.so in %s); the CPU runs the "
+                            "torch references", native_ops.LIB_DIR)
             return "torch", "native library absent"
         return "torch", "no faster CPU path measured"
     if backend == "native":

@@ -53,7 +53,12 @@ def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     """splits: vocabulary slices run in parallel (default: enough programs to fill a GPU, 1 elsewhere)."""
     N, Dm = hidden.shape
     V = weight.shape[0]
-    bm, bv, bk = (64, 128, 64) if hidden.is_cuda else (16, 64, 32)
+    if hidden.is_cuda:
+        bm, bv, bk = 64, 128, 64
+    else:  # the interpreter pays per operation, not per element: few, large tiles (still several on small shapes)
+        bm = 16
+        bv = min(2048, max(16, triton.next_power_of_2(V) // 8))
+        bk = min(256, max(16, triton.next_power_of_2(Dm) // 2))
     row_blocks = triton.cdiv(N, bm)
     if splits is None:
         splits = min(triton.cdiv(V, bv), triton.cdiv(512, row_blocks)) if hidden.is_cuda else 1

@@ -1,5 +1,7 @@
 """The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
-Python functions with the signatures of their torch references. `load()` is False when the library is absent."""
+Python functions with the signatures of their torch references: cascade and paged-prefill attention reading the
+KV cache in place (attention.cpp), RMSNorm, RoPE and SwiGLU (pointwise.cpp). `load()` is False when the library
+is absent."""
 from __future__ import annotations
 
 import functools
@@ -49,6 +51,7 @@ def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float):
     """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32)."""
     nseq = len(cu_seqlens) - 1
     none = torch.zeros(nseq, 0, dtype=torch.long)
+    k, v = k.contiguous(), v.contiguous()
     return paged_prefill_attention_lse_native(q, k, v, cu_seqlens, k, v, none, torch.zeros(nseq, dtype=torch.long),
                                               1, scale)
 
@@ -60,3 +63,24 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
     for rows, slots in segments:
         _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse)
     return out.to(q.dtype)
+
+
+def rms_norm_native(x, weight, eps, residual=None):
+    """Contract of rmsnorm.rms_norm_ref (weight in x's dtype)."""
+    if weight.dtype != x.dtype:
+        from .rmsnorm import rms_norm_ref
+        return rms_norm_ref(x, weight, eps, residual)
+    x = x.contiguous()
+    out, new_res = _ops().rms_norm(x, weight.contiguous(), float(eps),
+                                   None if residual is None else residual.contiguous())
+    return out, (x if residual is None else new_res)
+
+
+def apply_rope_native(q, k, positions, cos, sin):
+    """Contract of rope.apply_rope_ref: in place on contiguous q and k."""
+    _ops().apply_rope_(q, k, positions, cos, sin)
+
+
+def silu_and_mul_native(gate_up):
+    """Contract of swiglu.silu_and_mul_ref."""
+    return _ops().silu_and_mul(gate_up.contiguous())

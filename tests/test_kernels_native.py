@@ -1,5 +1,6 @@
-"""The native CPU attention ops (kernels/native, built by `pip install` through CMakeLists.txt) against the torch
-references: fp32 to 1e-5, bf16 against the fp32 reference on the same (bf16-rounded) inputs.
+"""The native CPU ops (kernels/native, built by `pip install` through CMakeLists.txt) against the torch references:
+attention in fp32 to 1e-5 and in bf16 against the fp32 reference on the same (bf16-rounded) inputs; the row-wise
+ops (RMSNorm, RoPE, SwiGLU) in fp32 and bf16.
 
 The library must be built; set ICQS_NO_NATIVE=1 to skip these tests on a machine without a C++ toolchain."""
 import os
@@ -78,3 +79,51 @@ def test_segment_merge_reads_the_cache_in_place():
     assert torch.equal(p["k_cache"], k_before)
     assert torch.all(out[:6] == 0) and torch.all(lse[:6] == float("-inf"))
     assert torch.isfinite(lse[6:]).all()
+
+
+# --- row-wise ops: fp32 to 1e-5; bf16 to one bf16 rounding step (the references compute in bf16 as well) ---
+DTYPE_TOL = {torch.float32: TOL, torch.bfloat16: dict(atol=1e-6, rtol=8e-3)}
+
+
+def randn(*shape, dtype, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(dtype, with_residual):
+    assert native_ops.load()
+    from kernels.rmsnorm import rms_norm_ref
+    x, w = randn(70, 37, dtype=dtype), randn(37, dtype=dtype, seed=1)
+    res = randn(70, 37, dtype=dtype, seed=2) if with_residual else None
+    out, new_res = native_ops.rms_norm_native(x, w, 1e-5, res)
+    ref_out, ref_res = rms_norm_ref(x, w, 1e-5, res)
+    torch.testing.assert_close(out, ref_out, **DTYPE_TOL[dtype])
+    torch.testing.assert_close(new_res, ref_res, **DTYPE_TOL[dtype])
+    assert with_residual or new_res is x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}],
+                         ids=["default", "llama3"])
+def test_rope_in_place(dtype, scaling):
+    assert native_ops.load()
+    from kernels.rope import apply_rope_ref, rope_cos_sin
+    cos, sin = rope_cos_sin(20, 10000.0, scaling, 300)
+    q, k = randn(9, 6, 20, dtype=dtype), randn(9, 2, 20, dtype=dtype, seed=1)
+    positions = torch.tensor([0, 1, 2, 150, 299, 64, 5, 7, 7])
+    q_ref, k_ref = q.clone(), k.clone()
+    apply_rope_ref(q_ref, k_ref, positions, cos, sin)
+    native_ops.apply_rope_native(q, k, positions, cos, sin)
+    torch.testing.assert_close(q, q_ref, **DTYPE_TOL[dtype])
+    torch.testing.assert_close(k, k_ref, **DTYPE_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul(dtype):
+    assert native_ops.load()
+    from kernels.swiglu import silu_and_mul_ref
+    gate_up = randn(3, 5, 2 * 23, dtype=dtype) * 4
+    torch.testing.assert_close(native_ops.silu_and_mul_native(gate_up), silu_and_mul_ref(gate_up),
+                               **DTYPE_TOL[dtype])

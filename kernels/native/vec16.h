@@ -29,6 +29,7 @@ struct V16 {
   V16 operator*(V16 o) const { return {_mm512_mul_ps(v, o.v)}; }
   V16 operator-(V16 o) const { return {_mm512_sub_ps(v, o.v)}; }
   V16 operator+(V16 o) const { return {_mm512_add_ps(v, o.v)}; }
+  V16 operator/(V16 o) const { return {_mm512_div_ps(v, o.v)}; }
   V16 max(V16 o) const { return {_mm512_max_ps(v, o.v)}; }
   float max() const { return _mm512_reduce_max_ps(v); }
   float sum() const { return _mm512_reduce_add_ps(v); }
@@ -67,6 +68,7 @@ struct V16 {
   V16 operator*(V16 o) const { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = v[i] * o.v[i]; return r; }
   V16 operator-(V16 o) const { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = v[i] - o.v[i]; return r; }
   V16 operator+(V16 o) const { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = v[i] + o.v[i]; return r; }
+  V16 operator/(V16 o) const { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = v[i] / o.v[i]; return r; }
   V16 max(V16 o) const { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = v[i] > o.v[i] ? v[i] : o.v[i]; return r; }
   float max() const { float m = v[0]; for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m; return m; }
   float sum() const { float s = 0.f; for (int i = 0; i < kLanes; ++i) s += v[i]; return s; }
@@ -96,6 +98,70 @@ inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int n)
     _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
   }
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+#endif
+
+// n <= 16 elements of T as 16 fp32 lanes (the rest 0), and back; round_as<T>: fp32 lanes rounded to T's precision
+// (what storing them in T and reading them back gives).
+template <typename T>
+inline V16 load_as_float(const T* src, int n) {
+  alignas(64) float buf[kLanes] = {0.f};
+  to_float(src, buf, n);
+  return V16::load(buf);
+}
+
+template <typename T>
+inline void store_as(V16 x, T* dst, int n) {
+  alignas(64) float buf[kLanes];
+  x.store(buf);
+  for (int i = 0; i < n; ++i) dst[i] = static_cast<T>(buf[i]);
+}
+
+template <typename T>
+inline V16 round_as(V16 x) {
+  alignas(64) float buf[kLanes];
+  x.store(buf);
+  for (int i = 0; i < kLanes; ++i) buf[i] = static_cast<float>(static_cast<T>(buf[i]));
+  return V16::load(buf);
+}
+
+template <>
+inline V16 round_as<float>(V16 x) { return x; }
+
+#if defined(__AVX512F__)
+// round to nearest even at bf16 precision; NaNs pass through
+template <>
+inline V16 round_as<c10::BFloat16>(V16 x) {
+  const __m512i b = _mm512_castps_si512(x.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_and_si512(r, _mm512_set1_epi32(int(0xFFFF0000u)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q);
+  return {_mm512_mask_blend_ps(nan, _mm512_castsi512_ps(r), x.v)};
+}
+
+template <>
+inline V16 load_as_float<float>(const float* src, int n) {
+  return {_mm512_maskz_loadu_ps(n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u), src)};
+}
+
+template <>
+inline void store_as<float>(V16 x, float* dst, int n) {
+  _mm512_mask_storeu_ps(dst, n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u), x.v);
+}
+
+template <>
+inline V16 load_as_float<c10::BFloat16>(const c10::BFloat16* src, int n) {
+  const __mmask16 m = n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+  const __m256i h = _mm256_maskz_loadu_epi16(m, src);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+
+template <>
+inline void store_as<c10::BFloat16>(V16 x, c10::BFloat16* dst, int n) {
+  const __mmask16 m = n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+  const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(round_as<c10::BFloat16>(x).v), 16);
+  _mm256_mask_storeu_epi16(dst, m, _mm512_cvtepi32_epi16(bits));
 }
 #endif
 

@@ -1,0 +1,131 @@
+"""CPU kernel benchmark: native ops vs torch references, per op on SmolLM2 shapes and end to end.
+
+    .venv/bin/python benchmarks/bench_kernels.py [--repeat 5] [--no-e2e]
+
+Per op it prints the median wall time of each CPU implementation (torch reference, native C++ where one exists)
+in bf16 and fp32, their ratio, and the path the dispatch picks (`auto`); then the engine end to end (SmolLM2,
+bf16) with ENGINE_KERNELS=torch vs auto. CPU time (all threads) is printed beside wall time because the machine
+may be shared: it is the steadier of the two under load. The last line says whether `auto` picked the faster
+path everywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels  # noqa: E402
+from kernels import dispatch, native_ops  # noqa: E402
+from kernels.problems import cascade_problem, paged_problem  # noqa: E402
+
+H, HKV, D, HIDDEN, INTER, VOCAB = 9, 3, 64, 576, 1536, 49152  # SmolLM2-135M
+
+
+def timed(fn, repeat: int) -> tuple[float, float]:
+    """Median (wall ms, CPU ms) over `repeat` runs after one warm-up."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        wall.append((time.perf_counter() - w) * 1e3)
+        cpu.append((time.process_time() - c) * 1e3)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def op_cases(dtype):
+    """(op, label, kwargs) on SmolLM2 shapes."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    cos, sin = kernels.rope_cos_sin(D, 100000.0, None, 8192)
+    T = 512
+    cache = rand(4096, HKV, D)
+    yield "cascade_attention", "200 candidates x 1 token, 600-token shared prefix", \
+        cascade_problem([1] * 200, 600, [0] * 200, H, HKV, D, dtype)
+    yield "cascade_attention", "40 candidates x 5 tokens, 600 shared + 20 own", \
+        cascade_problem([5] * 40, 600, [20] * 40, H, HKV, D, dtype)
+    yield "cascade_attention", "512-token chunk after 2000 cached tokens", \
+        cascade_problem([512], 2000, [0], H, HKV, D, dtype)
+    yield "paged_prefill_attention", "512-token chunk after 2000 cached, page 16", \
+        paged_problem([512], [2000], H, HKV, D, 16, dtype)
+    yield "rms_norm", f"{T} x {HIDDEN} with residual", dict(x=rand(T, HIDDEN), weight=rand(HIDDEN), eps=1e-5,
+                                                            residual=rand(T, HIDDEN))
+    yield "apply_rope", f"{T} tokens", dict(q=rand(T, H, D), k=rand(T, HKV, D), positions=torch.arange(T), cos=cos,
+                                            sin=sin)
+    yield "silu_and_mul", f"{T} x 2*{INTER}", dict(gate_up=rand(T, 2 * INTER))
+    yield "store_kv", f"{T} tokens", dict(k=rand(T, HKV, D), v=rand(T, HKV, D), k_cache=cache,
+                                          v_cache=cache.clone(), slots=torch.randperm(4096, generator=g)[:T])
+    yield "target_logprobs", f"64 rows x vocab {VOCAB}", dict(hidden=rand(64, HIDDEN), weight=rand(VOCAB, HIDDEN),
+                                                              targets=torch.randint(0, VOCAB, (64,), generator=g))
+
+
+def impl(op: str, backend: str):
+    module, name = dispatch.IMPLS[op][backend].split(":")
+    return getattr(__import__(f"kernels.{module}", fromlist=[name]), name)
+
+
+def bench_ops(repeat: int) -> bool:
+    ok = True
+    print(f"{'op':<24} {'case':<48} {'dtype':<8} {'torch ms':>9} {'native ms':>10} {'ratio':>6} {'auto':>7}")
+    for dtype in (torch.bfloat16, torch.float32):
+        for op, label, kw in op_cases(dtype):
+            t_torch = timed(lambda: impl(op, "torch")(**kw), repeat)
+            has_native = "native" in dispatch.IMPLS[op] and native_ops.load()
+            t_native = timed(lambda: impl(op, "native")(**kw), repeat) if has_native else None
+            auto = dispatch._pick(op, torch.device("cpu"), "auto")[0]
+            ratio = t_torch[0] / t_native[0] if t_native else None
+            nat = f"{t_native[0]:10.2f}" if t_native else f"{'-':>10}"
+            rat = f"{ratio:6.2f}" if ratio else f"{'-':>6}"
+            print(f"{op:<24} {label:<48} {str(dtype)[6:]:<8} {t_torch[0]:9.2f} {nat} {rat} {auto:>7}"
+                  f"   (cpu ms: torch {t_torch[1]:.1f}" + (f", native {t_native[1]:.1f})" if t_native else ")"))
+            if t_native and (auto == "native") != (t_native[0] < t_torch[0]):
+                ok = False
+    return ok
+
+
+def bench_engine(repeat: int) -> bool:
+    from engine import Engine
+
+    engine = Engine.load(None, dtype="bfloat16")
+    context = " ".join(f"Item {i}: a short sentence about topic number {i}." for i in range(40))
+    requests = [(context + "\nRating:", f" {i}") for i in range(1, 11)]
+    requests += [(context + f"\nCandidate {i} says:", " this is a fine answer to the question.") for i in range(30)]
+    print(f"\nend to end: SmolLM2 bf16, {len(requests)} requests sharing a "
+          f"{len(engine.tokenizer.encode(context))}-token context")
+    times = {}
+    for backend in ("torch", "auto"):
+        kernels.set_backend(backend)
+        times[backend] = timed(lambda: engine.score(requests), repeat)
+        stats = engine.last_stats
+        print(f"  {backend:<6} ({kernels.describe('cpu')}): {times[backend][0]:8.0f} ms wall, "
+              f"{times[backend][1]:8.0f} ms CPU, {stats['tokens_computed'] / times[backend][0] * 1e3:7.0f} tokens/s")
+    kernels.set_backend(None)
+    ratio = times["torch"][0] / times["auto"][0]
+    print(f"  auto vs torch: {ratio:.2f}x")
+    return ratio >= 1.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end engine run")
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, native library: {'yes' if native_ops.load() else 'absent'}")
+    ok = bench_ops(args.repeat)
+    if not args.no_e2e:
+        ok = bench_engine(max(1, args.repeat // 2)) and ok
+    print("auto picks the faster CPU path everywhere" if ok else "WARNING: auto did not pick the faster path above")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+// Native CPU row-wise ops of the Llama block, registered as torch ops `icqs_native::*`: RMSNorm fused with the
+// residual add, RoPE in place on q and k, SwiGLU. Each is one pass over its rows instead of the 2-9 ATen ops
+// (each with its own allocation and parallel region) of the torch reference, which dominate when a step holds
+// few tokens. Rounding follows the references: intermediate results are rounded to the tensor dtype where the
+// reference computes in that dtype, so bf16 outputs match the torch path.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <tuple>
+
+#include "vec16.h"
+
+namespace icqs {
+namespace {
+
+constexpr int64_t kGrainElems = 1 << 15;  // elements per thread below which a call stays on one thread
+
+template <typename T>
+inline T round_to(float x) { return static_cast<T>(x); }
+
+int64_t row_grain(int64_t row_len) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, row_len)); }
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* res, const T* w, T* out, T* sum, int64_t rows, int64_t n, float eps) {
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(n + kLanes);
+    for (int64_t r = r0; r < r1; ++r) {
+      V16 ss = V16::zero();
+      for (int64_t i = 0; i < n; i += kLanes) {
+        const int c = int(std::min<int64_t>(kLanes, n - i));
+        V16 v = load_as_float(x + r * n + i, c);
+        if (res) {  // the sum is rounded to T, as the reference adds in T
+          v = round_as<T>(v + load_as_float(res + r * n + i, c));
+          store_as(v, sum + r * n + i, c);
+        }
+        v.store(&buf[i]);
+        ss = fma(v, v, ss);
+      }
+      const V16 rstd = V16::set1(1.f / std::sqrt(ss.sum() / float(n) + eps));
+      for (int64_t i = 0; i < n; i += kLanes) {
+        const int c = int(std::min<int64_t>(kLanes, n - i));
+        const V16 normed = round_as<T>(V16::load(&buf[i]) * rstd);
+        store_as(load_as_float(w + i, c) * normed, out + r * n + i, c);
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                            const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && weight.is_contiguous(), "expected contiguous CPU tensors");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight and x dtypes differ");
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(1, n);
+  TORCH_CHECK(weight.numel() == n, "weight does not match the last dimension");
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_res)
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->is_contiguous() &&
+                residual->scalar_type() == x.scalar_type(), "residual must be like x");
+  auto out = at::empty_like(x);
+  auto sum = has_res ? at::empty_like(x) : at::empty({0}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), has_res ? residual->data_ptr<scalar_t>() : nullptr,
+                            weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                            has_res ? sum.data_ptr<scalar_t>() : nullptr, rows, n, float(eps));
+  });
+  return {out, sum};
+}
+
+// x * cos + rotate_half(x) * sin, each product and the sum rounded to T as the reference computes them in T.
+template <typename T>
+void rope_heads(T* base, int64_t heads, int64_t D, const float* c, const float* s) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    T* x = base + h * D;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[i + half]);
+      const float c1 = static_cast<float>(round_to<T>(c[i])), c2 = static_cast<float>(round_to<T>(c[i + half]));
+      const float s1 = static_cast<float>(round_to<T>(s[i])), s2 = static_cast<float>(round_to<T>(s[i + half]));
+      const float a1 = static_cast<float>(round_to<T>(x1 * c1)), b1 = static_cast<float>(round_to<T>(-x2 * s1));
+      const float a2 = static_cast<float>(round_to<T>(x2 * c2)), b2 = static_cast<float>(round_to<T>(x1 * s2));
+      x[i] = round_to<T>(a1 + b1);
+      x[i + half] = round_to<T>(a2 + b2);
+    }
+  }
+}
+
+void apply_rope_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos,
+                 const at::Tensor& sin) {
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && q.dim() == 3 && k.dim() == 3, "q, k: contiguous [T, H, D]");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.size(2) == k.size(2) && q.size(2) % 2 == 0, "q/k mismatch");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin tables must be fp32");
+  const auto pos = positions.to(at::kLong).contiguous();
+  const auto c = cos.contiguous(), s = sin.contiguous();
+  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), D = q.size(2);
+  TORCH_CHECK(c.size(1) == D && s.size(1) == D, "cos/sin tables do not match head_dim");
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t max_pos = c.size(0);
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(pp[t] >= 0 && pp[t] < max_pos, "position out of the rope table");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "apply_rope_", [&] {
+    scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* kp = k.data_ptr<scalar_t>();
+    const float* cp = c.data_ptr<float>();
+    const float* sp = s.data_ptr<float>();
+    at::parallel_for(0, T, row_grain((H + Hkv) * D), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        rope_heads(qp + t * H * D, H, D, cp + pp[t] * D, sp + pp[t] * D);
+        rope_heads(kp + t * Hkv * D, Hkv, D, cp + pp[t] * D, sp + pp[t] * D);
+      }
+    });
+  });
+}
+
+// silu(gate) rounded to T (F.silu's output), times up, rounded to T.
+template <typename T>
+void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t inter) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  at::parallel_for(0, rows, row_grain(2 * inter), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* gate = gu + r * 2 * inter;
+      const T* up = gate + inter;
+      for (int64_t i = 0; i < inter; i += kLanes) {
+        const int c = int(std::min<int64_t>(kLanes, inter - i));
+        const V16 g = load_as_float(gate + i, c);
+        const V16 silu = round_as<T>(g / (V16::set1(1.f) + (g * V16::set1(-kLog2e)).exp2()));
+        store_as(silu * load_as_float(up + i, c), out + r * inter + i, c);
+      }
+    }
+  });
+}
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0,
+              "gate_up: contiguous CPU [..., 2 * intermediate]");
+  const int64_t inter = gate_up.size(-1) / 2, rows = gate_up.numel() / std::max<int64_t>(1, 2 * inter);
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = inter;
+  auto out = at::empty(sizes, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
+    silu_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace icqs
+
+TORCH_LIBRARY_FRAGMENT(icqs_native, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor? residual) -> (Tensor, Tensor)");
+  m.def("apply_rope_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
+  m.impl("rms_norm", &icqs::rms_norm);
+  m.impl("apply_rope_", &icqs::apply_rope_);
+  m.impl("silu_and_mul", &icqs::silu_and_mul);
+}
