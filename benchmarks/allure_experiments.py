@@ -53,7 +53,7 @@ def asdiv_items(args, out: Path) -> Path:
         if todo:
             from engine import Engine
 
-            eng = Engine.load(None)
+            eng = Engine.load(None, dtype=args.dtype)
             demos = [{"role": role, "content": text} for q, a in DEMOS
                      for role, text in (("user", q), ("assistant", a))]
             prompts = [eng.tokenizer.apply_chat_template(
@@ -98,7 +98,7 @@ def summary_items(args, out: Path) -> Path:
 
 def run_allure(items: Path, out: Path, template: str, args, extra: list[str]) -> dict:
     argv = ["allure", "run", str(items), "--out", str(out), "--template", template, "--rounds", str(args.rounds),
-            "--holdout", str(args.holdout), "--seed", str(args.seed), *extra]
+            "--holdout", str(args.holdout), "--seed", str(args.seed), "--dtype", args.dtype, *extra]
     t0 = time.time()
     status = icqs_main(argv)
     if status:
@@ -154,6 +154,7 @@ def main() -> None:
     ap.add_argument("--sweep1", default="4,1000", help="ICL sizes (round 1 is the 0 point; 1000: all)")
     ap.add_argument("--sweep2", default="4,1000")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", help="float32: label log-probs without bf16 rounding of logits")
     ap.add_argument("--skip", choices=["1", "2"], default=None, help="skip experiment 1 or 2")
     ap.add_argument("--out", default="runs/allure")
     ap.add_argument("--results", default=None, help="Markdown file whose '## ALLURE' section is replaced")
@@ -162,7 +163,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     md = [f"{SECTION} (iterative ICL audit of an evaluator; SmolLM2-135M-Instruct Q4_1 as generator and evaluator)",
           f"`python benchmarks/allure_experiments.py --problems {args.problems} --pairs {args.pairs} --rounds "
-          f"{args.rounds} --holdout {args.holdout}` (seed {args.seed}). Round r shows the evaluator every ICL "
+          f"{args.rounds} --holdout {args.holdout} --dtype {args.dtype}` (seed {args.seed}). Round r shows the evaluator every ICL "
           "example the audits of rounds < r added; only 'audit' items become examples, 'holdout' items are only "
           "measured. Label 1 = response correct; F1 is of label 1; AUC from P(label 1) read from the label "
           "tokens' log-probs."]
