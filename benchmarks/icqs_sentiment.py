@@ -111,7 +111,8 @@ def ranking_reliability(rows, n_test, method, measure, draws=300) -> tuple[float
         sim = [r for r in simulated_rows(rows, n_test, 1000 + d) if r["method"] == method]
         means = [np.mean([r[measure] for r in sim if r["model"] == m and r.get(measure) is not None] or [np.nan])
                  for m in MODELS]
-        rhos.append(stats.spearmanr(means, truth).statistic if np.all(np.isfinite(means)) else np.nan)
+        defined = np.all(np.isfinite(means)) and len(set(means)) > 1
+        rhos.append(stats.spearmanr(means, truth).statistic if defined else np.nan)
         exact += bool(np.all(np.diff(means) < 0))
     return float(np.nanmean(rhos)), exact / draws
 
