@@ -163,10 +163,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     md = [f"{SECTION} (iterative ICL audit of an evaluator; SmolLM2-135M-Instruct Q4_1 as generator and evaluator)",
           f"`python benchmarks/allure_experiments.py --problems {args.problems} --pairs {args.pairs} --rounds "
-          f"{args.rounds} --holdout {args.holdout} --dtype {args.dtype}` (seed {args.seed}). Round r shows the evaluator every ICL "
-          "example the audits of rounds < r added; only 'audit' items become examples, 'holdout' items are only "
-          "measured. Label 1 = response correct; F1 is of label 1; AUC from P(label 1) read from the label "
-          "tokens' log-probs."]
+          f"{args.rounds} --holdout {args.holdout} --dtype {args.dtype}` (seed {args.seed}). Round r shows the "
+          "evaluator every ICL example the audits of rounds < r added; only 'audit' items become examples, "
+          "'holdout' items are only measured. Label 1 = response correct; F1 is of label 1; AUC from P(label 1) "
+          "read from the label tokens' log-probs."]
     if args.skip != "1":
         items = asdiv_items(args, out)
         rows = read_jsonl(items)
@@ -184,7 +184,8 @@ def main() -> None:
         s = run_allure(items, out / "xsum", "summary", args, ["--sweep", args.sweep2])
         md += [f"### Experiment 2: BIG-bench factuality_of_summary (XSum), {args.pairs} sources x 2 summaries, "
                f"{s['seconds']:.0f} s for ALLURE", "Per round:", round_markdown(s["rounds"]),
-               "Accuracy/F1/AUC vs number of ICL examples (Fig. 8):", sweep_markdown(s["sweep"], s["rounds"][0] if s["rounds"] else None)]
+               "Accuracy/F1/AUC vs number of ICL examples (Fig. 8):",
+               sweep_markdown(s["sweep"], s["rounds"][0] if s["rounds"] else None)]
     text = "\n\n".join(md) + "\n"
     atomic_write(out / "results.md", text)
     print(text)

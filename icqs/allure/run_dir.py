@@ -78,10 +78,9 @@ class RunDir:
     def stages_of(self, kind: str) -> list[dict]:
         return [r for r in self.stages.rows if r["kind"] == kind]
 
-    def evaluate(self, evaluator, name: str, turns: list[tuple[str, str]], items: list[dict] | None = None) -> list[dict]:
-        """Label the items (default: all) not yet labelled in this stage; returns all the stage's rows."""
-        items = self.items if items is None else items
-        todo = [it for it in items if not self.evals.done((name, it["id"]))]
+    def evaluate(self, evaluator, name: str, turns: list[tuple[str, str]]) -> list[dict]:
+        """Label the items not yet labelled in this stage; returns all the stage's rows."""
+        todo = [it for it in self.items if not self.evals.done((name, it["id"]))]
         with tqdm(total=len(todo), desc=name, unit="item", disable=not todo) as bar:
             for start in range(0, len(todo), CHUNK):
                 chunk = todo[start:start + CHUNK]
