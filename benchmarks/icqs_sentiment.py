@@ -174,14 +174,18 @@ def main() -> None:
                 continue
             auc = roc_auc_score([1] * len(c) + [0] * len(f), c + f)
             lines.append(f"| {method} | {meas} | {np.mean(c):.3f} | {np.mean(f):.3f} | {auc:.3f} |")
+    lines += ["", "| method | labels | mean log-likelihood at r = " + ", ".join(f"{r:g}" for r in task.ratios)
+              + " | argmax r: share on the expected side (r >= 0.75 correct, r <= 0.25 flipped) | argmax r: "
+              "count per value |", "|---|---|---|---|---|"]
     for method in ("icqs", "epistemic"):
-        rs = [r for r in main_rows if r["method"] == method]
         for kind in ("correct", "flipped"):
-            curve = np.mean([r["curve"] for r in rs if r["model"] == kind], axis=0)
-            share = np.mean([r["score"] == (1.0 if kind == "correct" else 0.0) for r in rs if r["model"] == kind])
-            lines.append(f"\n{method}, {kind} labels: mean log-likelihood over r = {task.ratios}: "
-                         f"{', '.join(f'{v:.3f}' for v in curve)}; argmax at r = {1 if kind == 'correct' else 0}: "
-                         f"{share:.0%}")
+            rs = [r for r in main_rows if r["method"] == method and r["model"] == kind]
+            curve = np.mean([r["curve"] for r in rs], axis=0)
+            scores = np.array([r["score"] for r in rs])
+            side = np.mean(scores >= 0.75) if kind == "correct" else np.mean(scores <= 0.25)
+            values, counts = np.unique(scores, return_counts=True)
+            lines.append(f"| {method} | {kind} | {', '.join(f'{v:.3f}' for v in curve)} | {side:.0%} | "
+                         f"{', '.join(f'{v:g}: {c}' for v, c in zip(values, counts))} |")
     # 2. simulated models
     sim = simulated_rows(main_rows, args.test, draw_seed=args.seed)
     lines += ["", "### Four simulated models (true label accuracy 1.0 / 0.85 / 0.7 / 0.5)", "",
