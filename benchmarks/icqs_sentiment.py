@@ -11,7 +11,7 @@
    independent demo sets (spread of the ratio comparison across demo-set repeats, agreement of repeats, tokens).
 
 Resumable: results go to --out (a killed run continues). Prints markdown tables, also written to OUT/results.md.
-    python benchmarks/icqs_sentiment.py --test 40 --out runs/icqs_sentiment
+    python benchmarks/icqs_sentiment.py --test 80 --pool 24 --M 4 --N 8 --L 3 --max-words 15  (benchmarks/RESULTS.md)
 """
 from __future__ import annotations
 
