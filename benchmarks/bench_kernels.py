@@ -64,7 +64,9 @@ def op_cases(dtype):
     yield "silu_and_mul", f"{T} x 2*{INTER}", dict(gate_up=rand(T, 2 * INTER))
     yield "store_kv", f"{T} tokens", dict(k=rand(T, HKV, D), v=rand(T, HKV, D), k_cache=cache,
                                           v_cache=cache.clone(), slots=torch.randperm(4096, generator=g)[:T])
-    yield "target_logprobs", f"64 rows x vocab {VOCAB}", dict(hidden=rand(64, HIDDEN), weight=rand(VOCAB, HIDDEN),
+    # LM-head scale of a trained model (logits with std ~3): random unit weights would push exp() into denormals
+    lm_head = rand(VOCAB, HIDDEN) * 0.12
+    yield "target_logprobs", f"64 rows x vocab {VOCAB}", dict(hidden=rand(64, HIDDEN), weight=lm_head,
                                                               targets=torch.randint(0, VOCAB, (64,), generator=g))
 
 
@@ -118,7 +120,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end engine run")
+    ap.add_argument("--threads", type=int, help="torch/OpenMP threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, native library: {'yes' if native_ops.load() else 'absent'}")
     ok = bench_ops(args.repeat)

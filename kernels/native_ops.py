@@ -16,12 +16,13 @@ LIB_DIR = Path(__file__).parent / "native"
 
 @functools.cache
 def load() -> bool:
-    """Loads the library once; True when the ops are registered."""
-    libs = sorted(LIB_DIR.glob("libicqs_native*.so"))
+    """Loads the library once (the newest build: cmake's libicqs_native.so or setuptools'
+    libicqs_native.<abi>.so); True when the ops are registered."""
+    libs = sorted(LIB_DIR.glob("libicqs_native*.so"), key=lambda p: p.stat().st_mtime)
     if not libs:
         return False
     try:
-        torch.ops.load_library(str(libs[0]))
+        torch.ops.load_library(str(libs[-1]))
     except OSError as e:
         log.warning("native CPU ops present but not loadable (%s): using the torch references", e)
         return False

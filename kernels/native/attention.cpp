@@ -2,8 +2,10 @@
 //
 // Keys and values are read in place, row by row, through slot indices (the block table resolved to slots):
 // no gathered copy of the cache is made. A work item is one KV head and a block of query tokens; its
-// queries (tokens x the heads of the GQA group) sweep the keys in tiles of 16 with an online softmax in fp32,
-// in the log2 domain (scores pre-multiplied by log2(e)). Work items run in parallel under OpenMP.
+// queries (tokens x the heads of the GQA group) sweep the keys in tiles of 32 with an online softmax in fp32,
+// in the log2 domain (scores pre-multiplied by log2(e)). Each tile is converted to fp32 into a small buffer (K
+// transposed), then a 6-query x 32-key register-blocked micro-kernel computes scores and the P.V update with
+// AVX-512 FMAs (vec16.h). Work items run in parallel under OpenMP.
 //
 //   paged_prefill_attention: new tokens of many sequences attend causally to themselves and to their cached
 //       prefix read through the block table (the cascade's self part is the same op with empty prefixes).
@@ -23,7 +25,7 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kRowsPerItem = 192; // query vectors (tokens x group heads) per work item
+constexpr int kRowsPerItem = 192;  // query vectors (tokens x group heads) per work item
 constexpr int kMR = 6;            // query vectors computed together in the micro-kernel
 constexpr int kNB = 2 * kLanes;   // keys per tile
 
