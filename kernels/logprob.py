@@ -24,7 +24,8 @@ def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
         run_sum = torch.zeros(n, device=h.device)
         tgt = torch.empty(n, device=h.device)
         for v0 in range(0, V, vocab_tile):
-            logits = (h @ weight[v0:v0 + vocab_tile].T).float()  # [n, tile]
+            # fp32 product: bf16 logits (ulp 0.125 at 20) would quantise the log-probs the scores are made of
+            logits = h.float() @ weight[v0:v0 + vocab_tile].float().T  # [n, tile]
             tile_max = logits.max(dim=-1).values
             new_max = torch.maximum(run_max, tile_max)
             run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[:, None]).sum(-1)
