@@ -54,6 +54,6 @@ def test_tiny_model_kernels_match_torch(arch, backend, tiny_model_dirs):
 
 def test_smollm2_triton_matches_torch(smollm2_path):
     engine = Engine.load(str(smollm2_path), dtype="float32", kv_tokens=256)
-    requests = [("The capital of France is", " Paris."), ("The capital of France is", " Lyon.")]
+    requests = [("The capital of France is", " Paris.")]
     ref = _score(engine, "torch", requests)
     _assert_same(_score(engine, "triton", requests), ref, 1e-5)
