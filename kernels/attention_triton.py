@@ -144,7 +144,7 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
             torch.tensor(cu, device=dev), bt, torch.as_tensor(prefix_lens, device=dev).contiguous(),
             torch.tensor(seq, device=dev, dtype=torch.int32), torch.tensor(start, device=dev, dtype=torch.int32),
             bt.stride(0), page_size, scale * LOG2E, H, Hkv, D,
-            G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec)
+            G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=8 if q.is_cuda else 4)
     return out, lse
 
 
@@ -164,7 +164,7 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
     br, bn, bd, prec = _blocks(q, H // Hkv)
     _segment_merge_kernel[(triton.cdiv(R, br // (H // Hkv)), Hkv)](
         q, rows, k_cache, v_cache, slots, out, lse, R, S, scale * LOG2E, H, Hkv, D,
-        G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec)
+        G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=8 if q.is_cuda else 4)
 
 
 def cascade_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
