@@ -12,35 +12,20 @@ import sys
 import tempfile
 
 from .errors import UserError
+from .jsonl import read_jsonl
 
 
-def read_pairs(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise UserError("no such input file", path)
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"malformed JSON ({e.msg})", path, n) from None
-            if not isinstance(row, dict):
-                raise UserError("a row must be a JSON object", path, n)
-            for key in ("context", "continuation"):
-                if not isinstance(row.get(key), str):
-                    raise UserError(f"missing or non-text field {key!r}", path, n)
-            if not row["continuation"]:
-                raise UserError("empty continuation: nothing to score", path, n)
-            rows.append(row)
-    return rows
+def _check_pair(row: dict) -> str | None:
+    for key in ("context", "continuation"):
+        if not isinstance(row.get(key), str):
+            return f"missing or non-text field {key!r}"
+    return None if row["continuation"] else "empty continuation: nothing to score"
 
 
 def cmd_score(args) -> int:
     from .engine import Engine
 
-    rows = read_pairs(args.input)
+    rows = read_jsonl(args.input, validate=_check_pair)
     eng = Engine.load(args.model, dtype=args.dtype, device=args.device, token_budget=args.token_budget)
     results = eng.score([(r["context"], r["continuation"]) for r in rows], share_prefix=not args.no_share,
                         progress=True)

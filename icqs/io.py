@@ -5,39 +5,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from engine.errors import UserError
-
-
-def read_jsonl(path, required: Iterable[str] = ()) -> list[dict]:
-    """Rows of a JSONL file (blank lines skipped). A line that is not a JSON object, or lacks a required field,
-    raises a one-line UserError naming file:line."""
-    path = str(path)
-    required = tuple(required)
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise UserError("no such file", path) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read: {e}", path) from None
-    rows = []
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"not valid JSON ({e.msg} at column {e.colno})", path, number) from None
-        if not isinstance(row, dict):
-            raise UserError(f"expected a JSON object, got {type(row).__name__}", path, number)
-        missing = [k for k in required if k not in row]
-        if missing:
-            raise UserError(f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
-                            path, number)
-        rows.append(row)
-    return rows
+from engine.jsonl import read_jsonl  # noqa: F401  (re-exported: the icqs layer reads its inputs with it)
 
 
 def atomic_write(path, data: str | bytes) -> None:
