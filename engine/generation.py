@@ -72,8 +72,9 @@ def generate(eng, prompts, max_tokens=128, temperature=0.0, top_p=1.0, seed=None
         while active:
             for i in active:
                 node = seqs[i]["node"]
-                if not node.ensure_slots(node.done + 1, eng.kv) and not planner._evict_cached(1):
-                    raise MemoryError("KV cache exhausted during generation: raise kv_tokens")
+                while not node.ensure_slots(node.done + 1, eng.kv):
+                    if not planner.evict_cached(eng.kv.page_size):
+                        raise MemoryError("KV cache exhausted during generation: raise kv_tokens")
                 node.rows = [(node.done, i, 0, -1)]
             batch, scored = build_step([(seqs[i]["node"], seqs[i]["node"].done, seqs[i]["node"].done + 1)
                                         for i in active], eng.device)

@@ -73,7 +73,7 @@ class Planner:
                 continue
             n = min(len(node) - node.done, budget)
             if not node.ensure_slots(node.done + n, self.kv):
-                if self._evict_cached(n) or (not chunks and self._preempt(node)):
+                if self.evict_cached(n) or (not chunks and self._preempt(node)):
                     continue
                 if chunks:
                     break
@@ -97,14 +97,14 @@ class Planner:
 
     def make_room(self, node: Node, tokens: int) -> bool:
         """Free pages for `tokens` more tokens of `node`: evict cached leaves, else preempt."""
-        return self._evict_cached(tokens) or self._preempt(node)
+        return self.evict_cached(tokens) or self._preempt(node)
 
     def finish_private(self, node: Node):
         """A generation node is done: free it and whatever above it nothing else needs."""
         node.tokens = node.tokens[:node.done]
         self._finish(node)
 
-    def _evict_cached(self, tokens: int) -> bool:
+    def evict_cached(self, tokens: int) -> bool:
         """Free least-recently-used cached leaves (no children, so no job depends on them)."""
         leaves = [n for n in _walk(self.root) if n.cached and not n.children]
         freed = False

