@@ -13,8 +13,9 @@ The baselines are timed on a random sample of the same requests (--sample) and e
 whole job: transformers run naively (one full forward per request, as lm-evaluation-harness with --batch_size 1)
 and llama.cpp (llama-cpp-python on the same Q4_1 GGUF, logits_all=True, a reset and one eval per request; an
 optional extra, skipped when not installed). The engine without prefix sharing runs on the same sample, and its
-scores check the shared run's. Printed: candidate-scores/s and the speedups, tokens computed vs requested, forward
-steps, peak KV pages, peak RSS against weights + KV budget.
+scores check the shared run's; in float32 (--fp32-check) a sub-job shows the sharing exact up to rounding.
+Printed: candidate-scores/s and the speedups, tokens computed vs requested, forward steps, peak KV pages, peak RSS
+against weights + KV budget.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from common import (LlamaCpp, Timing, current_rss, engine_weight_bytes, hf_model, hf_naive, llama_cpp_available,
                     load_average, machine, max_abs_diff, mib, peak_rss, request_tokens, reset_peak_rss, table, timed)
@@ -113,6 +115,8 @@ def parse_args(argv):
     ap.add_argument("--token-budget", type=int, default=1024, help="engine: new tokens per forward step")
     ap.add_argument("--kv-tokens", type=int, default=65536, help="engine: KV cache capacity in tokens")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--fp32-check", type=int, default=8, metavar="N",
+                    help="requests of a float32 sub-job checked without sharing (0: no check)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
 
@@ -147,6 +151,20 @@ def run_baselines(args, tok, sample: list, engine) -> list[Run]:
     runs.append(Run("llama.cpp", "llama.cpp (llama-cpp-python, Q4_1 GGUF), one eval per request, sample",
                     len(sample), t, scores))
     return runs
+
+
+def fp32_check(args, checked: int) -> tuple[int, float]:
+    """Prefix sharing is exact up to rounding: in float32, a sub-job (demo set 0 at every ratio, the candidates of
+    two questions) scored with sharing against `checked` of its requests scored without. -> (requests, max diff)"""
+    config, weights, tok = load_model_files(args.model)
+    engine = Engine(config, weights, tok, dtype=torch.float32, token_budget=args.token_budget,
+                    kv_tokens=args.kv_tokens)
+    del weights
+    requests = build_job(2, args.ratios, args.demos, 1, args.seed)[2]
+    shared = engine.score(requests, share_prefix=True)
+    picked = np.linspace(0, len(requests) - 1, min(checked, len(requests))).round().astype(int)
+    unshared = engine.score([requests[i] for i in picked], share_prefix=False)
+    return len(requests), max_abs_diff([shared[i].logprob for i in picked], [r.logprob for r in unshared])
 
 
 def main(argv=None) -> dict:
@@ -197,9 +215,14 @@ def main(argv=None) -> dict:
           f"{mib(rss_before)}); weights {mib(weight_bytes)} + KV budget {mib(kv_budget)} ({args.kv_tokens:,} "
           f"tokens) = {mib(weight_bytes + kv_budget)}; peak KV in use {stats['peak_kv_pages']:,} pages = "
           f"{mib(kv_peak)}")
+    diffs = {r.key: max_abs_diff(r.scores, want) for r in runs}
+    if args.fp32_check:
+        n, diffs["fp32_unshared"] = fp32_check(args, args.fp32_check)
+        print(f"float32 check: a sub-job of {n} requests scored with sharing; {min(args.fp32_check, n)} of them "
+              f"without: max abs diff {diffs['fp32_unshared']:.3g} nats")
     print(f"load average at the end: {load_average()}")
     return dict(requests=len(requests), stats=stats, seconds=job.time.wall, per_request=per_request,
-                diffs={r.key: max_abs_diff(r.scores, want) for r in runs}, peak_rss=rss_peak,
+                diffs=diffs, peak_rss=rss_peak,
                 weights=weight_bytes, kv_budget=kv_budget, kv_peak=kv_peak)
 
 

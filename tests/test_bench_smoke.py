@@ -23,6 +23,7 @@ def test_icqs_workload_benchmark(tiny_model_dir, capsys):
     # sharing changes nothing: the sample scored without sharing, and by transformers, gives the same log-probs
     assert out["diffs"]["engine_unshared"] <= 1e-5
     assert out["diffs"]["transformers"] <= 1e-4
+    assert out["diffs"]["fp32_unshared"] <= 1e-5
     assert 0 < out["kv_peak"] <= out["kv_budget"] and out["weights"] > 0 and out["peak_rss"] > out["weights"]
     printed = capsys.readouterr().out
     assert "llama.cpp skipped: --skip-llamacpp" in printed
