@@ -20,7 +20,7 @@ from .loader import load_model_files
 from .model import LlamaModel
 from .planner import Planner, drop, keep_cached
 from .prefix_tree import Node, insert
-from .requests import encode_pair
+from .requests import encode_pairs
 from .step import build_step
 
 log = logging.getLogger("engine")
@@ -77,7 +77,7 @@ class Engine:
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
         stats = self.last_stats = new_stats()
         self.kv.peak_used = self.kv.used_pages
-        encoded = [encode_pair(self.tokenizer, ctx, cont) for ctx, cont in requests]
+        encoded = encode_pairs(self.tokenizer, requests)
         self._check_lengths(encoded)
         logprobs = [[0.0] * len(cont) for _, cont in encoded]
         greedy = [[False] * len(cont) for _, cont in encoded]

@@ -13,20 +13,30 @@ from .tokenizer import Tokenizer
 
 
 def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[int]]:
-    if isinstance(context, str) != isinstance(continuation, str):
-        raise UserError("a request's context and continuation must both be text or both be token ids")
-    if isinstance(context, str):
-        spaces = len(context) - len(context.rstrip())
-        if spaces:
-            context, continuation = context[:-spaces], context[-spaces:] + continuation
-        whole = tok.encode(context + continuation)
-        ctx = tok.encode(context)
-        cont = whole[len(ctx):]
-    else:
-        ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
-    if not cont:
-        raise UserError("empty continuation: nothing to score")
+    return encode_pairs(tok, [(context, continuation)])[0]
+
+
+def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
+    """encode_pair for a whole job: each distinct context and each whole text is tokenized once, in batches."""
+    pairs = []
+    for i, (context, continuation) in enumerate(requests):
+        if isinstance(context, str) != isinstance(continuation, str):
+            raise UserError(f"request {i}: context and continuation must both be text or both be token ids")
+        spaces = len(context) - len(context.rstrip()) if isinstance(context, str) else 0
+        pairs.append((context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation))
+    texts = list(dict.fromkeys(t for c, x in pairs if isinstance(c, str) for t in (c, c + x)))
+    ids = dict(zip(texts, tok.encode_batch(texts))) if texts else {}
     start = tok.bos_id if tok.bos_id is not None else tok.eos_id
-    if (isinstance(context, str) and tok.add_bos and tok.bos_id is not None) or not ctx:
-        ctx = [start] + ctx
-    return ctx, cont
+    out = []
+    for i, (context, continuation) in enumerate(pairs):
+        if isinstance(context, str):
+            ctx = ids[context]
+            cont = ids[context + continuation][len(ctx):]
+            if tok.add_bos and tok.bos_id is not None:
+                ctx = [tok.bos_id] + ctx
+        else:
+            ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
+        if not cont:
+            raise UserError(f"request {i}: empty continuation: nothing to score")
+        out.append((ctx or [start], cont))
+    return out

@@ -41,6 +41,10 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """encode() of many texts at once (the Rust backend spreads them over threads)."""
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
