@@ -63,7 +63,7 @@ class Engine:
         self.root = Node([], None, 0)
         self.last_stats = new_stats()
         log.info("engine: %s, %d layers, %s on %s, kernels: %s", config.arch, config.num_layers, self.dtype,
-                 self.device, kernels.describe() if hasattr(kernels, "describe") else "torch reference")
+                 self.device, kernels.describe(str(self.device.type)))
 
     @classmethod
     def load(cls, model: str | None = None, dtype="bfloat16", device="cpu", **options) -> "Engine":

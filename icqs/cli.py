@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 
-from .io import ResultWriter, atomic_write, read_results
+from .io import ResultWriter, atomic_write, open_run, read_results
 
 METHODS = ("icqs", "epistemic", "icl", "judge")
 
@@ -35,20 +35,10 @@ def _open_run(out: Path, task, candidates, model: str, sampler: str, methods) ->
 
     meta = {"task": task_to_dict(task), "candidates": _digest([candidate_row(c) for c in candidates]),
             "model": model, "sampler": sampler}
-    path = out / "run.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        for key in meta:
-            if old.get(key) != meta[key]:
-                raise UserError(f"this run directory holds results for a different {key}; use another --out",
-                                str(path))
-        meta["methods"] = sorted(set(old.get("methods", [])) | set(methods))
-    else:
-        meta["methods"] = sorted(methods)
+    open_run(out, meta, accumulate={"methods": methods})
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "candidates.jsonl", "".join(json.dumps(candidate_row(c), ensure_ascii=False) + "\n"
                                                    for c in candidates))
-    atomic_write(path, json.dumps(meta, indent=1, ensure_ascii=False))
 
 
 def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), sampler: str = "coupled",

@@ -106,3 +106,19 @@ class ResultWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_run(out, meta: dict, accumulate: dict | None = None) -> None:
+    """Create OUT/run.json holding `meta`, or check that an existing one was started with the same `meta` (a resume
+    with other settings is refused). `accumulate`: list-valued keys whose entries add up across runs instead."""
+    path = Path(out) / "run.json"
+    written = dict(meta)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    for key, value in meta.items():
+        if path.exists() and old.get(key) != value:
+            raise UserError(f"this run directory holds results for a different {key} ({old.get(key)!r}, now "
+                            f"{value!r}); use another --out", str(path))
+    for key, values in (accumulate or {}).items():
+        written[key] = sorted(set(old.get(key, [])) | set(values))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(written, indent=1, ensure_ascii=False) + "\n")

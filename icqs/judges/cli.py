@@ -12,6 +12,8 @@ from pathlib import Path
 
 from engine.errors import UserError
 
+from ..io import open_run
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("judge", help="grade answers 1-10 with zero-shot or many-shot ICL judge prompts",
@@ -79,21 +81,6 @@ def _digest(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _open_run(out: Path, meta: dict) -> None:
-    """Create OUT/run.json, or check that OUT holds a run with the same settings."""
-    from ..io import atomic_write
-
-    path = out / "run.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        for key, value in meta.items():
-            if old.get(key) != value:
-                raise UserError(f"this run directory holds results for a different {key} ({old.get(key)!r}, now "
-                                f"{value!r}); use another --out", str(path))
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(meta, indent=1) + "\n")
-
-
 def _write_json(path: Path, obj) -> Path:
     from ..io import atomic_write
 
@@ -131,7 +118,7 @@ def _run_judge(args) -> int:
     if ks is not None and min(ks) < 0:
         raise UserError("--shots must not be negative")
     out = Path(args.out)
-    _open_run(out, {"command": "judge", "input": _digest(items), "demos": _digest(pool), "model": args.model,
+    open_run(out, {"command": "judge", "input": _digest(items), "demos": _digest(pool), "model": args.model,
                     "dtype": args.dtype, "method": args.method, "seed": args.seed, "demo_tokens": args.demo_tokens,
                     "per_item_draws": args.per_item_draws, "max_tokens": args.max_tokens if args.generate else None})
     eng = _load_engine(args)
@@ -196,7 +183,7 @@ def _run_pairwise(args) -> int:
             raise UserError(f"row {it['id']}: winner must be model_a, model_b or tie", args.input)
         it["x"], it["y"] = it["answer_a"], it["answer_b"]
     out = Path(args.out)
-    _open_run(out, {"command": "pairwise", "input": _digest(items), "model": args.model, "dtype": args.dtype,
+    open_run(out, {"command": "pairwise", "input": _digest(items), "model": args.model, "dtype": args.dtype,
                     "max_tokens": args.max_tokens if args.generate else None})
     eng = _load_engine(args)
     with ResultWriter(out / "verdicts.jsonl", key="id") as log:
