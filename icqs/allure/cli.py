@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.factory import add_engine_args
 
 
 def register(subparsers) -> None:
@@ -22,8 +23,7 @@ def register(subparsers) -> None:
     r = sub.add_parser("run", help="run (or resume) the audit loop on a JSONL file of (task, response) items")
     r.add_argument("items", help="JSONL items: response, answer (or label), optional id/match/split/group/...")
     r.add_argument("--out", required=True, help="run folder (resumed if it exists)")
-    r.add_argument("--model", default=None, help="GGUF file or HF folder (default: the embedded SmolLM2)")
-    r.add_argument("--dtype", default="bfloat16")
+    add_engine_args(r)
     r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file")
     r.add_argument("--memory", default=None, help="SQLite ICL memory (default: OUT/memory.sqlite)")
     r.add_argument("--rounds", type=int, default=3)
@@ -84,10 +84,10 @@ def cmd_run(args) -> int:
     run = RunDir(args.out, items, _settings(args, template, args.items))
     memory = Memory(run.settings["memory"])
     try:
-        from engine import Engine
+        from engine.factory import engine_from_args
         from .evaluator import Evaluator
 
-        engine = Engine.load(args.model, dtype=args.dtype, keep_cache=True)
+        engine = engine_from_args(args, keep_cache=True)
         evaluator = Evaluator(engine, template)
         provenance = dict(tasks=run.settings["tasks"], model=run.settings["model"], template=template.name)
         outcome = iterate(run, evaluator, memory, args.rounds, args.review, args.max_icl, provenance)

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.factory import add_engine_args
 
 from ..io import open_run
 
@@ -52,8 +53,7 @@ def register(subparsers) -> None:
 def _common(p) -> None:
     p.add_argument("input", help="input JSONL")
     p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
-    p.add_argument("--model", help="a .gguf file or an HF model folder (default: the embedded SmolLM2)")
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    add_engine_args(p)
     p.add_argument("--batch", type=int, default=16, help="items per engine call (the unit of resumption)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -89,11 +89,11 @@ def _write_json(path: Path, obj) -> Path:
 
 
 def _load_engine(args):
-    from engine import Engine
+    from engine.factory import engine_from_args
 
     # keep_cache: prefixes computed in one engine call (a demo block, a prompt scored then generated from) are
     # reused by the next ones
-    return Engine.load(args.model, dtype=args.dtype, keep_cache=True)
+    return engine_from_args(args, keep_cache=True)
 
 
 def _run_judge(args) -> int:
