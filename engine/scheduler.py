@@ -51,7 +51,7 @@ class Scheduler:
         self.stack: list[Node] = []  # pending nodes, depth-first
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
         self.ready: list[tuple[Node, int, ScoreRequest, int, int]] = []  # rows whose hidden states are cached
-        self.active: list[Request] = []  # requests not yet done
+        self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
         self.stats = new_stats()
         self.clock = 0
@@ -60,7 +60,7 @@ class Scheduler:
     def add(self, req: Request, share_prefix: bool = True):
         self.stats["requests"] += 1
         self.stats["tokens_requested"] += req.stats["tokens_requested"]
-        self.active.append(req)
+        self.active[req.id] = req
         if isinstance(req, ScoreRequest):
             self._add_score(req, share_prefix)
         else:
@@ -114,7 +114,7 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        for req in [r for r in self.active if r.abort_requested]:
+        for req in [r for r in self.active.values() if r.abort_requested]:
             self.drop(req, Status.ABORTED, UserError(f"{req.label}: aborted"))
         plan, budget = StepPlan(), self.budget
         protected: set[int] = set()  # nodes this step reads or writes: never freed while it is planned
@@ -268,7 +268,7 @@ class Scheduler:
         self.finished.append(req)
 
     def _detach(self, req: Request):
-        self.active.remove(req)
+        del self.active[req.id]
         if isinstance(req, GenerateRequest) and req in self.decoding:
             self.decoding.remove(req)
         if req.leaf is not None:
@@ -292,7 +292,7 @@ class Scheduler:
         error = UserError(f"needs {pages} pages of KV cache at once ({node.start + len(node)} tokens over {len(path)} "
                           f"prefix-tree nodes, each on pages of its own) but the cache holds {self.kv.num_pages} "
                           f"pages of {self.kv.page_size} tokens: raise kv_tokens")
-        for req in list(self.active):
+        for req in list(self.active.values()):
             leaf = req.leaf
             if leaf is node or (leaf is not None and node in leaf.ancestors()):
                 self.drop(req, Status.FAILED, UserError(f"{req.label}: {error}"))
