@@ -167,7 +167,7 @@ def burn(stop_at: float):
 
 def part_threads(args, config, weights, tok) -> dict:
     engine = Engine(config, weights, tok, dtype=DTYPES[args.dtype])
-    job = [(p, tok.encode(" and that is all.")) for p in prompts(tok, 24)]
+    job = [(p, tok.encode(" and that is all.")) for p in prompts(tok, args.thread_requests)]
     job = [(c * 6, x) for c, x in job]  # ~250-token requests, no sharing between them
     out, rows = {}, []
     for label, competitors in (("as it is", 0), ("+2 CPU-bound processes", 2)):
@@ -209,6 +209,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--judge-scorings", type=int, default=2000)
     ap.add_argument("--judge-tokens", type=int, default=32)
     ap.add_argument("--judge-demos", type=int, default=40, help="many-shot demos in the judge's prefix")
+    ap.add_argument("--thread-requests", type=int, default=8, help="requests of the threads comparison's job")
     ap.add_argument("--threads", type=int, default=None, help="default: engine.engine.default_threads()")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads or default_threads())

@@ -185,14 +185,16 @@ class Engine:
             self.kv.hidden[batch.write_slots] = self.model.forward(batch, self.kv)
         score_out = sample_out = None
         if plan.score_rows:
-            slots = torch.tensor([r[0] for r in plan.score_rows], device=self.device)
+            cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
+            slots = torch.tensor([r[0] for r in plan.score_rows[cached:]], dtype=torch.long, device=self.device)
+            hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
             targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
             top_k = max(r[1].top_k for r in plan.score_rows)
-            out = kernels.target_logprobs(self.kv.hidden[slots], self.model.lm_head, targets, top_k=top_k)
+            out = kernels.target_logprobs(hidden, self.model.lm_head, targets, top_k=top_k)
             if top_k:
                 lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
             else:
-                (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(slots), [None] * len(slots)
+                (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(targets), [None] * len(targets)
             score_out = (lp, greedy, top_ids, top_lps)
         if plan.sample_rows:
             reqs = [r for _, r in plan.sample_rows]

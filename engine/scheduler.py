@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from .errors import UserError
 from .kv_cache import KVCache
 from .prefix_tree import Kind, Node, insert, walk
@@ -28,6 +30,7 @@ class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)  # tokens to compute: (node, a, b)
     score_rows: list[tuple[int, ScoreRequest, int, int]] = field(default_factory=list)  # (slot, request, index, target)
     sample_rows: list[tuple[int, GenerateRequest]] = field(default_factory=list)  # (slot of the last token, request)
+    cached_hidden: torch.Tensor | None = None  # hidden states of the first score rows (cached tokens), read early
 
     @property
     def tokens(self) -> int:
@@ -50,7 +53,7 @@ class Scheduler:
         self.root = Node([], None, 0)
         self.stack: list[Node] = []  # pending nodes, depth-first
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
-        self.ready: list[tuple[Node, int, ScoreRequest, int, int]] = []  # rows whose hidden states are cached
+        self.ready: list[tuple[int, ScoreRequest, int, int]] = []  # score rows of tokens already computed
         self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
         self.stats = new_stats()
@@ -80,7 +83,7 @@ class Scheduler:
             for p in range(max(first, node.start), node.start + len(node)):
                 row = (p - node.start, req, p - first, full[p + 1])
                 if row[0] < node.done:
-                    self.ready.append((node, *row))
+                    self.ready.append((node.slot(row[0]), *row[1:]))
                 else:
                     node.rows.append(row)
             if node.start <= first:
@@ -119,10 +122,9 @@ class Scheduler:
         plan, budget = StepPlan(), self.budget
         protected: set[int] = set()  # nodes this step reads or writes: never freed while it is planned
         planned: set[int] = set()  # nodes with a chunk in this step
-        for node, off, req, j, target in self.ready:
-            plan.score_rows.append((node.slot(off), req, j, target))
-            protected.add(id(node))
-        self.ready = []
+        if self.ready:  # read their hidden states now: this step may preempt or evict the nodes holding them
+            plan.score_rows, self.ready = self.ready, []
+            plan.cached_hidden = self.kv.hidden[torch.tensor([r[0] for r in plan.score_rows])]
         blocked = None
         for req in self.decoding:
             node = req.leaf
@@ -262,7 +264,7 @@ class Scheduler:
         if req.leaf is not None:
             for node in (req.leaf, *req.leaf.ancestors()):
                 node.rows = [r for r in node.rows if r[1] is not req]
-            self.ready = [r for r in self.ready if r[2] is not req]
+            self.ready = [r for r in self.ready if r[1] is not req]
         self._detach(req)
         req._finish(status, error)
         self.finished.append(req)

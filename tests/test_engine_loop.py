@@ -259,3 +259,16 @@ def test_page_refcounts_catch_double_free_and_leak(tiny):
     with pytest.raises(PageError, match="free page"):
         eng.kv.incref(pages[:1])
     eng.scheduler.check_pages()
+
+
+def test_cached_rows_survive_a_split_before_the_next_step(tiny):
+    eng = engine(tiny, keep_cache=True, page_size=4)
+    ctx = list(range(10, 40))
+    eng.score([(ctx, [5, 6])])
+    again = eng.add_score(ctx[:20], [30, 31, 32])  # scored from cached hidden states, read at the next step
+    splitter = eng.add_score(ctx[:12] + [7, 8], [9])  # splits the cached node those rows point into
+    eng.run()
+    want = engine(tiny).score([(ctx[:20], [30, 31, 32]), (ctx[:12] + [7, 8], [9])], share_prefix=False)
+    assert again.result().token_logprobs == pytest.approx(want[0].token_logprobs, abs=1e-5)
+    assert splitter.result().token_logprobs == pytest.approx(want[1].token_logprobs, abs=1e-5)
+    eng.scheduler.check_pages()
