@@ -126,7 +126,7 @@ class Scheduler:
             plan.score_rows, self.ready = self.ready, []
             plan.cached_hidden = self.kv.hidden[torch.tensor([r[0] for r in plan.score_rows])]
         blocked = None
-        for req in self.decoding:
+        for i, req in enumerate(self.decoding):
             node = req.leaf
             missing = next((a for a in node.ancestors() if not a.complete), None)
             if missing is not None:  # its prompt is still being computed (or was preempted)
@@ -134,7 +134,8 @@ class Scheduler:
                     self._push(missing)
                 continue
             n = min(len(node) - node.done, budget)
-            if n <= 0:
+            if n <= 0:  # the budget is spent: the sequences left out go first next step
+                self.decoding = self.decoding[i:] + self.decoding[:i]
                 break
             if not self._room(node, node.done + n, protected, may_preempt=True):
                 self.stats["kv_waits"] += 1

@@ -272,3 +272,11 @@ def test_cached_rows_survive_a_split_before_the_next_step(tiny):
     assert again.result().token_logprobs == pytest.approx(want[0].token_logprobs, abs=1e-5)
     assert splitter.result().token_logprobs == pytest.approx(want[1].token_logprobs, abs=1e-5)
     eng.scheduler.check_pages()
+
+
+def test_more_sequences_than_the_token_budget_all_progress(tiny):
+    eng = engine(tiny, token_budget=3)
+    prompts = [[10 + i, 20, 30] for i in range(7)]
+    got = eng.generate(prompts, max_tokens=4)
+    want = [engine(tiny).generate([p], max_tokens=4)[0].token_ids for p in prompts]
+    assert [g.token_ids for g in got] == want
