@@ -108,9 +108,11 @@ class Request:
         self._callbacks = []
         now = time.perf_counter()
         # tokens_requested: input tokens it asks for; cache_hit_tokens: of those, already computed when it came;
+        # tokens_computed: the others (computed for it, or once for all the requests in flight that share them),
+        # plus one per generated token;
         # wait_seconds: from add to the first step that produced one of its results; step_seconds: time of the
         # steps that did; total_seconds: from add to done
-        self.stats = dict(tokens_requested=0, cache_hit_tokens=0, added_at=now, wait_seconds=None,
+        self.stats = dict(tokens_requested=0, cache_hit_tokens=0, tokens_computed=0, added_at=now, wait_seconds=None,
                           step_seconds=0.0, total_seconds=None)
 
     @property

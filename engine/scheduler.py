@@ -107,6 +107,7 @@ class Scheduler:
 
     def _hit(self, req: Request, reused: int):
         req.stats["cache_hit_tokens"] = reused
+        req.stats["tokens_computed"] = req.stats["tokens_requested"] - reused
         self.stats["cache_hit_tokens"] += reused
 
     def has_pending(self) -> bool:
@@ -238,6 +239,7 @@ class Scheduler:
             return
         self.stats["generated_tokens"] += 1
         req.stats["generated_tokens"] += 1
+        req.stats["tokens_computed"] += 1
         if token in req.eos:
             req.finish_reason = "eos"
         else:

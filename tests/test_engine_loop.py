@@ -244,6 +244,10 @@ def test_abort_frees_everything_and_stats(tiny):
     eng.scheduler.check_pages()
     s = score.stats
     assert s["tokens_requested"] == 31 and s["total_seconds"] > 0 and s["step_seconds"] > 0
+    assert s["cache_hit_tokens"] == 0 and s["tokens_computed"] == 31 and s["wait_seconds"] > 0
+    again = eng.add_score(list(range(10, 40)), [1, 2])  # nothing kept (no keep_cache): all computed again
+    eng.run()
+    assert again.stats["cache_hit_tokens"] == 0
 
 
 def test_page_refcounts_catch_double_free_and_leak(tiny):
@@ -280,3 +284,18 @@ def test_more_sequences_than_the_token_budget_all_progress(tiny):
     got = eng.generate(prompts, max_tokens=4)
     want = [engine(tiny).generate([p], max_tokens=4)[0].token_ids for p in prompts]
     assert [g.token_ids for g in got] == want
+
+
+def test_streamed_text_is_the_final_text_and_stops_before_the_stop_string(tiny_model_dir):
+    eng = Engine.load(str(tiny_model_dir), dtype="float32", threads=1)
+    free = eng.generate(["Once upon a time"], max_tokens=24)[0]
+    assert len(free.text) > 6
+    stop = free.text[4:6]  # a stop string the greedy text is known to contain
+    events = []
+    h = eng.add_generate("Once upon a time", max_tokens=24, stop=[stop], on_token=events.append)
+    eng.run()
+    g = h.result()
+    assert g.finish_reason == "stop" and g.text == free.text[:free.text.find(stop)]
+    assert "".join(e.text_delta for e in events) == g.text
+    assert [e.finish_reason for e in events] == [None] * (len(events) - 1) + ["stop"]
+    assert [e.token_id for e in events] == g.token_ids
