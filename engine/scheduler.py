@@ -204,15 +204,16 @@ class Scheduler:
         if score_out is not None:
             for (slot, req, j, _), lp, greedy, top_ids, top_lps in zip(plan.score_rows, *score_out):
                 touched[id(req)] = req
+                req._started()
                 if not req.done:
                     self._record_score(req, j, lp, greedy, top_ids, top_lps)
         if sample_out is not None:
             for (slot, req), token, lp in zip(plan.sample_rows, *sample_out):
                 touched[id(req)] = req
+                req._started()
                 if not req.done:
                     self._record_token(req, token, lp)
         for req in touched.values():
-            req._started()
             req.stats["step_seconds"] += seconds
         self.stats["peak_kv_pages"] = max(self.stats["peak_kv_pages"], self.kv.used_pages)
         done, self.finished = self.finished, []
