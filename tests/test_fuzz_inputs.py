@@ -497,3 +497,20 @@ def test_known_failing_case(command, prefix, tiny_model_dir, scored_run):
 def test_count_of_generated_inputs():
     """Runs last: how many malformed inputs the fuzz tests above generated (print with -s)."""
     print(f"\nfuzz: {sum(COUNTS.values())} malformed inputs checked: {dict(COUNTS)}")
+
+
+@pytest.mark.parametrize("main, argv, expected", [
+    (engine_main, [], "the following arguments are required: COMMAND"),
+    (engine_main, ["nope"], "argument COMMAND: invalid choice: 'nope'"),
+    (engine_main, ["score", "--input", "x"], "the following arguments are required: --output"),
+    (engine_main, ["score", "--input", "x", "--output", "y", "--dtype", "float8"], "argument --dtype: invalid choice"),
+    (icqs_main, ["judge", "x", "--out", "y", "--batch", "many"], "argument --batch: invalid int value: 'many'"),
+    (icqs_main, ["allure", "run"], "the following arguments are required: items, --out"),
+    (icqs_main, ["score", "t.yaml", "c.jsonl", "--out", "o", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_option_errors_are_one_line_without_usage(main, argv, expected, capsys):
+    """Before: argparse printed its usage block before the error line."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and expected in err, err
