@@ -1,14 +1,88 @@
-"""Files in and out: JSONL reading with file:line errors, resumable append-only result logs, atomic writes."""
+"""Files in and out: JSONL reading with file:line errors, resumable append-only result logs, atomic writes.
+
+Every output file gets the user's umask (0644 by default), whether appended to or written through a temporary
+file; a temporary file is removed on any exit that runs Python's cleanup (an error, Ctrl-C, SIGTERM: the CLIs turn
+it into SystemExit), and one left by a hard kill is removed by the next run in that directory (RunDir.start)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 from engine.errors import UserError
-from engine.jsonl import read_jsonl  # noqa: F401  (re-exported: the icqs layer reads its inputs with it)
+from engine.jsonl import read_jsonl as _read_jsonl
+
+TMP_SUFFIX = ".tmp"
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else set and restored."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def strict_json(obj):
+    """`obj` with every NaN / inf float replaced by None, so that json.dumps writes standard JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def read_jsonl(path, required=(), validate=None) -> list[dict]:
+    """engine.jsonl.read_jsonl (one-line file:line errors), also refusing strings that are not valid Unicode text."""
+    def check(row: dict) -> str | None:
+        bad = _bad_text(row)
+        return f"{bad} holds a lone UTF-16 surrogate (not valid Unicode text)" if bad else \
+            validate(row) if validate else None
+    return _read_jsonl(path, required=required, validate=check)
+
+
+def _bad_text(value, where: str = "a value") -> str | None:
+    """Where in a JSON value a string holds a lone surrogate (json.loads accepts "\\ud800"), else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            bad = _bad_text(k, "a field name") or _bad_text(v, f"field {k!r}" if isinstance(k, str) else where)
+            if bad:
+                return bad
+    elif isinstance(value, list):
+        for v in value:
+            if bad := _bad_text(v, where):
+                return bad
+    return None
+
+
+def read_jsonl_lines(path, required=()) -> list[tuple[int, dict]]:
+    """(line number, row) for each row of a JSONL file (read_jsonl's rows, blank lines skipped)."""
+    rows = read_jsonl(path, required=required)
+    with open(path, encoding="utf-8") as f:
+        numbers = [n for n, text in enumerate(f.read().splitlines(), 1) if text.strip()]
+    return list(zip(numbers, rows))
+
+
+def check_text(value, what: str, path=None, line=None) -> None:
+    """A string (or a structure of strings) must be valid Unicode text: a lone UTF-16 surrogate is not."""
+    if _bad_text(value):
+        raise UserError(f"{what} holds a lone UTF-16 surrogate (not valid Unicode text)", path, line)
 
 
 def atomic_write(path, data: str | bytes) -> None:
@@ -16,8 +90,9 @@ def atomic_write(path, data: str | bytes) -> None:
     or the whole new one, never a half-written one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; an output is as readable as any new file
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
@@ -106,19 +181,3 @@ class ResultWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def open_run(out, meta: dict, accumulate: dict | None = None) -> None:
-    """Create OUT/run.json holding `meta`, or check that an existing one was started with the same `meta` (a resume
-    with other settings is refused). `accumulate`: list-valued keys whose entries add up across runs instead."""
-    path = Path(out) / "run.json"
-    written = dict(meta)
-    old = json.loads(path.read_text()) if path.exists() else {}
-    for key, value in meta.items():
-        if path.exists() and old.get(key) != value:
-            raise UserError(f"this run directory holds results for a different {key} ({old.get(key)!r}, now "
-                            f"{value!r}); use another --out", str(path))
-    for key, values in (accumulate or {}).items():
-        written[key] = sorted(set(old.get(key, [])) | set(values))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(written, indent=1, ensure_ascii=False) + "\n")
