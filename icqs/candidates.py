@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import UserError
 
-from .io import read_jsonl_lines
+from .io import read_jsonl
 
 
 @dataclass
@@ -38,7 +38,7 @@ def read_candidates(path) -> list[Candidate]:
     path = str(path)
     seen: dict[str, int] = {}
     out = []
-    for line, row in read_jsonl_lines(path, required=("id", "model", "x", "y")):
+    for line, row in read_jsonl(path, required=("id", "model", "x", "y"), with_lines=True):
         for key in ("x", "y", "model"):
             if not isinstance(row[key], str):
                 raise UserError(f"field {key!r} must be a string", path, line)

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from engine.cli_args import ArgumentParser
 from engine.errors import UserError
 from engine.factory import add_engine_args, engine_from_args, model_label, positive_int
 
@@ -90,7 +91,7 @@ def register(subparsers) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="icqs", description="In-context quality scoring of LLM answers.")
+    parser = ArgumentParser(prog="icqs", description="In-context quality scoring of LLM answers.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _subcommand_modules():
         module.register(subparsers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import UserError
-from icqs.io import read_jsonl_lines
+from icqs.io import read_jsonl
 
 from .audit import MatchSpec, MatchSpecError, truth
 from .template import Template
@@ -22,7 +22,7 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
     """Read and check the items, add "truth" (the audited correctness) and "split" to each."""
     if not 0.0 <= holdout < 1.0:
         raise UserError(f"holdout fraction must be in [0, 1), got {holdout}")
-    numbered = read_jsonl_lines(path, required=("response",))
+    numbered = read_jsonl(path, required=("response",), with_lines=True)
     rows = [row for _, row in numbered]
     seen = {}
     for number, row in numbered:

@@ -60,10 +60,10 @@ def _common(p) -> None:
 
 def _items(path: str, fields: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
     """The rows of an input file, and the line of each row's id (for errors)."""
-    from ..io import read_jsonl_lines
+    from ..io import read_jsonl
 
     rows, lines = [], {}
-    for n, (line, row) in enumerate(read_jsonl_lines(path, required=fields)):
+    for n, (line, row) in enumerate(read_jsonl(path, required=fields, with_lines=True)):
         row["id"] = str(row.get("id", n))
         for f in fields:
             if not isinstance(row[f], str):
