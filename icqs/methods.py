@@ -20,7 +20,8 @@ class Method:
     log: str  # its append-only result log in the run directory
     key: str | tuple[str, ...]  # what identifies a row of that log (icqs.io.ResultWriter)
     compute: Callable  # (engine, task, candidates, writer, sampler, progress) -> None: the missing rows
-    requests: Callable  # (task, candidates, sampler) -> [(candidate, context, continuation, tokens generated)]
+    requests: Callable  # (task, candidates, sampler) -> [(candidate, shared prefix, rest of the context,
+    #                    continuation, tokens generated)]: what it sends the engine, for the length check
     score: Callable  # (task, candidates, rows, sampler) -> one dict per candidate, or None while rows are missing
     curves: bool = False  # the report plots its log-likelihood against the ratio
 
@@ -37,9 +38,13 @@ def _loglik_compute(epistemic: bool):
 
 def _loglik_requests(epistemic: bool):
     def requests(task, candidates, sampler):
-        sets = [s for per_l in demo_sets(task, sampler, _repeats(task, epistemic)) for s in per_l]
-        return [(c, ctx, cont, 0) for s in sets
-                for c, (ctx, cont) in zip(candidates, scoring.mixture_requests(task, [s], candidates))]
+        out = []
+        for s in [s for per_l in demo_sets(task, sampler, _repeats(task, epistemic)) for s in per_l]:
+            demos = task.demo_text(list(s.examples))
+            for c, (ctx, cont) in zip(candidates, scoring.mixture_requests(task, [s], candidates)):
+                shared = demos if ctx.startswith(demos) else ""
+                out.append((c, shared, ctx[len(shared):], cont, 0))
+        return out
     return requests
 
 
@@ -59,7 +64,7 @@ def _by_id(candidates, rows) -> dict | None:
 
 def _icl_requests(task, candidates, sampler):
     demos = task.demo_text(list(demo_sets(task, sampler, repeats=1)[0][task.M].examples))
-    return [(c, baselines.icl_prompt(task, demos, c), task.y_part(label), 0) for c in candidates
+    return [(c, demos, baselines.icl_prompt(task, "", c), task.y_part(label), 0) for c in candidates
             for label in task.labels]
 
 
@@ -69,7 +74,7 @@ def _icl_score(task, candidates, rows, sampler):
 
 
 def _judge_requests(task, candidates, sampler):
-    return [(c, baselines.judge_prompt(task, c), option, 4) for c in candidates
+    return [(c, "", baselines.judge_prompt(task, c), option, 4) for c in candidates  # 4: compute_judge's max_tokens
             for option in baselines.RATING_OPTIONS]
 
 

@@ -34,15 +34,22 @@ def score_run_dir(out, task, candidates, model: str, sampler: str, methods) -> R
     return RunDir(out, "score", settings, accumulate={"methods": list(methods)})
 
 
+SLACK = 8  # tokens: a BOS, and what tokenizing two texts apart rather than joined can change at the seam
+
+
 def check_lengths(engine, task, candidates, methods, sampler: str, path: str | None = None) -> None:
     """Every request the methods will send fits the model (and the KV cache); else a one-line UserError naming
-    the candidate's file:line, before any work."""
+    the candidate's file:line, before any work. The shared prefixes (demo sets) and each candidate's own part are
+    tokenized once each; only requests whose two parts come within SLACK tokens of the limit are tokenized whole."""
     limit = min(engine.config.max_position, engine.options.kv_tokens)
+    tok = engine.tokenizer
     for name in ordered(methods):
-        method = METHODS[name]
-        jobs = method.requests(task, candidates, sampler)
-        encoded = encode_pairs(engine.tokenizer, [(ctx, cont) for _, ctx, cont, _ in jobs])
-        for (c, _, _, generated), (ctx, cont) in zip(jobs, encoded):
+        jobs = METHODS[name].requests(task, candidates, sampler)
+        texts = list(dict.fromkeys([j[1] for j in jobs] + [j[2] + j[3] for j in jobs]))
+        length = dict(zip(texts, map(len, tok.encode_batch(texts))))
+        near = [j for j in jobs if length[j[1]] + length[j[2] + j[3]] + j[4] + SLACK > limit]
+        encoded = encode_pairs(tok, [(shared + rest, cont) for _, shared, rest, cont, _ in near])
+        for (c, _, _, _, generated), (ctx, cont) in zip(near, encoded):
             n = len(ctx) + len(cont) + generated
             if n > limit:
                 raise UserError(f"candidate {c.id!r}: its {name} prompt (demos, x and y) has {n} tokens, over the "

@@ -11,16 +11,8 @@ from pathlib import Path
 import pytest
 
 from icqs.cli import main
+from test_icqs_cli import TASK
 
-TASK = """name: tiny
-template: "Q: {x}\\nA: {y}"
-good: [{x: one, y: yes}, {x: two, y: no}, {x: three, y: yes}]
-bad: [{x: one, y: no}, {x: two, y: yes}, {x: three, y: no}]
-labels: [yes, no]
-M: 2
-N: 2
-L: 2
-"""
 ITEMS = [{"id": f"q{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(3)]
 PAIRS = [{"id": f"p{n}", "question": f"What is {n} + {n}?", "answer_a": f"It is {2 * n}.", "answer_b": "No idea.",
           "model_a": "m1", "model_b": "m2", "winner": "model_a"} for n in range(3)]
@@ -306,3 +298,36 @@ def test_lone_surrogate_is_an_input_error(where, files, tiny_model_dir, tmp_path
     assert main(commands(files, tiny_model_dir, out)[command]) == 2
     err = one_error_line(capsys)
     assert err.startswith(f"error: {path}:{line}: ") and "surrogate" in err and not out.exists()
+
+
+def test_length_check_agrees_with_the_engine_at_the_limit(files, tiny_model_dir):
+    """check_lengths refuses a candidate exactly when one of its requests, tokenized as the engine does, is over
+    the limit (the shortcut through separately tokenized parts never lets one through)."""
+    from engine import Engine
+    from engine.errors import UserError
+    from engine.requests import encode_pairs
+    from icqs.candidates import Candidate
+    from icqs.methods import METHODS
+    from icqs.score_run import check_lengths
+    from icqs.task import load_task
+
+    task = load_task(files / "task.yaml")
+    eng = Engine.load(str(tiny_model_dir), dtype="float32")
+    limit = eng.config.max_position
+    per_word = len(eng.tokenizer.encode(" ".join(["word"] * 200))) / 200
+    verdicts = set()
+    for words in range(int((limit - 260) / per_word), int((limit - 60) / per_word), max(1, int(6 / per_word))):
+        c = Candidate("c", "m", " ".join(["word"] * words) + " x", "yes", line=1)
+        for name in METHODS:
+            jobs = METHODS[name].requests(task, [c], "coupled")
+            longest = max(len(a) + len(b) + g for (*_, g), (a, b) in
+                          zip(jobs, encode_pairs(eng.tokenizer, [(s + r, t) for _, s, r, t, _ in jobs])))
+            try:
+                check_lengths(eng, task, [c], [name], "coupled", "c.jsonl")
+                fits = True
+            except UserError as e:
+                fits = False
+                assert str(e).startswith("c.jsonl:1: candidate 'c': ")
+            assert fits == (longest <= limit), (name, words, longest)
+            verdicts.add(fits)
+    assert verdicts == {True, False}  # the range crosses the limit
