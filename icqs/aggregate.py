@@ -11,7 +11,8 @@ import math
 import numpy as np
 from scipy import stats
 
-MEASURES = {"icqs": ("score", "expected"), "epistemic": ("score", "expected"), "icl": ("score", "p_label"),
+MEASURES = {"icqs": ("score", "expected", "score_cal", "expected_cal"),
+            "epistemic": ("score", "expected", "score_cal", "expected_cal"), "icl": ("score", "p_label"),
             "judge": ("score", "generated_score")}
 
 
@@ -67,7 +68,7 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     rows = [r for r in rows if r["method"] == method]
     truth = model_truth(rows)
     out = {"method": method, "truth": truth, "truth_rank": ranks(truth) if truth else {}, "measures": {}}
-    for measure in MEASURES[method]:
+    for measure in [m for m in MEASURES[method] if any(m in r for r in rows)]:  # calibrated: when computed
         by_model: dict[str, list] = {}
         unscored: dict[str, int] = {}
         for r in rows:
@@ -95,7 +96,7 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
 TITLES = {"icqs": "ICQS (argmax ratio; E[r] = posterior mean)", "epistemic": "ICQS-Epistemic (mean over L sets)",
           "icl": "plain ICL (agreement with the ICL label; p_label = its probability)",
           "judge": "verbalized judge (expected rating from rating-token log-probs; generated = parsed text)"}
-MEASURE_NAMES = {"score": "score", "expected": "E[r]", "p_label": "p_label", "generated_score": "generated"}
+MEASURE_NAMES = {"score": "score", "expected": "E[r]", "score_cal": "calibrated", "expected_cal": "E[r] cal", "p_label": "p_label", "generated_score": "generated"}
 
 
 def _cell(m: dict) -> str:

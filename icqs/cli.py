@@ -21,6 +21,8 @@ from engine.errors import UserError
 from engine.factory import add_engine_args, model_label
 
 from .io import ResultWriter, atomic_write, open_run, read_results
+from .sampler import SAMPLERS
+from .task import BALANCE
 
 METHODS = ("icqs", "epistemic", "icl", "judge")
 
@@ -67,7 +69,6 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
 
 def load_scores(out) -> tuple:
     """(task, candidates, score rows) of a run directory, for every method whose raw results are complete."""
-    import numpy as np
 
     from . import baselines, scoring
     from .candidates import read_candidates
@@ -82,11 +83,10 @@ def load_scores(out) -> tuple:
     rows = []
     for method in [m for m in METHODS if m in meta["methods"]]:
         if method in ("icqs", "epistemic"):
-            table = scoring.loglik_table(read_results(out / "loglik.jsonl"), candidates, meta["sampler"],
-                                         task.L if method == "epistemic" else 1, task.M + 1)
-            if np.isnan(table).any():  # some row missing: the run stopped early
+            scores = scoring.method_scores(read_results(out / "loglik.jsonl"), candidates, task, meta["sampler"],
+                                           epistemic=method == "epistemic")
+            if scores is None:  # some row missing: the run stopped early
                 continue
-            scores = scoring.icqs_scores(table, task.ratios, epistemic=method == "epistemic")
         else:
             by_id = {r["id"]: r for r in read_results(out / f"{method}.jsonl")}
             if any(c.id not in by_id for c in candidates):
@@ -117,11 +117,12 @@ def cmd_score(args) -> None:
     from .task import load_task
 
     task = load_task(args.task)
-    for key in ("M", "N", "L", "seed"):
+    for key in ("M", "N", "L", "seed", "balance", "calibrate"):
         if getattr(args, key) is not None:
-            if key != "seed" and getattr(args, key) < 1:
+            if key in ("M", "N", "L") and getattr(args, key) < 1:
                 raise UserError(f"--{key} must be a positive integer")
             setattr(task, key, getattr(args, key))
+    task.check_ratio_grid()
     candidates = read_candidates(args.candidates)
     check_truth_dists(candidates, task.M + 1, args.candidates)
     if "icl" in args.method and not task.labels:
@@ -163,8 +164,13 @@ def register(subparsers) -> None:
     p.add_argument("candidates", help="candidates JSONL (id, model, x, y, optional truth / truth_dist)")
     p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
     p.add_argument("--method", nargs="+", choices=METHODS, default=["icqs", "epistemic"])
-    p.add_argument("--sampler", choices=("coupled", "independent"), default="coupled",
-                   help="demo sets: coupled across ratios (default) or independent per ratio as in the paper")
+    p.add_argument("--sampler", choices=SAMPLERS, default="coupled",
+                   help="demo sets: coupled across ratios (default), independent per ratio as in the paper, or "
+                        "bernoulli (the earlier sampler: random good counts; for comparison)")
+    p.add_argument("--balance", choices=BALANCE, default=None,
+                   help="label tasks: the label counts of every demo set (default: the task's, marginal)")
+    p.add_argument("--calibrate", action="store_true", default=None,
+                   help="also report scores calibrated with a content-free input (the task's content_free)")
     for key, what in (("M", "ratios r = j/M"), ("N", "demos per set"), ("L", "demo sets per ratio"),
                       ("seed", "sampling seed")):
         p.add_argument(f"--{key}", type=int, default=None, help=f"{what} (default: the task's)")
