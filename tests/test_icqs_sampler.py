@@ -132,3 +132,18 @@ def test_m_n_pairs_whose_counts_repeat_are_refused(tmp_path):
     with pytest.raises(UserError) as e:
         load_task(path)
     assert str(e.value).startswith(f"{path}:5: M = 4 ratios need N >= M") and "\n" not in str(e.value)
+
+
+def test_task_options_balance_and_calibrate_are_read_and_checked(tmp_path):
+    path = tmp_path / "t.yaml"
+    base = "template: '{x} -> {y}'\ngood: [{x: a, y: p}, {x: b, y: p}]\nbad: [{x: a, y: n}, {x: b, y: n}]\nM: 2\nN: 2\n"
+    path.write_text(base)
+    t = load_task(path)
+    assert (t.balance, t.calibrate, t.content_free) == ("marginal", False, "N/A")
+    path.write_text(base + "balance: uniform\ncalibrate: true\ncontent_free: '[MASK]'\n")
+    t = load_task(path)
+    assert (t.balance, t.calibrate, t.content_free) == ("uniform", True, "[MASK]")
+    for bad, line in (("balance: even\n", 6), ("calibrate: 1\n", 6)):
+        path.write_text(base + bad)
+        with pytest.raises(UserError, match=f"^{path}:{line}: "):
+            load_task(path)
