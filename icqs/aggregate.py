@@ -67,7 +67,7 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     rows = [r for r in rows if r["method"] == method]
     truth = model_truth(rows)
     out = {"method": method, "truth": truth, "truth_rank": ranks(truth) if truth else {}, "measures": {}}
-    for measure in METHODS[method].measures:
+    for measure in [m for m in METHODS[method].measures if any(m in r for r in rows)]:  # calibrated: when computed
         by_model: dict[str, list] = {}
         unscored: dict[str, int] = {}
         for r in rows:

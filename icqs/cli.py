@@ -20,6 +20,8 @@ from engine.factory import add_engine_args, engine_from_args, model_label, posit
 
 from .methods import METHODS
 from .run import add_run_args, check_output_file
+from .sampler import SAMPLERS
+from .task import BALANCE
 from .score_run import load_scores, score_run, score_run_dir, write_leaderboard
 
 
@@ -28,9 +30,10 @@ def cmd_score(args) -> None:
     from .task import load_task
 
     task = load_task(args.task)
-    for key in ("M", "N", "L", "seed"):
+    for key in ("M", "N", "L", "seed", "balance", "calibrate"):
         if getattr(args, key) is not None:
             setattr(task, key, getattr(args, key))
+    task.check_ratio_grid()
     candidates = read_candidates(args.candidates)
     check_truth_dists(candidates, task.M + 1, args.candidates)
     if "icl" in args.method and not task.labels:
@@ -70,8 +73,13 @@ def register(subparsers) -> None:
     p.add_argument("candidates", help="candidates JSONL (id, model, x, y, optional truth / truth_dist)")
     add_run_args(p, seed_default=None, seed_help="sampling seed (default: the task's)")
     p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
-    p.add_argument("--sampler", choices=("coupled", "independent"), default="coupled",
-                   help="demo sets: coupled across ratios (default) or independent per ratio as in the paper")
+    p.add_argument("--sampler", choices=SAMPLERS, default="coupled",
+                   help="demo sets: coupled across ratios (default), independent per ratio as in the paper, or "
+                        "bernoulli (the earlier sampler: random good counts; for comparison)")
+    p.add_argument("--balance", choices=BALANCE, default=None,
+                   help="label tasks: the label counts of every demo set (default: the task's, marginal)")
+    p.add_argument("--calibrate", action="store_true", default=None,
+                   help="also report scores calibrated with a content-free input (the task's content_free)")
     for key, what in (("M", "ratios r = j/M"), ("N", "demos per set"), ("L", "demo sets per ratio")):
         p.add_argument(f"--{key}", type=positive_int, default=None, help=f"{what} (default: the task's)")
     add_engine_args(p)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
 from . import baselines, scoring
 from .sampler import demo_sets
 
@@ -41,7 +39,10 @@ def _loglik_requests(epistemic: bool):
         out = []
         for s in [s for per_l in demo_sets(task, sampler, _repeats(task, epistemic)) for s in per_l]:
             demos = task.demo_text(list(s.examples))
-            for c, (ctx, cont) in zip(candidates, scoring.mixture_requests(task, [s], candidates)):
+            requests = scoring.mixture_requests(task, [s], candidates)
+            if task.calibrate:  # the same answers after the content-free input
+                requests += scoring.mixture_requests(task, [s], candidates, x=task.content_free)
+            for c, (ctx, cont) in zip(candidates * (2 if task.calibrate else 1), requests):
                 shared = demos if ctx.startswith(demos) else ""
                 out.append((c, shared, ctx[len(shared):], cont, 0))
         return out
@@ -50,10 +51,7 @@ def _loglik_requests(epistemic: bool):
 
 def _loglik_score(epistemic: bool):
     def score(task, candidates, rows, sampler):
-        table = scoring.loglik_table(rows, candidates, sampler, _repeats(task, epistemic), task.M + 1)
-        if np.isnan(table).any():  # some row missing: the run stopped early
-            return None
-        return scoring.icqs_scores(table, task.ratios, epistemic=epistemic)
+        return scoring.method_scores(rows, candidates, task, sampler, epistemic=epistemic)
     return score
 
 
@@ -83,10 +81,11 @@ def _judge_score(task, candidates, rows, sampler):
     return None if by_id is None else [baselines.judge_score(by_id[c.id]) for c in candidates]
 
 
+ICQS_MEASURES = ("score", "expected", "score_cal", "expected_cal")  # calibrated ones: with the task's calibrate
 METHODS = {m.name: m for m in (
-    Method("icqs", "ICQS (argmax ratio; E[r] = posterior mean)", ("score", "expected"), "loglik.jsonl",
+    Method("icqs", "ICQS (argmax ratio; E[r] = posterior mean)", ICQS_MEASURES, "loglik.jsonl",
            ("sampler", "l", "id"), _loglik_compute(False), _loglik_requests(False), _loglik_score(False), curves=True),
-    Method("epistemic", "ICQS-Epistemic (mean over L sets)", ("score", "expected"), "loglik.jsonl",
+    Method("epistemic", "ICQS-Epistemic (mean over L sets)", ICQS_MEASURES, "loglik.jsonl",
            ("sampler", "l", "id"), _loglik_compute(True), _loglik_requests(True), _loglik_score(True), curves=True),
     Method("icl", "plain ICL (agreement with the ICL label; p_label = its probability)", ("score", "p_label"),
            "icl.jsonl", "id", lambda engine, task, candidates, writer, sampler, progress: baselines.compute_icl(
@@ -96,7 +95,8 @@ METHODS = {m.name: m for m in (
            lambda engine, task, candidates, writer, sampler, progress: baselines.compute_judge(
                engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score),
 )}
-MEASURE_NAMES = {"score": "score", "expected": "E[r]", "p_label": "p_label", "generated_score": "generated"}
+MEASURE_NAMES = {"score": "score", "expected": "E[r]", "score_cal": "calibrated", "expected_cal": "E[r] cal",
+                 "p_label": "p_label", "generated_score": "generated"}
 
 
 def ordered(methods) -> list[str]:
