@@ -94,6 +94,9 @@ def test_every_run_command_records_and_prints_engine_stats(command, files, tiny_
         assert (out / "leaderboard.txt").read_text().count("  engine: ") == 4
     if command in ("judge", "pairwise"):
         assert json.loads((out / "summary.json").read_text())["engine_stats"] == parts[command]
+    for path in list(out.glob("*.json")) + list(out.glob("*.jsonl")):  # strict JSON: no NaN / Infinity
+        for text in [path.read_text()] if path.suffix == ".json" else path.read_text().splitlines():
+            json.loads(text, parse_constant=lambda name: pytest.fail(f"{path.name}: {name}"))
     # a resumed run with nothing left to do adds no work
     assert main(commands(files, tiny_model_dir, out)[command]) == 0
     again = json.loads((out / "run.json").read_text())["engine_stats"]

@@ -114,7 +114,7 @@ def cmd_run(args) -> int:
 
 
 def _failure_modes(run, evaluator, memory, ids, k, seed, cluster_ablation) -> None:
-    from icqs.io import atomic_write
+    from icqs.io import atomic_write, strict_json
 
     from .failure_modes import MiniLM, failure_modes, tag_memory
     from .report import MODES_FILE, load_modes
@@ -125,7 +125,7 @@ def _failure_modes(run, evaluator, memory, ids, k, seed, cluster_ablation) -> No
     modes = load_modes(run)
     if modes is None or modes["ids"] != ids:
         modes = failure_modes(memory.examples(ids=ids), MiniLM(), k, seed)
-        atomic_write(run.path / MODES_FILE, json.dumps(modes, indent=1) + "\n")
+        atomic_write(run.path / MODES_FILE, json.dumps(strict_json(modes), indent=1) + "\n")
     tag_memory(memory, modes)
     cluster_ablation(run, evaluator, memory, ids, modes)
 

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from icqs.io import atomic_write
+from icqs.io import atomic_write, strict_json
 
 from . import plots
 from .ablation import ablation_rows, sweep_rows
@@ -107,7 +107,7 @@ def render_html(s: dict, examples: list) -> str:
 def write_report(run: AuditRun, memory: Memory, out: Path | None = None) -> tuple[Path, dict]:
     """summary.json and report.html (or `out`) in the run folder, written atomically."""
     s = summary(run, memory)
-    atomic_write(run.path / "summary.json", json.dumps(s, indent=2, default=str) + "\n")
+    atomic_write(run.path / "summary.json", json.dumps(strict_json(s), indent=2, default=str) + "\n")
     ids = {i for st in run.stages.rows for i in st["icl_ids"]}
     examples = [e for e in memory.examples() if e.run_id == run.run_id or e.id in ids]
     out = out or run.path / "report.html"
