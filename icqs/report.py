@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 from pathlib import Path
 
@@ -16,8 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .methods import MEASURE_NAMES, METHODS  # noqa: E402
 from .io import atomic_write  # noqa: E402
+from .methods import MEASURE_NAMES, METHODS  # noqa: E402
 from .run import format_stats  # noqa: E402
 from .score_run import leaderboards, load_scores  # noqa: E402
 
