@@ -334,3 +334,18 @@ def test_length_check_agrees_with_the_engine_at_the_limit(files, tiny_model_dir)
             assert fits == (longest <= limit), (name, words, longest)
             verdicts.add(fits)
     assert verdicts == {True, False}  # the range crosses the limit
+
+
+@pytest.mark.parametrize("command, flag", [("allure", "--memory"), ("score", "--out"), ("judge", "--out")])
+def test_output_paths_of_the_wrong_kind(command, flag, files, tiny_model_dir, tmp_path, capsys):
+    """--out that is a file, --memory that is a directory: one line, before the model loads, nothing written."""
+    out = tmp_path / "run"
+    argv = commands(files, tiny_model_dir, out)[command]
+    wrong = files / "c.jsonl" if flag == "--out" else files
+    argv = argv[:argv.index("--out")] + ["--out", str(wrong)] + argv[argv.index("--out") + 2:] if flag == "--out" \
+        else argv + [flag, str(wrong)]
+    before = sorted(p.name for p in files.iterdir())
+    assert main(argv) == 2
+    expected = "is a file, not a directory" if flag == "--out" else "is a directory, not a file"
+    assert f"{flag} {expected}" in one_error_line(capsys)
+    assert sorted(p.name for p in files.iterdir()) == before and not out.exists()

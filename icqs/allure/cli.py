@@ -87,7 +87,7 @@ def cmd_run(args) -> int:
     template = load_template(args.template)
     items = load_items(args.items, template, args.holdout, args.seed)
     run = AuditRun(args.out, items, _settings(args, template, args.items))  # checked, nothing written
-    if not Path(run.settings["memory"]).exists():
+    if not Path(run.settings["memory"]).is_file():  # made after the model loads
         check_output_file(run.settings["memory"], "--memory")
     engine = MeteredEngine(engine_from_args(args, keep_cache=True))
     evaluator = Evaluator(engine, template)
