@@ -24,6 +24,8 @@ def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
     """A file the command may create or append to: not a folder, its folder exists and is writable, not an input."""
     if os.path.isdir(output):
         raise UserError("is a directory; expected a file", output)
+    if os.path.exists(output) and not os.path.isfile(output):
+        raise UserError("not a regular file (a device or a pipe); expected a file", output)
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder):
         raise UserError(f"the output folder {folder} does not exist", output)

@@ -92,6 +92,7 @@ def pairs_file(path: Path, n: int) -> Path:
 @pytest.mark.parametrize("case, expected", [
     ("missing_folder", "does not exist"),
     ("output_is_folder", "is a directory; expected a file"),
+    ("output_is_device", "/dev/null: not a regular file"),
     ("input_is_folder", "is a directory, expected a JSONL file"),
     ("binary_input", "pairs.jsonl:2: a binary file"),
     ("latin1_input", "pairs.jsonl:2: not UTF-8 text (byte 0xe9)"),
@@ -116,6 +117,8 @@ def test_bad_paths_and_options_fail_before_any_work(case, expected, tmp_path, ca
         out = tmp_path / "nowhere" / "out.jsonl"
     elif case == "output_is_folder":
         out = tmp_path
+    elif case == "output_is_device":
+        out = Path("/dev/null")
     elif case == "input_is_folder":
         pairs = tmp_path
     elif case in ("binary_input", "latin1_input", "lone_surrogate", "nan_field"):
@@ -209,3 +212,36 @@ def test_nan_logprob_is_an_error_not_written(tiny_model_dir, tmp_path, capsys, m
     status, err = score_main(capsys, "--model", tiny_model_dir, "--input", pairs, "--output", tmp_path / "o.jsonl")
     assert status == 2 and f"{pairs}:1: log-prob nan is not finite" in err, err
     assert (tmp_path / "o.jsonl").read_text() == ""
+
+
+def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tmp_path):
+    """A real SIGKILL while rows are being written: the folder holds only the input and the rows finished so far
+    (no temporary file), and the same command again completes the output as an uninterrupted run does."""
+    import signal
+    import time
+
+    pairs = pairs_file(tmp_path / "pairs.jsonl", 200)
+    args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--input", pairs]
+    code = ("import sys, engine.cli as c; c.CHUNK_ROWS = 2; "
+            "sys.exit(c.main(['score', *sys.argv[1:]]))")
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args), "--output", str(out)], cwd=tmp_path,
+                            stderr=subprocess.DEVNULL, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (out.exists() and out.stat().st_size > 0):
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "pairs.jsonl"]
+    kept = out.read_text()
+    assert 0 < kept.count("\n") < 200
+    r = run(*args, "--output", out, cwd=tmp_path)
+    assert r.returncode == 0 and "resuming:" in r.stderr, r.stderr
+    assert run(*args, "--output", tmp_path / "full.jsonl", cwd=tmp_path).returncode == 0
+    resumed = [json.loads(x) for x in out.read_text().splitlines()]
+    full = [json.loads(x) for x in (tmp_path / "full.jsonl").read_text().splitlines()]
+    assert [(r.get("id"), r["context"], r["continuation"]) for r in resumed] == \
+        [(r.get("id"), r["context"], r["continuation"]) for r in full]
+    # float32; the killed run packed its forward steps from chunks of 2 rows, the uninterrupted one from 256
+    assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(resumed, full)) < 1e-4
