@@ -55,6 +55,10 @@ def resolve_model_path(model: str | Path | None) -> Path:
 def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     path = resolve_model_path(model)
     if path.is_dir():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if ggufs and not (path / "config.json").exists():
+            raise UserError(f"a folder without config.json; to load a GGUF file pass the file itself "
+                            f"({', '.join(ggufs[:3])})", str(path))
         from .hf_loader import load_hf_dir
         config, weights, tokenizer = load_hf_dir(path)
     elif path.is_file() and is_gguf(path):

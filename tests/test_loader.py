@@ -214,6 +214,9 @@ def test_errors_unsupported_gguf_contents(tmp_path):
 def test_errors_bad_hf_dirs(tiny_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     _raises_with_path(tmp_path / "empty", "missing config.json")
+    (tmp_path / "ggufs").mkdir()
+    (tmp_path / "ggufs" / "m.Q4_0.gguf").write_bytes(b"GGUF")
+    _raises_with_path(tmp_path / "ggufs", r"pass the file itself \(m.Q4_0.gguf\)")
     bad = shutil.copytree(tiny_model_dir, tmp_path / "json")
     (bad / "config.json").write_text("{not json")
     _raises_with_path(bad, "not valid JSON", bad / "config.json")
