@@ -11,10 +11,9 @@ the input's first rows (same id, context and continuation) and scores only the r
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
-from .cli_args import ArgumentParser
+from .cli_args import ArgumentParser, check_output_file
 from .errors import UserError
 from .factory import add_engine_args
 from .jsonl import ResultWriter, read_jsonl, read_results
@@ -27,19 +26,6 @@ def _check_pair(row: dict) -> str | None:
         if not isinstance(row.get(key), str):
             return f"missing or non-text field {key!r}"
     return None if row["continuation"] else "empty continuation: nothing to score"
-
-
-def check_output_path(output: str, inputs: tuple[str, ...] = ()) -> None:
-    """A file the command may create or append to: not a folder, its folder exists and is writable, not an input."""
-    if os.path.isdir(output):
-        raise UserError("is a directory; --output wants a file", output)
-    folder = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(folder):
-        raise UserError(f"the output folder {folder} does not exist", output)
-    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(output) and not os.access(output, os.W_OK)):
-        raise UserError("not writable", output)
-    if os.path.exists(output) and any(os.path.exists(p) and os.path.samefile(p, output) for p in inputs):
-        raise UserError("--output is the input file", output)
 
 
 def _same_request(done: dict, row: dict) -> bool:
@@ -81,7 +67,7 @@ def cmd_score(args) -> int:
 
     from .factory import engine_from_args
 
-    check_output_path(args.output, (args.input,))
+    check_output_file(args.output, (args.input,))
     rows = read_jsonl(args.input, validate=_check_pair, with_lines=True)
     if not rows:
         raise UserError("no rows to score", args.input)

@@ -91,7 +91,7 @@ def pairs_file(path: Path, n: int) -> Path:
 
 @pytest.mark.parametrize("case, expected", [
     ("missing_folder", "does not exist"),
-    ("output_is_folder", "is a directory; --output wants a file"),
+    ("output_is_folder", "is a directory; expected a file"),
     ("input_is_folder", "is a directory, expected a JSONL file"),
     ("binary_input", "pairs.jsonl:2: a binary file"),
     ("latin1_input", "pairs.jsonl:2: not UTF-8 text (byte 0xe9)"),
@@ -101,7 +101,7 @@ def pairs_file(path: Path, n: int) -> Path:
     ("token_budget_0", "argument --token-budget: expected a positive integer, got 0"),
     ("kv_tokens_x", "argument --kv-tokens: expected a positive integer, got 'x'"),
     ("device_tpu", "--device 'tpu': expected cpu, cuda or cuda:N"),
-    ("input_is_output", "--output is the input file"),
+    ("input_is_output", "is also an input file"),
     ("other_jobs_output", "out.jsonl: row 1 is not the request at"),
 ])
 def test_bad_paths_and_options_fail_before_any_work(case, expected, tmp_path, capsys, monkeypatch):
