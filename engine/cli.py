@@ -11,12 +11,14 @@ the input's first rows (same id, context and continuation) and scores only the r
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from .cli_args import ArgumentParser, check_output_file
 from .errors import UserError
 from .factory import add_engine_args
 from .jsonl import ResultWriter, read_jsonl, read_results
+from .requests import encode_pairs
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
 
@@ -46,20 +48,12 @@ def _finished_rows(output: str, rows: list[tuple[int, dict]], input_path: str) -
     return len(done)
 
 
-def _encode(tokenizer, rows: list[tuple[int, dict]], path: str):
-    """Token ids of the rows' (context, continuation) pairs; an error names the input line at fault."""
-    from .requests import encode_pairs
-
-    pairs = [(row["context"], row["continuation"]) for _, row in rows]
-    try:
-        return encode_pairs(tokenizer, pairs)
-    except UserError:
-        for (line, _), pair in zip(rows, pairs):
-            try:
-                encode_pairs(tokenizer, [pair])
-            except UserError as e:  # "request 0: what" -> "path:line: what"
-                raise UserError(str(e).split(": ", 1)[-1], path, line) from None
-        raise
+def _at_line(error: UserError, rows: list[tuple[int, dict]], path: str) -> UserError:
+    """The engine names a request by its index in the call ("request 3: ..."): name its input line instead."""
+    m = re.match(r"request (\d+): (.*)", str(error))
+    if m and int(m.group(1)) < len(rows):
+        return UserError(m.group(2), path, rows[int(m.group(1))][0])
+    return error
 
 
 def cmd_score(args) -> int:
@@ -77,7 +71,10 @@ def cmd_score(args) -> int:
         return 0
     eng = engine_from_args(args, keep_cache=not args.no_share)  # chunks reuse each other's prefixes
     todo = rows[skip:]
-    encoded = _encode(eng.tokenizer, todo, args.input)
+    try:
+        encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
+    except UserError as e:
+        raise _at_line(e, todo, args.input) from None
     limit = min(eng.config.max_position, eng.options.kv_tokens)
     for (line, _), (ctx, cont) in zip(todo, encoded):
         if len(ctx) + len(cont) > limit:
@@ -90,7 +87,10 @@ def cmd_score(args) -> int:
             tqdm(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
         for start in range(0, len(todo), CHUNK_ROWS):
             part, ids = todo[start:start + CHUNK_ROWS], encoded[start:start + CHUNK_ROWS]
-            results = eng.score(ids, share_prefix=not args.no_share)
+            try:
+                results = eng.score(ids, share_prefix=not args.no_share)
+            except UserError as e:  # e.g. a non-finite log-prob; the chunks before it are kept
+                raise _at_line(e, part, args.input) from None
             for (line, row), res in zip(part, results):
                 result = {**row, "logprob": res.logprob, "token_logprobs": res.token_logprobs,
                           "num_tokens": res.num_tokens, "is_greedy": res.is_greedy}

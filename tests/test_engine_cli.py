@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import UserError
 from tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,3 +246,27 @@ def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tm
         [(r.get("id"), r["context"], r["continuation"]) for r in full]
     # float32; the killed run packed its forward steps from chunks of 2 rows, the uninterrupted one from 256
     assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(resumed, full)) < 1e-4
+
+
+def test_an_engine_error_for_one_request_names_its_input_line(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The engine names a failed request by its index in the call ("request 1: ..."), which in chunk 2 of a job is
+    not the row's place in the file: the CLI names the input line; the chunks before it are kept."""
+    import engine.cli
+    from engine.engine import Engine
+
+    monkeypatch.setattr(engine.cli, "CHUNK_ROWS", 2)
+    real, calls = Engine.score, []
+
+    def fails_in_second_chunk(self, reqs, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise UserError("request 1: the log-prob is NaN (corrupt weights?)")
+        return real(self, reqs, **kw)
+
+    monkeypatch.setattr(Engine, "score", fails_in_second_chunk)
+    pairs = pairs_file(tmp_path / "pairs.jsonl", 5)
+    pairs.write_text("\n" + pairs.read_text())  # rows on lines 2..6: the failed request (row 4) is on line 5
+    status, err = score_main(capsys, "--model", tiny_model_dir, "--dtype", "float32", "--input", pairs, "--output",
+                             tmp_path / "o.jsonl")
+    assert status == 2 and err.strip().endswith(f"error: {pairs}:5: the log-prob is NaN (corrupt weights?)"), err
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 2
