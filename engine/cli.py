@@ -75,7 +75,7 @@ def cmd_score(args) -> int:
         encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
     except UserError as e:
         raise _at_line(e, todo, args.input) from None
-    limit = min(eng.config.max_position, eng.options.kv_tokens)
+    limit = min(eng.config.max_position, args.kv_tokens)
     for (line, _), (ctx, cont) in zip(todo, encoded):
         if len(ctx) + len(cont) > limit:
             raise UserError(f"{len(ctx) + len(cont)} tokens exceed the model's maximum of {limit} (context + "
@@ -100,7 +100,7 @@ def cmd_score(args) -> int:
                     raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it "
                                     "are kept", args.input, line) from None
             for key in totals:
-                value = eng.last_stats[key]
+                value = eng.last_stats.get(key) or 0  # an engine may not count everything
                 totals[key] = max(totals[key], value) if key == "peak_kv_pages" else totals[key] + value
             bar.update(len(part))
     print(f"scored {len(todo)} requests: {totals['tokens_computed']} tokens computed of {totals['tokens_requested']} "
