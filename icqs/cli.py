@@ -14,12 +14,12 @@ import signal
 import sys
 import threading
 
-from engine.cli_args import ArgumentParser
+from engine.cli_args import ArgumentParser, check_output_file
 from engine.errors import UserError
 from engine.factory import add_engine_args, engine_from_args, model_label, positive_int
 
 from .methods import METHODS
-from .run import add_run_args, check_output_file
+from .run import add_run_args
 from .sampler import SAMPLERS
 from .task import BALANCE
 from .score_run import load_scores, score_run, score_run_dir, write_leaderboard
@@ -56,7 +56,7 @@ def cmd_leaderboard(args) -> None:
 def cmd_report(args) -> None:
     from .report import write_report
     if args.output:
-        check_output_file(args.output)
+        check_output_file(args.output)  # its folder must exist; a report is never written into a new one
     path = write_report(args.dir, args.output)
     print(f"wrote {path}")
 

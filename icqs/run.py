@@ -79,15 +79,6 @@ def check_output_dir(out, flag: str = "--out") -> Path:
     return out
 
 
-def check_output_file(path, flag: str = "--output") -> Path:
-    """An output file may be written: not a directory, its folder writable (or creatable). Nothing is made."""
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{flag} is a directory, not a file", str(path))
-    check_output_dir(path.parent, flag)
-    return path
-
-
 class RunDir:
     def __init__(self, out, command: str, settings: dict, fixed: tuple[str, ...] | None = None,
                  accumulate: dict | None = None, created: dict | None = None):

@@ -7,6 +7,7 @@ killed run resumes from them), and the derived scores.jsonl, leaderboard.txt and
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -94,17 +95,41 @@ def load_scores(out) -> tuple:
     """(task, candidates, score rows, run.json) of a run directory, for every method whose results are complete."""
     out = Path(out)
     meta = read_run_json(out, "score")
-    try:
-        task, sampler, methods = task_from_dict(meta["task"]), meta["sampler"], meta["methods"]
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"corrupt run.json (bad or missing {e}); remove the run directory to start over",
-                        str(out / "run.json")) from None
+    sampler, methods = meta.get("sampler"), meta.get("methods")
+    if not isinstance(sampler, str) or not isinstance(methods, list) or not set(methods) <= set(METHODS):
+        raise _corrupt(out, "its sampler or methods")
+    task = _recorded_task(meta.get("task"), out)
     candidates = read_candidates(out / "candidates.jsonl")
     rows = []
     for name in ordered(methods):
         method = METHODS[name]
         rows += _score_rows(name, candidates, method.score(task, candidates, read_results(out / method.log), sampler))
     return task, candidates, rows, meta
+
+
+def _corrupt(out: Path, what: str) -> UserError:
+    return UserError(f"corrupt run.json ({what} is not what `icqs score` writes); remove the run directory to start "
+                     f"over", str(out / "run.json"))
+
+
+TYPES = {"str": str, "int": int, "bool": bool}  # Task fields of these (annotated) types are checked
+
+
+def _recorded_task(d, out: Path):
+    """The task run.json recorded, checked as far as the scoring reads it (the file may be damaged or edited)."""
+    try:
+        task = task_from_dict(d)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise _corrupt(out, "its task") from None
+    for f in dataclasses.fields(task):
+        value, kind = getattr(task, f.name), TYPES.get(f.type)
+        if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            raise _corrupt(out, f"its task's {f.name}")
+    texts = [t for e in task.good + task.bad for t in (e.x, e.y)] + list(task.labels)
+    if min(task.M, task.N, task.L) < 1 or not task.good or not task.bad or not all(isinstance(t, str) for t in texts) \
+            or task.template.count("{x}") != 1 or task.template.count("{y}") != 1:
+        raise _corrupt(out, "its task")
+    return task
 
 
 def leaderboards(rows: list[dict], engine_stats: dict | None = None) -> list[dict]:

@@ -453,15 +453,7 @@ def test_malformed_input_is_one_error_line_exit_2_nothing_written(command, data,
 # (command, kind prefix) -> why: cases whose fix lies in another helper's files and is not in yet. They are left
 # out of the test above and checked one by one here (the simplest such case) as xfails: an XPASS means "fixed,
 # remove the entry".
-KNOWN_FAILING: dict = {
-    ("icqs allure run", "row:wrong_type"): "an item whose 'response' is not text ends in a TypeError traceback "
-                                           "(runlayer helper, icqs/allure/)",
-    **{(c, "run:run_json_bad_task"): "run.json whose task has values of the wrong type (M null, good [[1]]) ends in "
-                                     "a TypeError traceback (runlayer helper, icqs/)"
-       for c in ("icqs leaderboard", "icqs report")},
-    ("icqs report", "run:output_folder_missing"): "report --output in a folder that does not exist creates the "
-                                                  "folder (runlayer helper, icqs/)",
-}
+KNOWN_FAILING: dict = {}
 
 
 def known_failing(case: Case) -> str | None:

@@ -346,6 +346,6 @@ def test_output_paths_of_the_wrong_kind(command, flag, files, tiny_model_dir, tm
         else argv + [flag, str(wrong)]
     before = sorted(p.name for p in files.iterdir())
     assert main(argv) == 2
-    expected = "is a file, not a directory" if flag == "--out" else "is a directory, not a file"
-    assert f"{flag} {expected}" in one_error_line(capsys)
+    expected = "--out is a file, not a directory" if flag == "--out" else "is a directory; expected a file"
+    assert expected in one_error_line(capsys)
     assert sorted(p.name for p in files.iterdir()) == before and not out.exists()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.factory import add_engine_args, positive_int
-from icqs.run import add_run_args, check_output_file
+from engine.cli_args import check_output_file
+from icqs.run import add_run_args
 
 
 def register(subparsers) -> None:
@@ -87,8 +88,8 @@ def cmd_run(args) -> int:
     template = load_template(args.template)
     items = load_items(args.items, template, args.holdout, args.seed)
     run = AuditRun(args.out, items, _settings(args, template, args.items))  # checked, nothing written
-    if not Path(run.settings["memory"]).is_file():  # made after the model loads
-        check_output_file(run.settings["memory"], "--memory")
+    if args.memory and not Path(args.memory).is_file():  # made after the model loads (the default: in --out)
+        check_output_file(args.memory)
     engine = MeteredEngine(engine_from_args(args, keep_cache=True))
     evaluator = Evaluator(engine, template)
     with run.start():
@@ -197,7 +198,7 @@ def cmd_report(args) -> int:
 
     run = AuditRun.load(args.run_dir, _reread_items)
     if args.out:
-        check_output_file(args.out, "--out")
+        check_output_file(args.out)
     if not Path(run.settings.get("memory", "")).is_file():
         raise UserError("the run's ICL memory is gone", run.settings.get("memory"))
     with run.start(), Memory(run.settings["memory"]) as mem:

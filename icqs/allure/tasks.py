@@ -32,6 +32,12 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
         if row["id"] in seen:
             raise UserError(f"duplicate id {row['id']!r} (first at line {seen[row['id']]})", *where)
         seen[row["id"]] = number
+        if not isinstance(row["response"], str):
+            raise UserError("field 'response' must be text", *where)
+        if isinstance(row.get("answer"), (int, float)) and not isinstance(row["answer"], bool):
+            row["answer"] = str(row["answer"])  # "answer": 4 reads as "4"
+        elif "answer" in row and not isinstance(row["answer"], str):
+            raise UserError("field 'answer' must be text or a number", *where)
         try:
             spec = MatchSpec.parse(row["match"]) if "match" in row else template.match
             if spec.kind == "label":
