@@ -95,6 +95,9 @@ def baseline(command: str) -> Case:
         files["in.jsonl"] = jsonl(ROWS[command])
     if command == "icqs score":
         files["task.yaml"] = yaml.safe_dump(TASK).encode()
+    if command == "engine score":  # outputs an --output case may point at: another job's, and not JSONL
+        files["other.jsonl"] = jsonl([{"context": "another", "continuation": " job", "logprob": -1.0}])
+        files["notes.txt"] = b"my notes, not results\n"
     if command in ("icqs leaderboard", "icqs report"):
         files.update({f"run/{name}": data for name, data in SCORED_RUN.items()})
     return Case(command, "baseline", files, list(ARGV[command]))
@@ -260,7 +263,8 @@ OPTIONS = {  # command -> {flag: strategy of bad values}
     "engine": {"--token-budget": NOT_POSITIVE, "--kv-tokens": NOT_POSITIVE, "--threads": NOT_POSITIVE,
                "--dtype": st.text(max_size=8).filter(lambda t: t not in ("bfloat16", "float32")),
                "--device": st.sampled_from(BAD_DEVICES)},
-    "engine score": {"--output": st.sampled_from(["{d}", "{d}/missing/out.jsonl", "{d}/in.jsonl"]),
+    "engine score": {"--output": st.sampled_from(["{d}", "{d}/missing/out.jsonl", "{d}/in.jsonl", "{d}/other.jsonl",
+                                                  "{d}/notes.txt", "/dev/null"]),
                      "--input": st.sampled_from(["{d}", "{d}/missing.jsonl"])},
     "icqs score": {"--M": NOT_POSITIVE, "--N": NOT_POSITIVE, "--L": NOT_POSITIVE, "--seed": NEGATIVE,
                    "--method": st.sampled_from(["bogus", "ICQS", ""]), "--sampler": st.sampled_from(["random", ""]),
