@@ -3,6 +3,7 @@ random Llama HF directory), through lm_eval.simple_evaluate on local task files 
 multiple-choice task, a rolling log-likelihood (perplexity) task and a greedy generation task."""
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -156,7 +157,42 @@ def test_engine_stats_in_results(both):
     assert stats["generate_until"]["tokens_computed"] > 0
 
 
-def test_model_args_checked(tiny_model_dir):
+@pytest.mark.parametrize("extra", [{"prefix_token_id": 3}, {"add_bos_token": False}, {"add_bos_token": True}])
+def test_prefix_token_and_bos_as_hf(tiny_model_dir, extra):
+    """prefix_token_id and add_bos_token change the token ids as they do in lm-eval's hf backend."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from engine.lm_eval import EngineLM
+
+    ours = EngineLM(model=str(tiny_model_dir), dtype="float32", max_length=MAX_LENGTH, **extra)
+    hf = HFLM(pretrained=str(tiny_model_dir), dtype="float32", device="cpu", max_length=MAX_LENGTH, **extra)
+    ll = [Instance("loglikelihood", {}, ("", " The quality of a demonstration"), 0),
+          Instance("loglikelihood", {}, ("A good example is ", "clear, short and correct"), 1)]
+    roll = [Instance("loglikelihood_rolling", {}, (TEXT[:700],), 0)]
+    for (a, greedy_a), (b, greedy_b) in zip(ours.loglikelihood(ll, disable_tqdm=True),
+                                            hf.loglikelihood(ll, disable_tqdm=True)):
+        assert abs(a - b) < 1e-4 and greedy_a == greedy_b
+    (a,), (b,) = ours.loglikelihood_rolling(roll, disable_tqdm=True), hf.loglikelihood_rolling(roll, True)
+    assert abs(a - b) < 1e-4 * abs(b)
+
+
+def test_sampled_generation(tiny_model_dir):
+    """do_sample with a seed: the same text twice, stop strings cut it; unsupported generation kwargs are refused."""
+    from lm_eval.api.instance import Instance
+
+    from engine.lm_eval import EngineLM
+
+    lm = EngineLM(model=str(tiny_model_dir), dtype="float32")
+    kwargs = {"until": ["e"], "do_sample": True, "temperature": 1.5, "top_p": 0.9, "seed": 7, "max_gen_toks": 12}
+    reqs = [Instance("generate_until", {}, ("The judge reads both responses", kwargs), i) for i in range(4)]
+    first, second = lm.generate_until(reqs, disable_tqdm=True), lm.generate_until(reqs, disable_tqdm=True)
+    assert first == second and len(set(first)) > 1 and not any("e" in t for t in first)
+    with pytest.raises(UserError, match="top_k"):
+        lm.generate_until([Instance("generate_until", {}, ("The", {"top_k": 5, "until": []}), 0)])
+
+
+def test_model_args_checked(tiny_model_dir, caplog):
     from engine.lm_eval import EngineLM
 
     with pytest.raises(UserError, match="unknown model_args pretrained"):
@@ -169,7 +205,17 @@ def test_model_args_checked(tiny_model_dir):
         EngineLM(model=str(tiny_model_dir), add_bos_token="maybe")
     lm = EngineLM(model=str(tiny_model_dir), dtype="float32", device="cuda", batch_size=8, max_batch_size=64,
                   add_bos_token=False, token_budget=64, kv_tokens=1024, threads=1)
-    assert str(lm.device) in ("cpu", "cuda")  # cuda falls back to the cpu, with a warning, where there is no GPU
+    from engine.engine import Engine, EngineOptions
+
+    if "deterministic" in inspect.signature(Engine.load).parameters or "deterministic" in vars(EngineOptions()):
+        assert EngineLM(model=str(tiny_model_dir), deterministic="True").engine is not None
+    else:
+        with pytest.raises(UserError, match="no deterministic mode"):
+            EngineLM(model=str(tiny_model_dir), deterministic="True")
+    import torch
+
+    if not torch.cuda.is_available():  # cuda falls back to the cpu, with a warning
+        assert str(lm.device) == "cpu" and "no CUDA GPU is available on this machine; running on cpu" in caplog.text
     assert lm.engine.tokenizer.add_bos is False and lm.engine.options.token_budget == 64
 
 
