@@ -1,8 +1,9 @@
 """lm-evaluation-harness on SmolLM2: a local 5-shot multiple-choice task through `lm_eval.simple_evaluate` with
 lm-eval's own `hf` backend and with `icqs-engine`, back to back in one process, on the same weights.
 
-Data: date-arithmetic questions in the style of BIG-bench date_understanding, generated here with a fixed seed (six
-MM/DD/YYYY options each); the first --pool questions are the few-shot pool, the next --questions are evaluated. The task is an lm-eval YAML over local JSONL files (no hub).
+Data: date-arithmetic questions in the style of BIG-bench date_understanding, generated here with a fixed seed
+(six MM/DD/YYYY options each); the first --pool questions are the few-shot pool, the next --questions are
+evaluated. The task is an lm-eval YAML over local JSONL files (no hub).
 Weights: the embedded SmolLM2-135M-Instruct GGUF, written once as an HF directory (dequantized, float32
 safetensors + its tokenizer) that both backends load.
 

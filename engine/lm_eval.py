@@ -51,6 +51,18 @@ def _flag(name: str, value) -> bool | None:
     raise UserError(f"{NAME}: {name}={value!r}: expected True or False")
 
 
+def _int(name: str, value, minimum: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < minimum:
+        raise UserError(f"{NAME}: {name}={value!r}: expected an integer >= {minimum}")
+    return number
+
+
 def check_model_args(model_args: dict) -> None:
     unknown = sorted(set(model_args) - set(MODEL_ARGS))
     if unknown:
@@ -68,15 +80,18 @@ class EngineLM(LM):
                  prefix_token_id: int | None = None, batch_size=None, max_batch_size=None, **unknown):
         super().__init__()
         check_model_args(unknown)
+        token_budget, kv_tokens = _int("token_budget", token_budget, 1), _int("kv_tokens", kv_tokens, 1)
+        threads, max_length = _int("threads", threads, 1), _int("max_length", max_length, 2)
+        prefix_token_id = _int("prefix_token_id", prefix_token_id, 0)
+        deterministic, add_bos_token = _flag("deterministic", deterministic), _flag("add_bos_token", add_bos_token)
         if batch_size not in (None, 1, "1") or max_batch_size is not None:
             log.info("%s: batch_size=%s max_batch_size=%s have no effect: the engine packs all of a task's "
                      "requests into forward steps of token_budget=%s tokens", NAME, batch_size, max_batch_size,
                      token_budget)
-        options = dict(dtype="bfloat16" if dtype == "auto" else dtype, device=resolve_device(device, cpu_fallback=True),
-                       token_budget=int(token_budget), kv_tokens=int(kv_tokens))
+        options = dict(dtype="bfloat16" if dtype == "auto" else dtype, token_budget=token_budget,
+                       kv_tokens=kv_tokens, device=resolve_device(device, cpu_fallback=True))
         if threads is not None:
-            options["threads"] = int(threads)
-        deterministic = _flag("deterministic", deterministic)
+            options["threads"] = threads
         if deterministic is not None:
             accepted = set(inspect.signature(Engine.load).parameters) | set(EngineOptions.__dataclass_fields__)
             if "deterministic" not in accepted:
@@ -86,20 +101,19 @@ class EngineLM(LM):
         self.model_path = model
         self._device = self.engine.device
         tok = self.engine.tokenizer
-        add_bos_token = _flag("add_bos_token", add_bos_token)
         if add_bos_token is not None:  # the model's own BOS policy, overridden for every text this engine reads
             if add_bos_token and tok.bos_id is None:
                 raise UserError(f"{NAME}: add_bos_token=True: this model's tokenizer has no BOS token")
             tok.add_bos = add_bos_token
         self.limit = min(self.engine.config.max_position, self.engine.options.kv_tokens)
-        self.max_length = int(max_length) if max_length is not None else self.limit
-        if not 1 < self.max_length <= self.limit:
-            raise UserError(f"{NAME}: max_length={self.max_length}: must be between 2 and {self.limit} "
-                            "(the model's maximum and kv_tokens)")
+        self.max_length = max_length or self.limit
+        if self.max_length > self.limit:
+            raise UserError(f"{NAME}: max_length={self.max_length}: more than {self.limit} (the model's maximum "
+                            "and kv_tokens)")
         default_prefix = tok.bos_id if tok.bos_id is not None else tok.eos_id
         self.custom_prefix = prefix_token_id is not None
-        self.prefix_token_id = int(prefix_token_id) if self.custom_prefix else default_prefix
-        if not 0 <= self.prefix_token_id < tok.vocab_size:
+        self.prefix_token_id = prefix_token_id if self.custom_prefix else default_prefix
+        if self.prefix_token_id >= tok.vocab_size:
             raise UserError(f"{NAME}: prefix_token_id={self.prefix_token_id}: not a token id of this model "
                             f"(vocabulary of {tok.vocab_size})")
         self.totals: dict[str, dict] = {}  # request type -> summed engine counters

@@ -197,6 +197,8 @@ def test_model_args_checked(tiny_model_dir, caplog):
 
     with pytest.raises(UserError, match="unknown model_args pretrained"):
         EngineLM(pretrained=str(tiny_model_dir))
+    with pytest.raises(UserError, match="token_budget='lots': expected an integer >= 1"):
+        EngineLM(model=str(tiny_model_dir), token_budget="lots")
     with pytest.raises(UserError, match="max_length=100000"):
         EngineLM(model=str(tiny_model_dir), max_length=100000)
     with pytest.raises(UserError, match="prefix_token_id=99999"):
