@@ -6,13 +6,18 @@ there (`cuda` without a GPU, `cuda:3` on a one-GPU machine, `tpu`) is a one-line
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 
 from .errors import UserError
 
+log = logging.getLogger("engine")
 
-def resolve_device(name: str | None) -> str:
-    """The torch device string for a --device value (None or 'auto': cuda when available, else cpu)."""
+
+def resolve_device(name: str | None, cpu_fallback: bool = False) -> str:
+    """The torch device string for a --device value (None or 'auto': cuda when available, else cpu).
+    `cpu_fallback`: a cuda device on a machine without a GPU gives cpu and a warning instead of an error (for
+    callers whose default is cuda, such as lm-evaluation-harness)."""
     import torch
 
     if name is None or name == "auto":
@@ -21,6 +26,9 @@ def resolve_device(name: str | None) -> str:
     if not m or (m.group(1) == "cpu" and m.group(2) is not None):
         raise UserError(f"--device {name!r}: expected cpu, cuda or cuda:N")
     if m.group(1) == "cuda":
+        if not torch.cuda.is_available() and cpu_fallback:
+            log.warning("device %s: no CUDA GPU is available on this machine; running on cpu", name)
+            return "cpu"
         if not torch.cuda.is_available():
             raise UserError(f"--device {name}: no CUDA GPU is available on this machine (use --device cpu)")
         index = int(m.group(2) or 0)

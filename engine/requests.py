@@ -20,6 +20,12 @@ from .errors import UserError
 from .tokenizer import Tokenizer
 
 
+def with_bos(tok: Tokenizer, ids: list[int]) -> list[int]:
+    """The token ids of a text as the model reads it from the start of a sequence: BOS first when the model's
+    tokenizer asks for one."""
+    return [tok.bos_id] + ids if tok.add_bos and tok.bos_id is not None else ids
+
+
 def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[int]]:
     return encode_pairs(tok, [(context, continuation)])[0]
 
@@ -40,8 +46,7 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
         if isinstance(context, str):
             ctx = ids[context]
             cont = ids[context + continuation][len(ctx):]
-            if tok.add_bos and tok.bos_id is not None:
-                ctx = [tok.bos_id] + ctx
+            ctx = with_bos(tok, ctx)
         else:
             ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
         if not cont:
