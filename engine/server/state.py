@@ -1,0 +1,112 @@
+"""What every handler shares: the async engine, the tokenizer, the limits, and the checks a request passes before
+any of its work is queued (model name, token ids inside the vocabulary, lengths under the model's maximum, room
+in the queue)."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from ..errors import UserError
+from ..requests import encode_pairs
+from .protocol import APIError, bad_request
+
+
+class ServerState:
+    def __init__(self, aengine, engine, model_name: str, api_key: str | None = None, max_queue: int | None = None):
+        self.aengine, self.engine = aengine, engine
+        self.tokenizer, self.config = engine.tokenizer, engine.config
+        self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
+        self.max_len = min(engine.config.max_position, engine.options.kv_tokens)
+        self.created = int(time.time())
+        self._token_text: dict[int, str] = {}
+
+    # ---- checks --------------------------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(400, f"model: unknown model {model!r} (this server serves {self.model_name!r})",
+                           param="model", code="model_not_found")
+
+    def check_ids(self, ids: list[int], param: str) -> list[int]:
+        vocab = self.tokenizer.vocab_size
+        if not ids:
+            raise bad_request(param, "empty prompt")
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(param, f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        return ids
+
+    def check_length(self, n_prompt: int, n_new: int, param: str) -> None:
+        if n_prompt + n_new > self.max_len:
+            raise bad_request(param, f"this model's maximum context length is {self.max_len} tokens, but "
+                                     f"{n_prompt + n_new} were requested ({n_prompt} in the prompt, {n_new} to "
+                                     f"generate)")
+
+    def encode_prompt(self, prompt, param: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids: text is encoded (with BOS when the model asks for one), ids are checked."""
+        tok = self.tokenizer
+        if isinstance(prompt, str):
+            if not prompt:
+                raise bad_request(param, "empty prompt")
+            ids = tok.encode(prompt)
+            if add_special_tokens and tok.add_bos and tok.bos_id is not None:
+                ids = [tok.bos_id] + ids
+            return ids
+        return self.check_ids(list(prompt), param)
+
+    def encode_pairs(self, pairs, param: str) -> list[tuple[list[int], list[int]]]:
+        """(context, continuation) requests as token ids, by the engine's own convention, each checked."""
+        try:
+            encoded = encode_pairs(self.tokenizer, pairs)
+        except UserError as e:
+            raise bad_request(param, str(e)) from None
+        for i, (ctx, cont) in enumerate(encoded):
+            self.check_ids(ctx + cont, f"{param}[{i}]")
+            self.check_length(len(ctx) + len(cont), 0, f"{param}[{i}]")
+        return encoded
+
+    def admit(self, n: int, param: str) -> None:
+        """Room for n more engine requests in the queue, else 503 (a call that can never fit is a 400)."""
+        if self.max_queue is None:
+            return
+        if n > self.max_queue:
+            raise bad_request(param, f"{n} requests in one call exceed the server's queue of {self.max_queue}")
+        depth = self.aengine.queue_depth()
+        if depth + n > self.max_queue:
+            raise APIError(503, f"the server is busy ({depth} requests queued, at most {self.max_queue}); "
+                                f"retry later", headers={"Retry-After": "1"})
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    @staticmethod
+    def request_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+async def cancel_on_disconnect(request, coro):
+    """Await `coro`; if the client disconnects first, cancel it (the engine then aborts its requests) and answer
+    499 (nobody reads it; the access log and the metrics do)."""
+    work = asyncio.ensure_future(coro)
+    gone = asyncio.Event()
+
+    async def watch():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+        work.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone.is_set():  # the handler itself is being cancelled (shutdown): take the work with it
+            work.cancel()
+            raise
+        raise APIError(499, "the client disconnected; its requests were cancelled", type="client_closed") from None
+    finally:
+        watcher.cancel()
