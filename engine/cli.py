@@ -50,10 +50,12 @@ def main(argv=None) -> int:
     s.add_argument("--output", required=True)
     add_engine_args(s)
     s.add_argument("--no-share", action="store_true", help="turn prefix sharing off (for comparisons)")
+    from .server.serve import add_serve_parser
+    add_serve_parser(sub)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return cmd_score(args)
+        return args.func(args) if hasattr(args, "func") else cmd_score(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -39,9 +39,13 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16") -> None:
-    """The options that say which model to load and how to run it."""
+def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote: bool = True) -> None:
+    """The options that say which model to load and how to run it (or, with `remote`, which server to use)."""
     g = p.add_argument_group("engine")
+    if remote:
+        g.add_argument("--server", default=None, metavar="URL",
+                       help="use the engine of a running `python -m engine serve` (API key from $ENGINE_API_KEY) "
+                            "instead of loading a model; the other engine options are then the server's")
     g.add_argument("--model", default=None, help="a .gguf file or an HF model dir (default: the embedded SmolLM2)")
     g.add_argument("--dtype", default=dtype, choices=("bfloat16", "float32"), help=f"default: {dtype}")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
@@ -61,12 +65,21 @@ def engine_options(args) -> dict:
 
 
 def engine_from_args(args, **overrides):
-    """The engine the parsed options ask for; `overrides` (e.g. keep_cache=True) win over them."""
+    """The engine the parsed options ask for; `overrides` (e.g. keep_cache=True) win over them. With --server, a
+    client of that server (engine/client.py), with the same score/generate interface."""
+    if getattr(args, "server", None):
+        import os
+
+        from .client import Client
+
+        return Client(args.server, api_key=os.environ.get("ENGINE_API_KEY"))
     from .engine import Engine
 
     return Engine.load(args.model, **{**engine_options(args), **overrides})
 
 
 def model_label(args) -> str:
-    """How a run records its model: path (or 'default') and dtype."""
+    """How a run records its model: path (or 'default') and dtype, or the server's URL."""
+    if getattr(args, "server", None):
+        return f"server {args.server}"
     return f"{args.model or 'default'} {args.dtype}"

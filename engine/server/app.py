@@ -101,7 +101,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": state.model_name, "queue_depth": aengine.queue_depth()}
+        return {"status": "ok", "model": state.model_name, "in_flight": state.in_flight,
+                "queue_depth": aengine.queue_depth()}
 
     @app.get("/metrics")
     async def prometheus():
@@ -139,28 +140,35 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def validation_error(errors) -> APIError:
-    """The first pydantic error as a 400 naming its field (`messages[0].role`), union member tags left out."""
+    """The first pydantic error as a 400 naming its field (`messages[0].role`); when every member of a union
+    failed, the accepted types."""
     err = errors[0]
-    loc = [p for p in err.get("loc", ()) if p != "body"]
     if err.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON")
+    path, tag = _field_path(err.get("loc", ()))
+    if not path:
+        return APIError(400, "the request body must be a JSON object" if err.get("type") in (
+            "missing", "model_attributes_type", "dict_type") else err.get("msg", "").removeprefix("Value error, "))
+    message = "this field is required" if err.get("type") == "missing" else \
+        err.get("msg", "invalid value").removeprefix("Value error, ")
+    located = [_field_path(e.get("loc", ())) for e in errors]
+    if len(errors) > 1 and all(p == path and t is not None for p, t in located):
+        message = f"not one of the accepted types ({', '.join(dict.fromkeys(t for _, t in located))})"
+    return APIError(400, f"{path}: {message}", param=path)
+
+
+def _field_path(loc) -> tuple[str, str | None]:
+    """('body', 'messages', 0, 'content', 'str') -> ('messages[0].content', 'str'): the field, and the union
+    member pydantic tried (None when the error is not inside a union)."""
     path = ""
-    for part in loc:
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(part, int):
             path += f"[{part}]"
         elif _is_field(part):
             path += ("." if path else "") + part
-    message = err.get("msg", "invalid value").removeprefix("Value error, ")
-    if err.get("type") == "missing":
-        message = "this field is required"
-    if not path:
-        return APIError(400, "the request body must be a JSON object" if err.get("type") in (
-            "missing", "model_attributes_type", "dict_type") else message)
-    tags = [e["loc"][2] for e in errors if len(e.get("loc", ())) > 2 and e["loc"][:2] == err["loc"][:2]
-            and isinstance(e["loc"][2], str) and not _is_field(e["loc"][2])]
-    if len(tags) == len(errors) > 1:  # every member of a union failed: name the accepted types
-        message = f"not one of the accepted types ({', '.join(dict.fromkeys(tags))})"
-    return APIError(400, f"{path}: {message}", param=path)
+        else:
+            return path, part
+    return path, None
 
 
 # pydantic writes the union member it tried into an error's location; they are not fields

@@ -92,11 +92,15 @@ async def completions(state: ServerState, req: CompletionRequest):
         if max_tokens == 0:
             raise bad_request("max_tokens", "a stream needs max_tokens >= 1")
     top_k = None if req.logprobs is None else max(req.logprobs, 1)  # the argmax is always among the alternatives
-    state.admit(len(prompts) * (req.n * (max_tokens > 0) * (2 if top_k else 1) + (1 if req.echo else 0)), "prompt")
+    ticket = state.admit(len(prompts) * (req.n * (max_tokens > 0) * (2 if top_k else 1) + (1 if req.echo else 0)),
+                         "prompt")
     rid, created = state.request_id("cmpl"), int(time.time())
     if req.stream:
-        return _stream(state, prompts, req, max_tokens, rid, created, chat=False)
-    echoes, generations, gen_scored = await _run(state, prompts, req, max_tokens, req.echo, top_k)
+        return _stream(state, ticket, prompts, req, max_tokens, rid, created, chat=False)
+    try:
+        echoes, generations, gen_scored = await _run(state, prompts, req, max_tokens, req.echo, top_k)
+    finally:
+        ticket.release()
     choices = []
     for i, ids in enumerate(prompts):
         echo_text = state.tokenizer.decode(ids) if req.echo else ""
@@ -146,11 +150,14 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     top_k = max(req.top_logprobs or 0, 1) if req.logprobs else None
     if req.stream and top_k:
         raise bad_request("stream", "streaming with `logprobs` is not supported; ask without stream")
-    state.admit(req.n * (2 if top_k else 1), "messages")
+    ticket = state.admit(req.n * (2 if top_k else 1), "messages")
     rid, created = state.request_id("chatcmpl"), int(time.time())
     if req.stream:
-        return _stream(state, [ids], req, max_tokens, rid, created, chat=True)
-    _, generations, gen_scored = await _run(state, [ids], req, max_tokens, False, top_k)
+        return _stream(state, ticket, [ids], req, max_tokens, rid, created, chat=True)
+    try:
+        _, generations, gen_scored = await _run(state, [ids], req, max_tokens, False, top_k)
+    finally:
+        ticket.release()
     choices = []
     for j, gen in enumerate(generations):
         choice = {"index": j, "message": {"role": "assistant", "content": gen.text},
@@ -168,7 +175,7 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest):
 
 # ---- streaming (server-sent events) ---------------------------------------------------------------------------
 
-async def _stream(state: ServerState, prompts, req, max_tokens: int, rid: str, created: int, chat: bool):
+def _stream(state: ServerState, ticket, prompts, req, max_tokens: int, rid: str, created: int, chat: bool):
     """An async iterator of SSE lines: every choice's tokens as they come, each choice closed by its finish
     reason, then `data: [DONE]`. Closing the iterator (the client went away) cancels every stream."""
     n, queue = req.n, asyncio.Queue()
@@ -214,5 +221,6 @@ async def _stream(state: ServerState, prompts, req, max_tokens: int, rid: str, c
         finally:
             for t in tasks:
                 t.cancel()
+            ticket.release()
 
     return events()

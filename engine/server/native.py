@@ -27,16 +27,22 @@ async def score(state: ServerState, req: ScoreRequest) -> dict:
     else:
         param, encoded = "items", state.encode_pairs([(req.query, item) for item in req.items], "items")
     if req.label_token_ids is None:
-        state.admit(len(encoded), param)
-        results = await state.aengine.score(encoded, top_k=req.top_logprobs)
+        ticket = state.admit(len(encoded), param)
+        try:
+            results = await state.aengine.score(encoded, top_k=req.top_logprobs)
+        finally:
+            ticket.release()
         data = [_score_item(i, r, req.top_logprobs) for i, r in enumerate(results)]
         usage = sum(len(c) + len(x) for c, x in encoded)
         return {"object": "list", "model": state.model_name, "data": data,
                 "usage": {"prompt_tokens": usage, "total_tokens": usage}}
     labels = state.check_ids(list(req.label_token_ids), "label_token_ids")
-    state.admit(len(encoded) * len(labels), "label_token_ids")
+    ticket = state.admit(len(encoded) * len(labels), "label_token_ids")
     prefixes = [ctx + cont for ctx, cont in encoded]  # query + item: the labels' common context
-    results = await state.aengine.score([(p, [t]) for p in prefixes for t in labels])
+    try:
+        results = await state.aengine.score([(p, [t]) for p in prefixes for t in labels])
+    finally:
+        ticket.release()
     data, scores = [], []
     for i in range(len(prefixes)):
         lps = [r.logprob for r in results[i * len(labels):(i + 1) * len(labels)]]
@@ -57,10 +63,13 @@ async def generate(state: ServerState, req: GenerateRequest) -> dict:
     prompts = [state.encode_prompt(p, f"prompts[{i}]") for i, p in enumerate(req.prompts)]
     for i, ids in enumerate(prompts):
         state.check_length(len(ids), 1, f"prompts[{i}]")
-    state.admit(len(prompts), "prompts")
-    gens = await asyncio.gather(*(state.aengine.generate(
-        ids, max_tokens=req.max_tokens, temperature=float(req.temperature), top_p=float(req.top_p),
-        seed=None if req.seed is None else req.seed + i, stop=req.stop or []) for i, ids in enumerate(prompts)))
+    ticket = state.admit(len(prompts), "prompts")
+    try:
+        gens = await asyncio.gather(*(state.aengine.generate(
+            ids, max_tokens=req.max_tokens, temperature=float(req.temperature), top_p=float(req.top_p),
+            seed=None if req.seed is None else req.seed + i, stop=req.stop or []) for i, ids in enumerate(prompts)))
+    finally:
+        ticket.release()
     return {"object": "list", "model": state.model_name,
             "data": [{"index": i, "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
                       "token_logprobs": g.token_logprobs} for i, g in enumerate(gens)],

@@ -63,6 +63,8 @@ class CompletionRequest(SamplingFields):
     def prompts(self) -> list:
         """The prompts, each a string or a token-id list."""
         p = self.prompt
+        if not p:
+            raise bad_request("prompt", "empty prompt")
         if isinstance(p, str) or (p and isinstance(p[0], int)):
             return [p]
         return list(p)

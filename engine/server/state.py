@@ -19,6 +19,7 @@ class ServerState:
         self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
         self.max_len = min(engine.config.max_position, engine.options.kv_tokens)
         self.created = int(time.time())
+        self.in_flight = 0  # engine requests admitted and not yet answered (the event loop's thread only)
         self._token_text: dict[int, str] = {}
 
     # ---- checks --------------------------------------------------------------------------------------------
@@ -65,16 +66,17 @@ class ServerState:
             self.check_length(len(ctx) + len(cont), 0, f"{param}[{i}]")
         return encoded
 
-    def admit(self, n: int, param: str) -> None:
-        """Room for n more engine requests in the queue, else 503 (a call that can never fit is a 400)."""
-        if self.max_queue is None:
-            return
-        if n > self.max_queue:
-            raise bad_request(param, f"{n} requests in one call exceed the server's queue of {self.max_queue}")
-        depth = self.aengine.queue_depth()
-        if depth + n > self.max_queue:
-            raise APIError(503, f"the server is busy ({depth} requests queued, at most {self.max_queue}); "
-                                f"retry later", headers={"Retry-After": "1"})
+    def admit(self, n: int, param: str) -> "Ticket":
+        """Room for n more engine requests in flight (queued or running), else 503 + Retry-After; a call that can
+        never fit is a 400. The ticket holds the room until released."""
+        if self.max_queue is not None:
+            if n > self.max_queue:
+                raise bad_request(param, f"{n} requests in one call exceed the server's limit of {self.max_queue}")
+            if self.in_flight + n > self.max_queue:
+                raise APIError(503, f"the server is busy ({self.in_flight} requests in flight, at most "
+                                    f"{self.max_queue}); retry later", headers={"Retry-After": "1"})
+        self.in_flight += n
+        return Ticket(self, n)
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -86,6 +88,17 @@ class ServerState:
     @staticmethod
     def request_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class Ticket:
+    """Room for n engine requests, held from admission until the answer is sent (release is idempotent)."""
+
+    def __init__(self, state: ServerState, n: int):
+        self.state, self.n = state, n
+
+    def release(self) -> None:
+        self.state.in_flight -= self.n
+        self.n = 0
 
 
 async def cancel_on_disconnect(request, coro):
