@@ -17,6 +17,7 @@ from .config import ModelConfig
 from .errors import UserError
 from .tokenizer import Tokenizer
 
+COUNTERS = ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "forward_steps")
 RETRIES_WHEN_BUSY = 60  # a 503 (queue full) is retried after its Retry-After, this many times at most
 
 
@@ -69,6 +70,16 @@ class Client:
                 bar.update(len(out[k]))
         return [r for part in out for r in part]
 
+    def _engine_stats(self) -> dict:
+        return self._call("GET", "/health")["engine"]
+
+    def _job_stats(self, before: dict) -> None:
+        """last_stats: the server engine's counters over the job (other clients' work in that time included);
+        peak_kv_pages is the server's peak since it started."""
+        after = self._engine_stats()
+        self.last_stats = {k: after[k] - before.get(k, 0) for k in COUNTERS if k in after}
+        self.last_stats["peak_kv_pages"] = after.get("peak_kv_pages", after.get("kv_pages_used"))
+
     # ---- the engine's interface ----------------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False):
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
@@ -82,14 +93,15 @@ class Client:
             data = self._call("POST", "/v1/score", {"model": self.model_name, "pairs": part})["data"]
             return [ScoreResult(d["logprob"], d["token_logprobs"], d["num_tokens"], d["is_greedy"]) for d in data]
 
+        before = self._engine_stats()
         results = self._chunked(pairs, send, "scoring", progress) if pairs else []
-        self.last_stats = dict(requests=len(results), tokens_scored=sum(r.num_tokens for r in results))
+        self._job_stats(before)
         return results
 
     def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop: list[str] | None = None, progress: bool = False):
         """As Engine.generate (prompt i samples with seed + i)."""
-        from .generation import Generation
+        from .engine import Generation
 
         def send(offset, part):
             body = {"model": self.model_name, "prompts": part, "max_tokens": max_tokens,
@@ -98,5 +110,8 @@ class Client:
             return [Generation(d["text"], d["token_ids"], d["finish_reason"], d["token_logprobs"])
                     for d in self._call("POST", "/v1/generate", body)["data"]]
 
-        return self._chunked([p if isinstance(p, str) else list(p) for p in prompts], send, "generating",
-                             progress) if prompts else []
+        before = self._engine_stats()
+        results = self._chunked([p if isinstance(p, str) else list(p) for p in prompts], send, "generating",
+                                progress) if prompts else []
+        self._job_stats(before)
+        return results

@@ -120,7 +120,7 @@ BAD = [
     ("/v1/completions", {"prompt": ["a", 3]}, "prompt", "not one of the accepted types"),
     ("/v1/completions", {"prompt": ""}, "prompt", "empty prompt"),
     ("/v1/completions", {"prompt": []}, "prompt", "empty prompt"),
-    ("/v1/completions", {"prompt": [1, 100000]}, "prompt", "outside the vocabulary"),
+    ("/v1/completions", {"prompt": [1, 100000]}, "prompt", "outside the model's vocabulary"),
     ("/v1/completions", {}, "prompt", "required"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, "model", "unknown model"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs", "less than or equal to 20"),
@@ -142,14 +142,14 @@ BAD = [
     ("/v1/score", {"pairs": [["a", ""]]}, "pairs", "empty continuation"),
     ("/v1/score", {"pairs": [["a", [1, 2]]]}, "pairs", "both be text or both be token ids"),
     ("/v1/score", {"pairs": [["a", "b", "c"]]}, "pairs[0]", "at most 2 items"),
-    ("/v1/score", {"pairs": [[[1, 2], [100000]]]}, "pairs[0]", "outside the vocabulary"),
+    ("/v1/score", {"pairs": [[[1, 2], [100000]]]}, "pairs[0]", "outside the model's vocabulary"),
     ("/v1/score", {"query": "a"}, None, "give `query` with `items`"),
     ("/v1/score", {"query": "a", "items": []}, "items", "at least 1"),
-    ("/v1/score", {"query": "a", "items": ["b"], "label_token_ids": [100000]}, "label_token_ids", "vocabulary"),
+    ("/v1/score", {"query": "a", "items": [" b"], "label_token_ids": [100000]}, "label_token_ids", "outside the model's vocabulary"),
     ("/v1/score", {"pairs": [["a " * 600, "b"]]}, "pairs[0]", "maximum context length"),
     ("/v1/generate", {"prompts": ["a"], "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ("/tokenize", {"prompt": 3}, "prompt", "valid string"),
-    ("/detokenize", {"tokens": [-1]}, "tokens", "outside the vocabulary"),
+    ("/detokenize", {"tokens": [-1]}, "tokens", "outside the model's vocabulary"),
 ]
 
 

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..async_engine import AsyncEngine, QueueFull
 from ..errors import UserError
 from . import completions as openai_api
 from . import native
@@ -32,8 +33,6 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     """A FastAPI app serving `engine` (an Engine or an AsyncEngine). `max_queue` bounds the engine requests
     waiting for admission (more gives 503 + Retry-After); `api_key` makes every /v1 and tokenizer route ask for
     `Authorization: Bearer <key>`."""
-    from ..async_engine import AsyncEngine
-
     owned = not isinstance(engine, AsyncEngine)
     aengine = AsyncEngine(engine, max_queue=max_queue) if owned else engine
     state = ServerState(aengine, aengine.engine, model_name or "default", api_key=api_key, max_queue=max_queue)
@@ -101,8 +100,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": state.model_name, "in_flight": state.in_flight,
-                "queue_depth": aengine.queue_depth()}
+        stats = {k: v for k, v in aengine.stats().items() if k != "step_seconds"}
+        return {"status": "ok", "model": state.model_name, "in_flight": state.in_flight, "engine": stats}
 
     @app.get("/metrics")
     async def prometheus():
@@ -124,6 +123,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(request, e: QueueFull):
+        return JSONResponse(APIError(503, f"the server is busy ({e}); retry later").body(), status_code=503,
+                            headers={"Retry-After": "1"})
 
     @app.exception_handler(UserError)
     async def user_error(request, e: UserError):

@@ -23,7 +23,7 @@ def _gen_params(req, max_tokens: int, seed_offset: int) -> dict:
                 seed=None if req.seed is None else req.seed + seed_offset, stop=req.stop_list())
 
 
-def _top(state: ServerState, pairs, token: int, logprob: float) -> dict:
+def _top_dict(state: ServerState, pairs, token: int, logprob: float) -> dict:
     """{token text: logprob}, best first, with the scored token itself (texts that collide keep the best)."""
     top = {}
     for t, lp in list(pairs) + [(token, logprob)]:
@@ -32,18 +32,18 @@ def _top(state: ServerState, pairs, token: int, logprob: float) -> dict:
 
 
 class Scored:
-    """Log-probs of a stretch of tokens: values (None where unknown) and per token its top-k dict."""
+    """Log-probs of a stretch of tokens: per token its log-prob and its top-k (token id, log-prob) pairs, best
+    first (None for a position without one: the first prompt token)."""
 
-    def __init__(self, tokens, logprobs, tops):
-        self.tokens, self.logprobs, self.tops = tokens, logprobs, tops
-
-    @classmethod
-    def of(cls, state, tokens, result, first_null: bool = False):
-        lps = list(result.token_logprobs) if result else []
-        tops = [_top(state, t, tok, lp) for t, tok, lp in zip(result.top_logprobs, tokens[first_null:], lps)] \
-            if result else []
+    def __init__(self, tokens, result, first_null: bool = False):
         pad = [None] * first_null
-        return cls(tokens, pad + lps, pad + tops)
+        self.tokens = tokens
+        self.logprobs = pad + (list(result.token_logprobs) if result else [])
+        self.tops = pad + (list(result.top_logprobs) if result else [])
+
+    def top_dicts(self, state) -> list:
+        return [None if top is None else _top_dict(state, top, t, lp)
+                for t, lp, top in zip(self.tokens, self.logprobs, self.tops)]
 
 
 async def _score_all(state: ServerState, pairs, top_k: int):
@@ -58,18 +58,18 @@ async def _run(state: ServerState, prompts, req, max_tokens: int, echo: bool, to
             for i, ids in enumerate(prompts) for j in range(n)] if max_tokens > 0 else []
     echo_results, *generations = await asyncio.gather(_score_all(state, echo_pairs, top_k), *gens)
     echo_results = iter(echo_results)
-    echoes = [(Scored.of(state, ids, next(echo_results) if len(ids) > 1 else None, first_null=True)
+    echoes = [(Scored(ids, next(echo_results) if len(ids) > 1 else None, first_null=True)
                if echo and top_k else None) for ids in prompts]
     gen_scored = [None] * len(generations)
     if top_k and generations:
         which = [k for k, g in enumerate(generations) if g.token_ids]
         results = await _score_all(state, [(prompts[k // n], generations[k].token_ids) for k in which], top_k)
         for k, res in zip(which, results):
-            gen_scored[k] = Scored.of(state, generations[k].token_ids, res)
+            gen_scored[k] = Scored(generations[k].token_ids, res)
     return echoes, generations, gen_scored
 
 
-def _completion_logprobs(state, echo_text: str, echo: Scored | None, gen, gen_scored: Scored | None) -> dict:
+def _completion_logprobs(state, echo: Scored | None, gen_scored: Scored | None) -> dict:
     parts = ([echo] if echo else []) + ([gen_scored] if gen_scored else [])
     tokens = [state.token_text(t) for p in parts for t in p.tokens]
     offsets, at = [], 0
@@ -77,7 +77,7 @@ def _completion_logprobs(state, echo_text: str, echo: Scored | None, gen, gen_sc
         offsets.append(at)
         at += len(text)
     return {"tokens": tokens, "token_logprobs": [v for p in parts for v in p.logprobs],
-            "top_logprobs": [t for p in parts for t in p.tops], "text_offset": offsets}
+            "top_logprobs": [t for p in parts for t in p.top_dicts(state)], "text_offset": offsets}
 
 
 async def completions(state: ServerState, req: CompletionRequest):
@@ -110,8 +110,7 @@ async def completions(state: ServerState, req: CompletionRequest):
             choice = {"index": k, "text": echo_text + (gen.text if gen else ""),
                       "logprobs": None, "finish_reason": FINISH[gen.finish_reason] if gen else "length"}
             if top_k:
-                choice["logprobs"] = _completion_logprobs(state, echo_text, echoes[i], gen,
-                                                          gen_scored[k] if gen else None)
+                choice["logprobs"] = _completion_logprobs(state, echoes[i], gen_scored[k] if gen else None)
             choices.append(choice)
     completion_tokens = sum(len(g.token_ids) for g in generations)
     prompt_tokens = sum(len(ids) for ids in prompts)
@@ -131,14 +130,14 @@ def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     return state.encode_prompt(text, "messages", add_special_tokens=False)  # the template writes BOS itself
 
 
-def _chat_logprobs(state, scored: Scored | None) -> dict | None:
-    if scored is None:
-        return {"content": []}
-
-    def entry(text, lp):
+def _chat_logprobs(state, scored: Scored | None, top_logprobs: int) -> dict:
+    def entry(token_id, lp):
+        text = state.token_text(token_id)
         return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [{**entry(state.token_text(t), lp), "top_logprobs": [entry(k, v) for k, v in top.items()]}
+    if scored is None:
+        return {"content": []}
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top[:top_logprobs]]}
                         for t, lp, top in zip(scored.tokens, scored.logprobs, scored.tops)]}
 
 
@@ -161,11 +160,8 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     choices = []
     for j, gen in enumerate(generations):
         choice = {"index": j, "message": {"role": "assistant", "content": gen.text},
-                  "logprobs": _chat_logprobs(state, gen_scored[j]) if top_k else None,
+                  "logprobs": _chat_logprobs(state, gen_scored[j], req.top_logprobs or 0) if top_k else None,
                   "finish_reason": FINISH[gen.finish_reason]}
-        if top_k and req.top_logprobs is not None:  # exactly top_logprobs alternatives per token, as asked
-            for item in choice["logprobs"]["content"]:
-                item["top_logprobs"] = item["top_logprobs"][:req.top_logprobs]
         choices.append(choice)
     completion_tokens = sum(len(g.token_ids) for g in generations)
     return {"id": rid, "object": "chat.completion", "created": created, "model": state.model_name,

@@ -8,7 +8,7 @@ import time
 import uuid
 
 from ..errors import UserError
-from ..requests import encode_pairs
+from ..requests import check_token_ids, encode_pairs
 from .protocol import APIError, bad_request
 
 
@@ -17,7 +17,7 @@ class ServerState:
         self.aengine, self.engine = aengine, engine
         self.tokenizer, self.config = engine.tokenizer, engine.config
         self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
-        self.max_len = min(engine.config.max_position, engine.options.kv_tokens)
+        self.max_len = engine._limit()  # tokens a sequence may hold: the model's maximum or the KV cache
         self.created = int(time.time())
         self.in_flight = 0  # engine requests admitted and not yet answered (the event loop's thread only)
         self._token_text: dict[int, str] = {}
@@ -29,12 +29,12 @@ class ServerState:
                            param="model", code="model_not_found")
 
     def check_ids(self, ids: list[int], param: str) -> list[int]:
-        vocab = self.tokenizer.vocab_size
         if not ids:
             raise bad_request(param, "empty prompt")
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request(param, f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        try:
+            check_token_ids(ids, self.config.vocab_size, param)
+        except UserError as e:
+            raise APIError(400, str(e), param=param) from None
         return ids
 
     def check_length(self, n_prompt: int, n_new: int, param: str) -> None:
@@ -44,16 +44,15 @@ class ServerState:
                                      f"generate)")
 
     def encode_prompt(self, prompt, param: str, add_special_tokens: bool = True) -> list[int]:
-        """A prompt's token ids: text is encoded (with BOS when the model asks for one), ids are checked."""
-        tok = self.tokenizer
-        if isinstance(prompt, str):
-            if not prompt:
-                raise bad_request(param, "empty prompt")
-            ids = tok.encode(prompt)
-            if add_special_tokens and tok.add_bos and tok.bos_id is not None:
-                ids = [tok.bos_id] + ids
-            return ids
-        return self.check_ids(list(prompt), param)
+        """A prompt's token ids as the engine takes them (text: with BOS when the model asks for one, unless
+        add_special_tokens is off, as for a chat template that writes its own); ids are checked."""
+        if isinstance(prompt, str) and not prompt:
+            raise bad_request(param, "empty prompt")
+        if isinstance(prompt, str) and not add_special_tokens:
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, str):
+            return self.check_ids(list(prompt), param)
+        return self.engine._encode_prompt(prompt, param)
 
     def encode_pairs(self, pairs, param: str) -> list[tuple[list[int], list[int]]]:
         """(context, continuation) requests as token ids, by the engine's own convention, each checked."""
