@@ -147,8 +147,8 @@ def paged_prefill_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block
                                                         prefix_lens, page_size, scale)
 
 
-def target_logprobs(hidden, weight, targets):
-    return resolve("target_logprobs", hidden.device)(hidden, weight, targets)
+def target_logprobs(hidden, weight, targets, top_k=0):
+    return resolve("target_logprobs", hidden.device)(hidden, weight, targets, top_k)
 
 
 def dequantize(raw, qtype, dtype=torch.float32):

@@ -48,7 +48,7 @@ def _target_logprob_kernel(h_ptr, w_ptr, t_ptr, m_ptr, l_ptr, tgt_ptr, N, V, Dm,
     tl.store(tgt_ptr + out, tgt, mask=m_mask)
 
 
-def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
                            splits: int | None = None):
     """splits: vocabulary slices run in parallel (default: enough programs to fill a GPU, 1 elsewhere)."""
     N, Dm = hidden.shape
