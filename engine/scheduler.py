@@ -50,7 +50,8 @@ class Scheduler:
         self.root = Node([], None, 0)
         self.stack: list[Node] = []  # pending nodes, depth-first
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
-        self.ready: list[tuple[Node, int, ScoreRequest, int, int]] = []  # rows whose hidden states are cached
+        # rows whose hidden states are cached, by slot (a later insert may split their node; slots stay valid)
+        self.ready: list[tuple[int, ScoreRequest, int, int]] = []
         self.active: list[Request] = []  # requests not yet done
         self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
         self.stats = new_stats()
@@ -80,7 +81,7 @@ class Scheduler:
             for p in range(max(first, node.start), node.start + len(node)):
                 row = (p - node.start, req, p - first, full[p + 1])
                 if row[0] < node.done:
-                    self.ready.append((node, *row))
+                    self.ready.append((node.slot(row[0]), *row[1:]))
                 else:
                     node.rows.append(row)
             if node.start <= first:
@@ -119,9 +120,9 @@ class Scheduler:
         plan, budget = StepPlan(), self.budget
         protected: set[int] = set()  # nodes this step reads or writes: never freed while it is planned
         planned: set[int] = set()  # nodes with a chunk in this step
-        for node, off, req, j, target in self.ready:
-            plan.score_rows.append((node.slot(off), req, j, target))
-            protected.add(id(node))
+        for slot, req, j, target in self.ready:
+            plan.score_rows.append((slot, req, j, target))
+            protected.update(id(x) for x in (req.leaf, *req.leaf.ancestors()))  # the nodes holding those slots
         self.ready = []
         blocked = None
         for req in self.decoding:
@@ -262,7 +263,7 @@ class Scheduler:
         if req.leaf is not None:
             for node in (req.leaf, *req.leaf.ancestors()):
                 node.rows = [r for r in node.rows if r[1] is not req]
-            self.ready = [r for r in self.ready if r[2] is not req]
+            self.ready = [r for r in self.ready if r[1] is not req]
         self._detach(req)
         req._finish(status, error)
         self.finished.append(req)

@@ -87,6 +87,20 @@ def test_echo_logprobs_equal_in_process_and_one_generated_token(server, referenc
     assert lp["top_logprobs"][-1][lp["tokens"][-1]] == max(lp["top_logprobs"][-1].values())  # greedy token
 
 
+def test_echo_of_cached_prompts_sharing_a_prefix(server, reference):
+    """lm-eval's pattern on a warm cache: a prompt generated from (so cached), then echoes of it and of a prompt
+    sharing its first tokens, in one call (the second insert splits the cached node the first one reads)."""
+    tok = reference.tokenizer
+    a, b = tok.encode("Once upon a time there was a cat"), tok.encode("Once upon a time in the west")
+    assert server.post("/v1/completions", json={"prompt": a, "max_tokens": 1, "temperature": 0}).status_code == 200
+    r = server.post("/v1/completions", json={"prompt": [a, b], "echo": True, "logprobs": 1, "max_tokens": 1,
+                                             "temperature": 0})
+    assert r.status_code == 200, r.text
+    for ids, choice in zip((a, b), r.json()["choices"]):
+        want = reference.score([(ids[:1], ids[1:])])[0].token_logprobs
+        assert choice["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(want, abs=TOL)
+
+
 def test_generate_endpoint_equals_in_process(server, reference):
     prompts = ["Once upon a time", "The cat"]
     got = server.post("/v1/generate", json={"prompts": prompts, "max_tokens": 8, "temperature": 0.8, "seed": 3})
