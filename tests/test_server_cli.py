@@ -126,3 +126,28 @@ def test_icqs_score_with_server_equals_in_process(server_url, tiny_model_dir, tm
                     assert b[k] == pytest.approx(a[k], abs=1e-4), (name, k)
                 else:
                     assert b[k] == a[k], (name, k)
+
+
+def test_icqs_judge_with_server_equals_in_process(tmp_path_factory, tmp_path):
+    """The judge scores and generates through the client, and counts prompt tokens with its tokenizer."""
+    from tiny_models import make_tiny_model
+
+    model = make_tiny_model(tmp_path_factory.mktemp("judge") / "llama", max_position_embeddings=4096)
+    items = [{"id": f"q{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(3)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
+    runs = {}
+    engine = Engine.load(str(model), dtype="float32", keep_cache=True)
+    with live_server(create_app(engine, model_name="judge")) as url:
+        for name, where in (("local", ["--model", str(model), "--dtype", "float32"]), ("remote", ["--server", url])):
+            run = tmp_path / name
+            run.mkdir()
+            (run / "demos.jsonl").write_text("".join(json.dumps({"id": it["id"], "rating": n + 5, "reason": "ok"})
+                                                     + "\n" for n, it in enumerate(items)))
+            assert icqs_main(["judge", str(tmp_path / "in.jsonl"), "--out", str(run), *where, "--shots", "0,1",
+                              "--runs", "2", "--generate", "--max-tokens", "3", "--batch", "2", "--quiet"]) == 0
+            runs[name] = sorted((json.loads(x) for x in open(run / "grades.jsonl")),
+                                key=lambda r: (r["id"], r["k"], r["run"]))
+    assert len(runs["local"]) == len(runs["remote"]) == 12
+    for a, b in zip(runs["local"], runs["remote"]):
+        assert (a["id"], a["k"], a["run"]) == (b["id"], b["k"], b["run"]) and a.get("parsed") == b.get("parsed")
+        assert b["probs"] == pytest.approx(a["probs"], abs=1e-5)

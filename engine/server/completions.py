@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 
+from ..errors import UserError
 from .protocol import ChatCompletionRequest, CompletionRequest, bad_request
 from .state import ServerState
 
@@ -120,8 +121,6 @@ async def completions(state: ServerState, req: CompletionRequest):
 
 
 def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    from ..errors import UserError
-
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     try:
         text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
