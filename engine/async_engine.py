@@ -57,7 +57,7 @@ class AsyncEngine:
                 except BaseException as e:  # an engine bug: fail every request in flight rather than hang them
                     log.exception("engine step failed")
                     self._error = e
-                    for req in list(self.engine.scheduler.active):
+                    for req in list(self.engine.scheduler.active.values()):
                         self.engine.scheduler.drop(req, Status.FAILED, UserError(f"{req.label}: engine failure: {e}"))
                     self.engine.scheduler.finished.clear()
             elif self._stopping:
@@ -181,18 +181,12 @@ class AsyncEngine:
 
     def queue_depth(self) -> int:
         """Requests submitted and not yet started (waiting for pages or for their turn)."""
-        waiting = sum(1 for r in list(self.engine.scheduler.active) if r.status is Status.WAITING)
-        return waiting + self._inbox.qsize()
+        return self.engine.count(Status.WAITING) + self._inbox.qsize()
 
     def stats(self) -> dict:
         s = self.engine.stats
-        while True:
-            try:
-                steps = list(self.engine.step_seconds)  # the worker may append meanwhile: copy again
-                break
-            except RuntimeError:
-                continue
-        s.update(queue_depth=self.queue_depth(), in_flight=self._in_flight, step_seconds=steps)
+        s.update(queue_depth=self.queue_depth(), in_flight=self._in_flight,
+                 step_seconds=_copy(lambda: list(self.engine.step_seconds)))
         return s
 
     async def shutdown(self):
@@ -202,6 +196,15 @@ class AsyncEngine:
 
 
 _STOP, _DONE = object(), object()
+
+
+def _copy(read):
+    """read() of a container the worker thread may change meanwhile: try again until a copy succeeds."""
+    while True:
+        try:
+            return read()
+        except RuntimeError:
+            continue
 
 
 def _set_result(fut, value):

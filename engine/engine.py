@@ -65,12 +65,18 @@ class EngineOptions:
 
 
 def default_threads() -> int:
-    """CPU threads for torch when the caller names none: the cores not already kept busy by other processes
-    (1-minute load average), at least 1. OpenMP workers that spin on cores other jobs hold ran 2.5-4x slower
-    than one thread here, while on a quiet machine every core helps (benchmarks/RESULTS.md, threads)."""
+    """CPU threads for torch when the caller names none: the cores that other processes are not keeping busy, at
+    least 1. Busy = the larger of the 1-minute load average and the processes runnable right now (other than
+    this one). OpenMP workers that spin on cores other jobs hold ran 2.5-4x slower than one thread here, while on
+    a quiet machine every core helps (benchmarks/RESULTS.md, threads)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    idle = cores - os.getloadavg()[0] if hasattr(os, "getloadavg") else cores
-    return max(1, min(cores, int(idle + 0.5)))
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    try:
+        with open("/proc/loadavg") as f:
+            busy = max(busy, int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(1, min(cores, int(cores - busy + 0.5)))
 
 
 class Engine:
@@ -109,7 +115,15 @@ class Engine:
     def stats(self) -> dict:
         """Counters since the engine was made (requests, tokens computed, cache hits, steps, ...)."""
         return dict(self.scheduler.stats, kv_pages_used=self.kv.used_pages, kv_pages_total=self.kv.num_pages,
-                    running=len(self.scheduler.active))
+                    running=self.count(Status.RUNNING), waiting=self.count(Status.WAITING))
+
+    def count(self, status: Status) -> int:
+        """Requests in flight with this status (safe to call from another thread)."""
+        while True:
+            try:
+                return sum(1 for r in list(self.scheduler.active.values()) if r.status is status)
+            except RuntimeError:  # the loop's thread changed the dict meanwhile
+                continue
 
     # ---- the loop ------------------------------------------------------------------------------------------
     def add_score(self, context, continuation, top_k: int = 0, share_prefix: bool = True,
@@ -171,14 +185,16 @@ class Engine:
             self.kv.hidden[batch.write_slots] = self.model.forward(batch, self.kv)
         score_out = sample_out = None
         if plan.score_rows:
-            slots = torch.tensor([r[0] for r in plan.score_rows], device=self.device)
+            cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
+            slots = torch.tensor([r[0] for r in plan.score_rows[cached:]], dtype=torch.long, device=self.device)
+            hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
             targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
             top_k = max(r[1].top_k for r in plan.score_rows)
-            out = kernels.target_logprobs(self.kv.hidden[slots], self.model.lm_head, targets, top_k=top_k)
+            out = kernels.target_logprobs(hidden, self.model.lm_head, targets, top_k=top_k)
             if top_k:
                 lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
             else:
-                (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(slots), [None] * len(slots)
+                (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(targets), [None] * len(targets)
             score_out = (lp, greedy, top_ids, top_lps)
         if plan.sample_rows:
             reqs = [r for _, r in plan.sample_rows]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from .errors import UserError
 from .kv_cache import KVCache
 from .prefix_tree import Kind, Node, insert, walk
@@ -28,6 +30,7 @@ class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)  # tokens to compute: (node, a, b)
     score_rows: list[tuple[int, ScoreRequest, int, int]] = field(default_factory=list)  # (slot, request, index, target)
     sample_rows: list[tuple[int, GenerateRequest]] = field(default_factory=list)  # (slot of the last token, request)
+    cached_hidden: torch.Tensor | None = None  # hidden states of the first score rows (cached tokens), read early
 
     @property
     def tokens(self) -> int:
@@ -50,9 +53,8 @@ class Scheduler:
         self.root = Node([], None, 0)
         self.stack: list[Node] = []  # pending nodes, depth-first
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
-        # rows whose hidden states are cached, by slot (a later insert may split their node; slots stay valid)
-        self.ready: list[tuple[int, ScoreRequest, int, int]] = []
-        self.active: list[Request] = []  # requests not yet done
+        self.ready: list[tuple[int, ScoreRequest, int, int]] = []  # score rows of tokens already computed
+        self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
         self.stats = new_stats()
         self.clock = 0
@@ -61,7 +63,7 @@ class Scheduler:
     def add(self, req: Request, share_prefix: bool = True):
         self.stats["requests"] += 1
         self.stats["tokens_requested"] += req.stats["tokens_requested"]
-        self.active.append(req)
+        self.active[req.id] = req
         if isinstance(req, ScoreRequest):
             self._add_score(req, share_prefix)
         else:
@@ -105,6 +107,7 @@ class Scheduler:
 
     def _hit(self, req: Request, reused: int):
         req.stats["cache_hit_tokens"] = reused
+        req.stats["tokens_computed"] = req.stats["tokens_requested"] - reused
         self.stats["cache_hit_tokens"] += reused
 
     def has_pending(self) -> bool:
@@ -115,17 +118,16 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        for req in [r for r in self.active if r.abort_requested]:
+        for req in [r for r in self.active.values() if r.abort_requested]:
             self.drop(req, Status.ABORTED, UserError(f"{req.label}: aborted"))
         plan, budget = StepPlan(), self.budget
         protected: set[int] = set()  # nodes this step reads or writes: never freed while it is planned
         planned: set[int] = set()  # nodes with a chunk in this step
-        for slot, req, j, target in self.ready:
-            plan.score_rows.append((slot, req, j, target))
-            protected.update(id(x) for x in (req.leaf, *req.leaf.ancestors()))  # the nodes holding those slots
-        self.ready = []
+        if self.ready:  # read their hidden states now: this step may preempt or evict the nodes holding them
+            plan.score_rows, self.ready = self.ready, []
+            plan.cached_hidden = self.kv.hidden[torch.tensor([r[0] for r in plan.score_rows])]
         blocked = None
-        for req in self.decoding:
+        for i, req in enumerate(self.decoding):
             node = req.leaf
             missing = next((a for a in node.ancestors() if not a.complete), None)
             if missing is not None:  # its prompt is still being computed (or was preempted)
@@ -133,7 +135,8 @@ class Scheduler:
                     self._push(missing)
                 continue
             n = min(len(node) - node.done, budget)
-            if n <= 0:
+            if n <= 0:  # the budget is spent: the sequences left out go first next step
+                self.decoding = self.decoding[i:] + self.decoding[:i]
                 break
             if not self._room(node, node.done + n, protected, may_preempt=True):
                 self.stats["kv_waits"] += 1
@@ -236,6 +239,7 @@ class Scheduler:
             return
         self.stats["generated_tokens"] += 1
         req.stats["generated_tokens"] += 1
+        req.stats["tokens_computed"] += 1
         if token in req.eos:
             req.finish_reason = "eos"
         else:
@@ -269,7 +273,7 @@ class Scheduler:
         self.finished.append(req)
 
     def _detach(self, req: Request):
-        self.active.remove(req)
+        del self.active[req.id]
         if isinstance(req, GenerateRequest) and req in self.decoding:
             self.decoding.remove(req)
         if req.leaf is not None:
@@ -293,7 +297,7 @@ class Scheduler:
         error = UserError(f"needs {pages} pages of KV cache at once ({node.start + len(node)} tokens over {len(path)} "
                           f"prefix-tree nodes, each on pages of its own) but the cache holds {self.kv.num_pages} "
                           f"pages of {self.kv.page_size} tokens: raise kv_tokens")
-        for req in list(self.active):
+        for req in list(self.active.values()):
             leaf = req.leaf
             if leaf is node or (leaf is not None and node in leaf.ancestors()):
                 self.drop(req, Status.FAILED, UserError(f"{req.label}: {error}"))

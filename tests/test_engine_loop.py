@@ -244,6 +244,10 @@ def test_abort_frees_everything_and_stats(tiny):
     eng.scheduler.check_pages()
     s = score.stats
     assert s["tokens_requested"] == 31 and s["total_seconds"] > 0 and s["step_seconds"] > 0
+    assert s["cache_hit_tokens"] == 0 and s["tokens_computed"] == 31 and s["wait_seconds"] > 0
+    again = eng.add_score(list(range(10, 40)), [1, 2])  # nothing kept (no keep_cache): all computed again
+    eng.run()
+    assert again.stats["cache_hit_tokens"] == 0
 
 
 def test_page_refcounts_catch_double_free_and_leak(tiny):
@@ -259,3 +263,39 @@ def test_page_refcounts_catch_double_free_and_leak(tiny):
     with pytest.raises(PageError, match="free page"):
         eng.kv.incref(pages[:1])
     eng.scheduler.check_pages()
+
+
+def test_cached_rows_survive_a_split_before_the_next_step(tiny):
+    eng = engine(tiny, keep_cache=True, page_size=4)
+    ctx = list(range(10, 40))
+    eng.score([(ctx, [5, 6])])
+    again = eng.add_score(ctx[:20], [30, 31, 32])  # scored from cached hidden states, read at the next step
+    splitter = eng.add_score(ctx[:12] + [7, 8], [9])  # splits the cached node those rows point into
+    eng.run()
+    want = engine(tiny).score([(ctx[:20], [30, 31, 32]), (ctx[:12] + [7, 8], [9])], share_prefix=False)
+    assert again.result().token_logprobs == pytest.approx(want[0].token_logprobs, abs=1e-5)
+    assert splitter.result().token_logprobs == pytest.approx(want[1].token_logprobs, abs=1e-5)
+    eng.scheduler.check_pages()
+
+
+def test_more_sequences_than_the_token_budget_all_progress(tiny):
+    eng = engine(tiny, token_budget=3)
+    prompts = [[10 + i, 20, 30] for i in range(7)]
+    got = eng.generate(prompts, max_tokens=4)
+    want = [engine(tiny).generate([p], max_tokens=4)[0].token_ids for p in prompts]
+    assert [g.token_ids for g in got] == want
+
+
+def test_streamed_text_is_the_final_text_and_stops_before_the_stop_string(tiny_model_dir):
+    eng = Engine.load(str(tiny_model_dir), dtype="float32", threads=1)
+    free = eng.generate(["Once upon a time"], max_tokens=24)[0]
+    assert len(free.text) > 6
+    stop = free.text[4:6]  # a stop string the greedy text is known to contain
+    events = []
+    h = eng.add_generate("Once upon a time", max_tokens=24, stop=[stop], on_token=events.append)
+    eng.run()
+    g = h.result()
+    assert g.finish_reason == "stop" and g.text == free.text[:free.text.find(stop)]
+    assert "".join(e.text_delta for e in events) == g.text
+    assert [e.finish_reason for e in events] == [None] * (len(events) - 1) + ["stop"]
+    assert [e.token_id for e in events] == g.token_ids
