@@ -18,6 +18,7 @@ from engine.cli import main as engine_main
 from engine.server import create_app
 from icqs.cli import main as icqs_main
 from live_server import live_server
+from test_icqs_cli import TASK  # the tiny ICQS task of the icqs CLI tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,17 +92,6 @@ def test_engine_score_with_server_equals_in_process(server_url, tiny_model_dir, 
     for a, b in zip(map(json.loads, open(local)), map(json.loads, open(remote))):
         assert a.keys() == b.keys() and a["id"] == b["id"] and a["is_greedy"] == b["is_greedy"]
         assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-5)
-
-
-TASK = """name: tiny
-template: "Q: {x}\\nA: {y}"
-good: [{x: one, y: yes}, {x: two, y: no}, {x: three, y: yes}]
-bad: [{x: one, y: no}, {x: two, y: yes}, {x: three, y: no}]
-labels: [yes, no]
-M: 2
-N: 2
-L: 2
-"""
 
 
 def test_icqs_score_with_server_equals_in_process(server_url, tiny_model_dir, tmp_path):
