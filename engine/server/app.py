@@ -34,7 +34,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     waiting for admission (more gives 503 + Retry-After); `api_key` makes every /v1 and tokenizer route ask for
     `Authorization: Bearer <key>`."""
     owned = not isinstance(engine, AsyncEngine)
-    aengine = AsyncEngine(engine, max_queue=max_queue) if owned else engine
+    aengine = AsyncEngine(engine) if owned else engine  # the bound is the server's: all of a call or none
     state = ServerState(aengine, aengine.engine, model_name or "default", api_key=api_key, max_queue=max_queue)
     metrics = Metrics(aengine.stats)
 
