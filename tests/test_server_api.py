@@ -97,8 +97,12 @@ def test_echo_of_cached_prompts_sharing_a_prefix(server, reference):
                                              "temperature": 0})
     assert r.status_code == 200, r.text
     for ids, choice in zip((a, b), r.json()["choices"]):
+        lp = choice["logprobs"]
         want = reference.score([(ids[:1], ids[1:])])[0].token_logprobs
-        assert choice["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(want, abs=TOL)
+        assert lp["token_logprobs"][1:len(ids)] == pytest.approx(want, abs=TOL)
+        new = reference.generate([ids], max_tokens=1)[0].token_ids  # the greedy token: its own top-1
+        assert lp["token_logprobs"][-1] == pytest.approx(reference.score([(ids, new)])[0].logprob, abs=TOL)
+        assert lp["top_logprobs"][-1] == {lp["tokens"][-1]: lp["token_logprobs"][-1]}
 
 
 def test_generate_endpoint_equals_in_process(server, reference):

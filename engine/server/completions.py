@@ -5,7 +5,7 @@ so every prompt position after the first gets its log-prob, its argmax flag and 
 prefix cache (the first position gets `null`, as in the OpenAI API). Generated tokens come from a generate request
 submitted alongside; their log-probs and alternatives, when asked, come from one more score request over the
 prompt (cached by then) and the generated tokens, so `top_logprobs` always holds the very numbers of
-`token_logprobs`."""
+`token_logprobs` (a greedy token asked for its top-1 is its own: no second request)."""
 from __future__ import annotations
 
 import asyncio
@@ -42,6 +42,14 @@ class Scored:
         self.logprobs = pad + (list(result.token_logprobs) if result else [])
         self.tops = pad + (list(result.top_logprobs) if result else [])
 
+    @classmethod
+    def greedy(cls, gen):
+        """A greedy generation's own log-probs: each token is the argmax, so it is its own top-1 alternative."""
+        scored = cls(gen.token_ids, None)
+        scored.logprobs = list(gen.token_logprobs)
+        scored.tops = [[(t, lp)] for t, lp in zip(gen.token_ids, gen.token_logprobs)]
+        return scored
+
     def top_dicts(self, state) -> list:
         return [None if top is None else _top_dict(state, top, t, lp)
                 for t, lp, top in zip(self.tokens, self.logprobs, self.tops)]
@@ -62,7 +70,9 @@ async def _run(state: ServerState, prompts, req, max_tokens: int, echo: bool, to
     echoes = [(Scored(ids, next(echo_results) if len(ids) > 1 else None, first_null=True)
                if echo and top_k else None) for ids in prompts]
     gen_scored = [None] * len(generations)
-    if top_k and generations:
+    if top_k == 1 and (req.temperature == 0 or req.top_p == 0):  # lm-eval's case: no second request
+        gen_scored = [Scored.greedy(g) for g in generations]
+    elif top_k and generations:
         which = [k for k, g in enumerate(generations) if g.token_ids]
         results = await _score_all(state, [(prompts[k // n], generations[k].token_ids) for k in which], top_k)
         for k, res in zip(which, results):
