@@ -129,6 +129,7 @@ def test_metrics(server):
     assert 'http_requests_total{endpoint="/v1/score",status="200"}' in text
     assert 'http_requests_total{endpoint="/v1/completions",status="400"}' in text
     assert "http_request_seconds_bucket" in text and "engine_tokens_computed_total" in text
+    assert "engine_step_seconds_bucket" in text and "engine_kv_pages_used" in text and "engine_queue_depth" in text
 
 
 # ---- bad input: a 400 naming the field, before any work --------------------------------------------------------
