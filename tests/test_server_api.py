@@ -61,7 +61,6 @@ def test_score_label_token_ids(server, reference):
             "apply_softmax": True}
     got = server.post("/v1/score", json=body).json()
     for item, data, probs in zip(body["items"], got["data"], got["scores"]):
-        ctx, cont = reference.tokenizer.encode(body["query"]), None
         prefix = [tok.bos_id] + tok.encode(body["query"] + item)
         want = [reference.score([(prefix, [t])])[0].logprob for t in labels]
         assert data["label_logprobs"] == pytest.approx(want, abs=TOL)
@@ -164,7 +163,8 @@ BAD = [
     ("/v1/score", {"pairs": [[[1, 2], [100000]]]}, "pairs[0]", "outside the model's vocabulary"),
     ("/v1/score", {"query": "a"}, None, "give `query` with `items`"),
     ("/v1/score", {"query": "a", "items": []}, "items", "at least 1"),
-    ("/v1/score", {"query": "a", "items": [" b"], "label_token_ids": [100000]}, "label_token_ids", "outside the model's vocabulary"),
+    ("/v1/score", {"query": "a", "items": [" b"], "label_token_ids": [100000]}, "label_token_ids",
+     "outside the model's vocabulary"),
     ("/v1/score", {"pairs": [["a " * 600, "b"]]}, "pairs[0]", "maximum context length"),
     ("/v1/generate", {"prompts": ["a"], "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ("/tokenize", {"prompt": 3}, "prompt", "valid string"),

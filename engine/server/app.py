@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from contextlib import asynccontextmanager
 
@@ -24,15 +25,14 @@ from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, Detok
                        ScoreRequest, TokenizeRequest)
 from .state import ServerState, cancel_on_disconnect
 
-log = logging.getLogger("engine.server")
 access_log = logging.getLogger("engine.server.access")
 
 
 def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
                max_queue: int | None = None) -> FastAPI:
-    """A FastAPI app serving `engine` (an Engine or an AsyncEngine). `max_queue` bounds the engine requests
-    waiting for admission (more gives 503 + Retry-After); `api_key` makes every /v1 and tokenizer route ask for
-    `Authorization: Bearer <key>`."""
+    """A FastAPI app serving `engine` (an Engine or an AsyncEngine). `max_queue` bounds the engine requests in
+    flight, queued or running (a call that does not fit gets 503 + Retry-After); `api_key` makes every /v1 and
+    tokenizer route ask for `Authorization: Bearer <key>`."""
     owned = not isinstance(engine, AsyncEngine)
     aengine = AsyncEngine(engine) if owned else engine  # the bound is the server's: all of a call or none
     state = ServerState(aengine, aengine.engine, model_name or "default", api_key=api_key, max_queue=max_queue)
@@ -53,7 +53,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         if state.api_key is None:
             return
         header = request.headers.get("authorization", "")
-        if header != f"Bearer {state.api_key}":
+        if not secrets.compare_digest(header.encode(), f"Bearer {state.api_key}".encode()):
             raise APIError(401, "missing or wrong API key (send `Authorization: Bearer <key>`)",
                            code="invalid_api_key")
 

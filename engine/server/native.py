@@ -8,7 +8,7 @@ import asyncio
 import math
 from dataclasses import asdict
 
-from .protocol import DetokenizeRequest, GenerateRequest, ScoreRequest, TokenizeRequest, bad_request
+from .protocol import DetokenizeRequest, GenerateRequest, ScoreRequest, TokenizeRequest
 from .state import ServerState
 
 
