@@ -172,8 +172,8 @@ def stream_job(engine, tok, requests, pretokenized: bool):
 def compare_stream(args, config, weights, tok, requests, job, stats, shared):
     """Closed job vs the same job streamed (both printed in one run)."""
     print()
-    rows = [["closed job (engine.score, all requests at once)", job.time.wall, len(requests) / job.time.wall, 1.0,
-             stats["tokens_computed"], 1.0, "-"]]
+    rows = [["closed job (engine.score, all requests at once)", job.time.wall, job.time.cpu,
+             len(requests) / job.time.wall, 1.0, 1.0, stats["tokens_computed"], 1.0, "-"]]
     out = {}
     for pre in (True, False):
         eng = Engine(config, weights, tok, dtype=DTYPES[args.dtype], token_budget=args.token_budget,
@@ -182,15 +182,15 @@ def compare_stream(args, config, weights, tok, requests, job, stats, shared):
         rate = len(requests) / t.wall
         name = ("streamed, token ids (producer thread, one request at a time)" if pre else
                 f"streamed, text (producer tokenizes each request: {tokenizing:.1f} s)")
-        rows.append([name, t.wall, rate, rate * job.time.wall / len(requests), s["tokens_computed"],
-                     s["tokens_computed"] / stats["tokens_computed"],
+        rows.append([name, t.wall, t.cpu, rate, rate * job.time.wall / len(requests), job.time.cpu / t.cpu,
+                     s["tokens_computed"], s["tokens_computed"] / stats["tokens_computed"],
                      f"{max_abs_diff(scores, [r.logprob for r in shared]):.3g}"])
-        out["ids" if pre else "text"] = dict(seconds=t.wall, rate_ratio=rows[-1][3], token_ratio=rows[-1][5],
-                                             steps=s["forward_steps"])
+        out["ids" if pre else "text"] = dict(seconds=t.wall, rate_ratio=rows[-1][4], cpu_ratio=rows[-1][5],
+                                             token_ratio=rows[-1][7], steps=s["forward_steps"])
         del eng
         gc.collect()
-    print(table(["run", "wall s", "candidate-scores/s", "vs closed job", "tokens computed", "tokens vs closed",
-                 "max abs diff vs closed"], rows))
+    print(table(["run", "wall s", "CPU s", "candidate-scores/s", "vs closed job (wall)", "vs closed job (CPU)",
+                 "tokens computed", "tokens vs closed", "max abs diff vs closed"], rows))
     return out
 
 

@@ -299,3 +299,18 @@ def test_streamed_text_is_the_final_text_and_stops_before_the_stop_string(tiny_m
     assert "".join(e.text_delta for e in events) == g.text
     assert [e.finish_reason for e in events] == [None] * (len(events) - 1) + ["stop"]
     assert [e.token_id for e in events] == g.token_ids
+
+
+def test_scored_tokens_are_remembered_beside_the_cache(tiny):
+    eng = engine(tiny, keep_cache=True)
+    ctx, cont = list(range(10, 40)), [5, 6, 7, 8]
+    cold = eng.score([(ctx, cont)], top_k=3)[0]
+    again = eng.score([(ctx, cont)], top_k=2)[0]  # the first three tokens from the memo, the last from the LM head
+    assert eng.last_stats["memo_hits"] == len(cont) - 1 and eng.last_stats["forward_steps"] == 0
+    assert again.token_logprobs[:3] == cold.token_logprobs[:3]  # the very numbers computed before
+    assert again.token_logprobs[3] == pytest.approx(cold.token_logprobs[3], abs=1e-5)  # from the kept hidden state
+    assert again.greedy_tokens == cold.greedy_tokens
+    assert again.top_logprobs[:3] == [t[:2] for t in cold.top_logprobs[:3]]
+    wider = eng.score([(ctx, cont)], top_k=5)[0]  # more alternatives than remembered: computed again
+    assert eng.last_stats["memo_hits"] == 0
+    assert wider.token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-6)
