@@ -59,7 +59,7 @@ setup(
         "test": ["pytest", "pytest-benchmark", "transformers", "accelerate", "triton", "hypothesis", "openai",
                  "httpx"],
         "serve": ["fastapi", "uvicorn", "prometheus-client"],
-        "lm-eval": ["lm-eval==0.4.13"],
+        "lm-eval": ["lm-eval[api]==0.4.13"],  # [api]: tenacity, aiohttp for its local-completions model
         "ray": ["ray[data]", "pyarrow"],
         "triton": ["triton"],
         "bench": ["llama-cpp-python", "transformers", "pytest-benchmark"],

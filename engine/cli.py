@@ -122,6 +122,8 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     add_score_parser(sub)
+    from .server.serve import add_serve_parser
+    add_serve_parser(sub)
     return p
 
 

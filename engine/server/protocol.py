@@ -1,0 +1,138 @@
+"""The HTTP request bodies (pydantic models) and the OpenAI-style error object.
+
+Types are strict (a number is never taken for a string, nor "1" for a number), so a malformed request is a 400
+naming its field. Checks that need the model (token ids inside the vocabulary, lengths under the model's maximum,
+the model's name) are made by the handlers before any work is queued."""
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+
+MAX_LOGPROBS = 20  # top-k alternatives per token, at most
+MAX_N = 16  # choices per prompt, at most
+
+TokenIds = list[StrictInt]
+Text = Union[StrictStr, TokenIds]  # a prompt, a context or a continuation: text or token ids
+Number = StrictFloat  # strict floats take integers too, never strings
+
+
+class APIError(Exception):
+    """An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+        self.type = type or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                             503: "overloaded_error"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(param: str | None, message: str) -> APIError:
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # fields of the OpenAI API this server does not read are ignored
+
+    model: Optional[StrictStr] = None
+
+
+class SamplingFields(Request):
+    temperature: Number = Field(1.0, ge=0, le=2)
+    top_p: Number = Field(1.0, gt=0, le=1)
+    seed: Optional[StrictInt] = None
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    n: StrictInt = Field(1, ge=1, le=MAX_N)
+    stream: StrictBool = False
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+    prompt: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+    max_tokens: Optional[StrictInt] = Field(16, ge=0)
+    echo: StrictBool = False
+    logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def prompts(self) -> list:
+        """The prompts, each a string or a token-id list."""
+        p = self.prompt
+        if not p:
+            raise bad_request("prompt", "empty prompt")
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[StrictStr, list[ContentPart], None] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[StrictInt] = Field(None, ge=1)
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: StrictBool = True
+
+
+class ScoreRequest(Request):
+    """POST /v1/score: one `query` with many `items`, or a list of [context, continuation] `pairs`.
+
+    Without `label_token_ids` each item is a continuation of the query and is scored token by token; with them,
+    each item is appended to the query and the next-token log-probs of the labels are returned."""
+    query: Optional[Text] = None
+    items: Optional[list[Text]] = Field(None, min_length=1)
+    pairs: Optional[list[tuple[Text, Text]]] = Field(None, min_length=1)
+    label_token_ids: Optional[list[StrictInt]] = Field(None, min_length=1)
+    apply_softmax: StrictBool = False
+    top_logprobs: StrictInt = Field(0, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _one_shape(self):
+        if self.pairs is not None:
+            if self.query is not None or self.items is not None:
+                raise ValueError("give either `pairs` or `query` with `items`, not both")
+            if self.label_token_ids is not None:
+                raise ValueError("`label_token_ids` goes with `query` and `items`, not `pairs`")
+        elif self.query is None or self.items is None:
+            raise ValueError("give `query` with `items`, or `pairs`")
+        return self
+
+
+class GenerateRequest(Request):
+    """POST /v1/generate: the engine's own `generate` (token ids and the engine's finish reasons)."""
+    prompts: list[Text] = Field(min_length=1)
+    max_tokens: StrictInt = Field(128, ge=1)
+    temperature: Number = Field(0.0, ge=0, le=2)
+    top_p: Number = Field(1.0, gt=0, le=1)
+    seed: Optional[StrictInt] = None
+    stop: Optional[list[StrictStr]] = None
+
+
+class TokenizeRequest(Request):
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+
+
+class DetokenizeRequest(Request):
+    tokens: TokenIds

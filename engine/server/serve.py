@@ -1,0 +1,58 @@
+"""`python -m engine serve`: load the model once and serve it over HTTP (uvicorn) until SIGINT/SIGTERM, which
+stop accepting connections, finish the requests in flight and exit."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+from ..errors import UserError
+from ..factory import add_engine_args, positive_int
+
+DEFAULT_MAX_QUEUE = 4096
+
+
+def add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="serve the model over HTTP (OpenAI-compatible completions, chat, /v1/score)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    s.add_argument("--api-key", default=None,
+                   help="ask every client for `Authorization: Bearer KEY` (default: $ENGINE_API_KEY, else none)")
+    s.add_argument("--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE,
+                   help=f"engine requests waiting at most; more get 503 + Retry-After (default {DEFAULT_MAX_QUEUE})")
+    s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: file name)")
+    add_engine_args(s, remote=False)
+    s.set_defaults(func=serve)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: expected 0..65535")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def serve(args) -> int:
+    import uvicorn
+
+    from ..factory import engine_from_args
+    from ..loader import default_model_path
+    from . import create_app
+
+    sock = _listen(args.host, args.port)  # before loading: a busy port is a one-line error, not a minute later
+    engine = engine_from_args(args, keep_cache=True)  # online mode: computed prefixes stay cached (LRU)
+    name = args.served_model_name or Path(args.model or default_model_path()).name.removesuffix(".gguf")
+    app = create_app(engine, model_name=name, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
+                     max_queue=args.max_queue)
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("engine.server").info("serving %s on http://%s:%d", name, host, port)
+    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_level="info", timeout_graceful_shutdown=30))
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,124 @@
+"""What every handler shares: the async engine, the tokenizer, the limits, and the checks a request passes before
+any of its work is queued (model name, token ids inside the vocabulary, lengths under the model's maximum, room
+in the queue)."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from ..errors import UserError
+from ..requests import check_token_ids, encode_pairs
+from .protocol import APIError, bad_request
+
+
+class ServerState:
+    def __init__(self, aengine, engine, model_name: str, api_key: str | None = None, max_queue: int | None = None):
+        self.aengine, self.engine = aengine, engine
+        self.tokenizer, self.config = engine.tokenizer, engine.config
+        self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
+        self.max_len = engine._limit()  # tokens a sequence may hold: the model's maximum or the KV cache
+        self.created = int(time.time())
+        self.in_flight = 0  # engine requests admitted and not yet answered (the event loop's thread only)
+        self._token_text: dict[int, str] = {}
+
+    # ---- checks --------------------------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(400, f"model: unknown model {model!r} (this server serves {self.model_name!r})",
+                           param="model", code="model_not_found")
+
+    def check_ids(self, ids: list[int], param: str) -> list[int]:
+        if not ids:
+            raise bad_request(param, "empty prompt")
+        try:
+            check_token_ids(ids, self.config.vocab_size, param)
+        except UserError as e:
+            raise APIError(400, str(e), param=param) from None
+        return ids
+
+    def check_length(self, n_prompt: int, n_new: int, param: str) -> None:
+        if n_prompt + n_new > self.max_len:
+            raise bad_request(param, f"this model's maximum context length is {self.max_len} tokens, but "
+                                     f"{n_prompt + n_new} were requested ({n_prompt} in the prompt, {n_new} to "
+                                     f"generate)")
+
+    def encode_prompt(self, prompt, param: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids as the engine takes them (text: with BOS when the model asks for one, unless
+        add_special_tokens is off, as for a chat template that writes its own); ids are checked."""
+        if isinstance(prompt, str) and not prompt:
+            raise bad_request(param, "empty prompt")
+        if isinstance(prompt, str) and not add_special_tokens:
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, str):
+            return self.check_ids(list(prompt), param)
+        return self.engine._encode_prompt(prompt, param)
+
+    def encode_pairs(self, pairs, param: str) -> list[tuple[list[int], list[int]]]:
+        """(context, continuation) requests as token ids, by the engine's own convention, each checked."""
+        try:
+            encoded = encode_pairs(self.tokenizer, pairs)
+        except UserError as e:
+            raise bad_request(param, str(e)) from None
+        for i, (ctx, cont) in enumerate(encoded):
+            self.check_ids(ctx + cont, f"{param}[{i}]")
+            self.check_length(len(ctx) + len(cont), 0, f"{param}[{i}]")
+        return encoded
+
+    def admit(self, n: int, param: str) -> "Ticket":
+        """Room for n more engine requests in flight (queued or running), else 503 + Retry-After; a call that can
+        never fit is a 400. The ticket holds the room until released."""
+        if self.max_queue is not None:
+            if n > self.max_queue:
+                raise bad_request(param, f"{n} requests in one call exceed the server's limit of {self.max_queue}")
+            if self.in_flight + n > self.max_queue:
+                raise APIError(503, f"the server is busy ({self.in_flight} requests in flight, at most "
+                                    f"{self.max_queue}); retry later", headers={"Retry-After": "1"})
+        self.in_flight += n
+        return Ticket(self, n)
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    @staticmethod
+    def request_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class Ticket:
+    """Room for n engine requests, held from admission until the answer is sent (release is idempotent)."""
+
+    def __init__(self, state: ServerState, n: int):
+        self.state, self.n = state, n
+
+    def release(self) -> None:
+        self.state.in_flight -= self.n
+        self.n = 0
+
+
+async def cancel_on_disconnect(request, coro):
+    """Await `coro`; if the client disconnects first, cancel it (the engine then aborts its requests) and answer
+    499 (nobody reads it; the access log and the metrics do)."""
+    work = asyncio.ensure_future(coro)
+    gone = asyncio.Event()
+
+    async def watch():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+        work.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone.is_set():  # the handler itself is being cancelled (shutdown): take the work with it
+            work.cancel()
+            raise
+        raise APIError(499, "the client disconnected; its requests were cancelled", type="client_closed") from None
+    finally:
+        watcher.cancel()
