@@ -26,6 +26,9 @@ def _check_pair(row: dict) -> str | None:
 def cmd_score(args) -> int:
     from .factory import engine_from_args
 
+    if args.ray is not None:  # on a Ray cluster: engine/distributed.py
+        from .distributed import score_file
+        return score_file(args, _check_pair)
     rows = read_jsonl(args.input, validate=_check_pair)
     eng = engine_from_args(args)
     results = eng.score([(r["context"], r["continuation"]) for r in rows], share_prefix=not args.no_share,

@@ -1,0 +1,365 @@
+"""Scoring on a Ray cluster with the prefix sharing kept: `python -m engine score --ray [ADDRESS] --workers N` and
+`icqs ... --ray` (engine.factory.engine_from_args returns a DistributedEngine, which has the Engine's `score`).
+
+1. The driver reads and validates the job (the local path's one-line `file:line` errors, exit 2, before any worker
+   starts), tokenizes it (each distinct context once, as Engine.score does) and checks every request's length.
+2. It plans shards along the prefix tree. A request's key is its top prefix: the first `depth` tokens of its context,
+   `depth` the smallest multiple of a KV page that gives at least KEYS_PER_SHARD distinct keys per shard (for an
+   ICQS job: the demo set). Requests sorted by their tokens are the prefix tree in depth-first order, so a key's
+   requests are consecutive; consecutive keys are cut into shards of equal unique tokens (the prefix tree's size),
+   so a key never spans two shards, and the only tokens computed twice are the prefixes that neighbouring shards
+   share at a cut. `naive=True` deals the requests round-robin instead (what a key-blind split does): every shard
+   then recomputes nearly every prefix.
+3. Ray Data carries one block per shard (`ray.data.from_arrow`); `map_batches` with an actor pool
+   (ActorPoolStrategy, one `EngineWorker` = one Engine per actor, `num_gpus=1` per actor on GPUs) scores a block
+   with one `Engine.score` call on token ids. Each actor keeps its cache across calls, so two shards of one
+   subtree on the same actor share their prefix too.
+4. The driver streams the results back in any order and keeps each request's first result. Ray Data restarts a
+   killed actor and retries its tasks (max_restarts / max_task_retries = -1, its defaults for actor pools): a
+   task's output is only seen once it has finished, so no request is lost, and none is duplicated.
+
+`score_file` (the CLI) appends each finished result to OUTPUT.resume.jsonl (a header names the input's digest and
+the model): a rerun skips the requests already there. The output (JSONL, or Parquet when OUTPUT ends in .parquet;
+input JSONL or Parquet) is written whole at the end, in input order, with every input field passed through.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .engine import Engine, ScoreResult, new_stats
+from .errors import UserError
+from .loader import load_model_files
+from .requests import encode_pairs
+
+KEYS_PER_SHARD = 4
+SHARDS_PER_WORKER = 2
+STATS = ("tokens_requested", "tokens_computed", "forward_steps")
+
+
+# ---- planning: shards along the prefix tree ---------------------------------------------------------------------
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def unique_tokens(seqs) -> int:
+    """Tokens in the prefix tree of `seqs` (sorted): each token counted once per distinct prefix."""
+    total, prev = 0, []
+    for s in seqs:
+        total += len(s) - common_prefix(prev, s)
+        prev = s
+    return total
+
+
+@dataclass
+class Plan:
+    shard: list[int]  # request -> shard
+    depth: int  # key length in tokens (0: naive)
+    keys: int  # distinct keys
+    shard_tokens: list[int]  # unique tokens per shard (what each shard's engine computes)
+
+    @property
+    def shards(self) -> int:
+        return len(self.shard_tokens)
+
+
+def plan_shards(encoded: list[tuple[list[int], list[int]]], shards: int, page_size: int = 16,
+                naive: bool = False) -> Plan:
+    """Shard each (context ids, continuation ids) request; see the module docstring."""
+    seqs = [ctx + cont[:-1] for ctx, cont in encoded]  # the tokens the engine computes for a request
+    if naive:
+        shard = [i % shards for i in range(len(seqs))]
+        return Plan(shard, 0, len(seqs), [unique_tokens(sorted(seqs[s::shards])) for s in range(shards)])
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+    contexts = [encoded[i][0] for i in order]
+    shared = [common_prefix(a, b) for a, b in zip(contexts, contexts[1:])]  # with the next context
+
+    def boundaries(depth):  # i: a new key starts at order[i + 1]
+        return [i for i, c in enumerate(shared)
+                if c < min(depth, len(contexts[i])) or c < min(depth, len(contexts[i + 1]))]
+
+    depth, longest = page_size, max((len(c) for c in contexts), default=0)
+    while len(boundaries(depth)) + 1 < KEYS_PER_SHARD * shards and depth < longest:
+        depth += page_size
+    cuts = boundaries(depth)
+    groups = [order[a + 1:b + 1] for a, b in zip([-1] + cuts, cuts + [len(order) - 1])]
+    weights = [unique_tokens(seqs[i] for i in g) for g in groups]
+    total, done, shard = max(1, sum(weights)), 0, [0] * len(seqs)
+    for g, w in zip(groups, weights):  # consecutive groups, cut at equal shares of the unique tokens
+        s = min(shards - 1, (2 * done + w) * shards // (2 * total))
+        for i in g:
+            shard[i] = s
+        done += w
+    members = [[] for _ in range(shards)]
+    for i in order:
+        members[shard[i]].append(seqs[i])
+    return Plan(shard, depth, len(groups), [unique_tokens(m) for m in members])
+
+
+# ---- the workers ------------------------------------------------------------------------------------------------
+class EngineWorker:
+    """One Engine per Ray actor; scores (or generates for) one block of requests per call."""
+
+    def __init__(self, model, engine_options: dict):
+        self.engine = Engine.load(model, **engine_options)
+        self.worker = f"{os.uname().nodename}:{os.getpid()}"
+
+    def __call__(self, batch, op: str = "score", options: dict | None = None):
+        import pyarrow as pa
+
+        rows = batch.column("_row").to_pylist()
+        if op == "score":
+            reqs = list(zip(batch.column("context").to_pylist(), batch.column("continuation").to_pylist()))
+            out = [asdict(r) for r in self.engine.score(reqs, share_prefix=True)]
+        else:
+            out = [asdict(g) for g in self.engine.generate(batch.column("prompt").to_pylist(), **(options or {}))]
+        table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
+        stats = self.engine.last_stats
+        for name in STATS:  # this call's engine counters, on its first row
+            table = table.append_column(f"_{name}", pa.array([stats[name]] + [0] * (len(rows) - 1), pa.int64()))
+        return table.append_column("_worker", pa.array([self.worker] * len(rows)))
+
+
+# ---- the cluster ------------------------------------------------------------------------------------------------
+def connect(address: str | None, workers: int, threads: int, gpus: bool):
+    """Join the Ray cluster at `address`, or start a local one ('local'), unless this process is connected."""
+    import ray
+
+    if not ray.is_initialized():
+        local = address in (None, "local")
+        try:
+            ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False, **({"num_cpus": max(os.cpu_count() or 1, workers * threads),
+                                                  "_node_ip_address": "127.0.0.1"} if local else {}))
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise UserError(f"--ray {address}: cannot connect to a Ray cluster: {e}".splitlines()[0]) from None
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    available = ray.cluster_resources().get("GPU" if gpus else "CPU", 0)
+    need = workers * (1 if gpus else threads)
+    if available < need:
+        what = "GPUs" if gpus else "CPUs"
+        raise UserError(f"--workers {workers}: the Ray cluster has {available:g} {what}, {need} are needed")
+
+
+def run_blocks(tables, model, engine_options: dict, workers: int, threads: int, op: str = "score",
+               options: dict | None = None):
+    """Yield each block's result table (columns of the worker's output) as the actor pool finishes it."""
+    import ray
+
+    gpus = str(engine_options.get("device", "cpu")).startswith("cuda")
+    ds = ray.data.from_arrow(tables)
+    # on GPUs Ray Data wants a batch size: the smallest block's size keeps each block in one task on one actor
+    batch_size = min(t.num_rows for t in tables) if gpus else None
+    ds = ds.map_batches(EngineWorker, fn_constructor_kwargs=dict(model=model, engine_options=engine_options),
+                        fn_kwargs=dict(op=op, options=options), batch_size=batch_size, batch_format="pyarrow",
+                        compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
+                        num_cpus=1 if gpus else threads, num_gpus=1 if gpus else None)
+    yield from ds.iter_batches(batch_size=None, batch_format="pyarrow")
+
+
+@dataclass
+class Cluster:
+    """Where and how the workers run: the options of `--ray [ADDRESS] --workers N` and the engine's."""
+    model: str | None
+    engine_options: dict  # Engine.load keyword arguments for every worker
+    address: str | None = None
+    workers: int = 2
+    naive: bool = False
+
+    @property
+    def threads(self) -> int:
+        return self.engine_options.get("threads") or 1
+
+
+class DistributedEngine:
+    """The Engine's scoring interface over a Ray actor pool: `score`, `generate`, `last_stats`, `tokenizer`,
+    `config`. The driver holds the tokenizer (and loads the model files once, to check them before any worker
+    starts); the workers hold the engines."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.config, _, self.tokenizer = load_model_files(cluster.model)
+        self.kv_tokens = cluster.engine_options.get("kv_tokens", 65536)
+        self.last_stats = new_stats()
+        self.last_plan: Plan | None = None
+        self._connected = False
+
+    def encode(self, requests) -> list[tuple[list[int], list[int]]]:
+        """Token ids of every request, with the engine's own length check (same errors as the local path)."""
+        encoded = encode_pairs(self.tokenizer, requests)
+        Engine._check_lengths(self, encoded)
+        return encoded
+
+    @property
+    def options(self):  # what Engine._check_lengths reads
+        from .engine import EngineOptions
+        return EngineOptions(kv_tokens=self.kv_tokens)
+
+    def _connect(self):
+        if not self._connected:
+            c = self.cluster
+            connect(c.address, c.workers, c.threads, str(c.engine_options.get("device")).startswith("cuda"))
+            self._connected = True
+
+    def score(self, requests, share_prefix: bool = True, progress: bool = False, done=(), on_result=None
+              ) -> list[ScoreResult | None]:
+        """log P(continuation | context) for each request, computed on the workers. `done`: indices to skip
+        (their result is None); `on_result(i, result, worker)` is called as each result arrives."""
+        import pyarrow as pa
+        from tqdm import tqdm
+
+        if not share_prefix:
+            raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
+        encoded = self.encode(requests)
+        c, done = self.cluster, set(done)
+        todo = [i for i in range(len(encoded)) if i not in done]
+        results: list[ScoreResult | None] = [None] * len(encoded)
+        self.last_stats = stats = new_stats()
+        stats["requests"] = len(todo)
+        if not todo:
+            return results
+        plan = self.last_plan = plan_shards([encoded[i] for i in todo], c.workers * SHARDS_PER_WORKER, naive=c.naive)
+        stats["unique_tokens"] = sum(plan.shard_tokens)
+        members = [[] for _ in range(plan.shards)]
+        for i, s in zip(todo, plan.shard):
+            members[s].append(i)
+        tables = [pa.table({"_row": pa.array(m, pa.int64()), "context": [encoded[i][0] for i in m],
+                            "continuation": [encoded[i][1] for i in m]}) for m in members if m]
+        self._connect()
+        bar = tqdm(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress)
+        for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads):
+            for name in STATS:
+                stats[name] += sum(table.column(f"_{name}").to_pylist())
+            for row in table.to_pylist():
+                i = row["_row"]
+                if results[i] is None:  # the first result of a request; a retried task's is the same
+                    results[i] = ScoreResult(row["logprob"], row["token_logprobs"], row["num_tokens"],
+                                             row["is_greedy"])
+                    if on_result:
+                        on_result(i, results[i], row["_worker"])
+                    bar.update(1)
+        bar.close()
+        missing = [i for i in todo if results[i] is None]
+        if missing:  # Ray Data gave up on a task: say so rather than write a hole
+            raise RuntimeError(f"{len(missing)} requests came back without a result (first: {missing[0]})")
+        return results
+
+    def generate(self, prompts, progress: bool = False, **options):
+        """Engine.generate on the workers: the prompts cut into contiguous shards of the sorted order (prompts
+        sharing a prefix stay together). Sampling with a seed follows the shard, not the whole list."""
+        import pyarrow as pa
+
+        from .generation import Generation
+
+        if not prompts:
+            return []
+        c = self.cluster
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+        n = c.workers * SHARDS_PER_WORKER
+        parts = [order[k * len(order) // n:(k + 1) * len(order) // n] for k in range(n)]
+        tables = [pa.table({"_row": pa.array(p, pa.int64()), "prompt": [prompts[i] for i in p]}) for p in parts if p]
+        self._connect()
+        out = [None] * len(prompts)
+        for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads, "generate", options):
+            for row in table.to_pylist():
+                out[row["_row"]] = out[row["_row"]] or Generation(row["text"], row["token_ids"],
+                                                                  row["finish_reason"])
+        return out
+
+
+# ---- the CLI: a file in, a file out, resumable ------------------------------------------------------------------
+def read_requests(path: str, validate) -> list[dict]:
+    """Rows of a JSONL or Parquet file; a bad row is a one-line error naming file:line (Parquet: file:row)."""
+    from .jsonl import read_jsonl
+
+    if not path.endswith(".parquet"):
+        return read_jsonl(path, validate=validate)
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except FileNotFoundError:
+        raise UserError("no such file", path) from None
+    except Exception as e:  # pyarrow's errors for a file that is not Parquet
+        raise UserError(f"cannot read as Parquet: {e}".splitlines()[0], path) from None
+    for number, row in enumerate(rows, 1):
+        if problem := validate(row):
+            raise UserError(problem, path, number)
+    return rows
+
+
+def write_rows(path: str, rows: list[dict]) -> None:
+    """The whole output at once: a temp file in the same directory, then a rename."""
+    import tempfile
+
+    out_dir = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("wb", dir=out_dir, delete=False, suffix=".part") as f:
+        if path.endswith(".parquet"):
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            pq.write_table(pa.Table.from_pylist(rows), f)
+        else:
+            f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+    os.replace(f.name, path)
+
+
+def read_log(path: Path, header: dict) -> dict[int, dict]:
+    """Finished results of an earlier run (request index -> result), checked against this run's header."""
+    if not path.exists():
+        return {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines or json.loads(lines[0]) != header:
+        raise UserError("holds results for another input or model: delete it to start over", str(path))
+    done = {}
+    for text in lines[1:]:
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError:  # a line cut short by a crash: recomputed
+            continue
+        done[row.pop("_row")] = row
+    return done
+
+
+def score_file(args, validate) -> int:
+    """`python -m engine score --ray`: score args.input into args.output on the cluster, resuming from the log."""
+    import sys
+
+    from .factory import engine_from_args
+
+    rows = read_requests(args.input, validate)
+    if args.no_share:
+        raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
+    engine = engine_from_args(args)
+    requests = [(r["context"], r["continuation"]) for r in rows]
+    engine.encode(requests)  # bad lengths fail here, before the log or any worker
+    log = Path(args.output + ".resume.jsonl")
+    header = {"input": hashlib.sha256(Path(args.input).read_bytes()).hexdigest(), "model": str(args.model),
+              "dtype": args.dtype}
+    done = read_log(log, header)
+    with open(log, "a", encoding="utf-8") as f:
+        if not log.stat().st_size:
+            f.write(json.dumps(header) + "\n")
+
+        def append(i, result, worker):
+            f.write(json.dumps({"_row": i, **asdict(result)}) + "\n")
+            f.flush()
+
+        engine.score(requests, progress=True, done=done, on_result=append)
+    done = read_log(log, header)
+    write_rows(args.output, [{**row, **done[i]} for i, row in enumerate(rows)])
+    log.unlink()
+    s, plan = engine.last_stats, engine.last_plan
+    shards = f", {plan.shards} shards of {plan.keys} prefix keys" if plan else ""
+    print(f"scored {len(rows)} requests ({len(rows) - s['requests']} from an earlier run) on {args.workers} Ray "
+          f"workers{shards}: {s['tokens_computed']} tokens computed of {s['tokens_requested']} requested",
+          file=sys.stderr)
+    return 0
