@@ -348,6 +348,8 @@ def score_file(args, validate) -> int:
     with open(log, "a", encoding="utf-8") as f:
         if not log.stat().st_size:
             f.write(json.dumps(header) + "\n")
+        elif not log.read_text(encoding="utf-8").endswith("\n"):
+            f.write("\n")  # end a line torn by a crash (it is skipped when read)
 
         def append(i, result, worker):
             f.write(json.dumps({"_row": i, **asdict(result)}) + "\n")
