@@ -35,7 +35,7 @@ from .errors import UserError
 from .loader import load_model_files
 from .requests import encode_pairs
 
-KEYS_PER_SHARD = 4
+KEYS_PER_SHARD = 2
 SHARDS_PER_WORKER = 2
 STATS = ("tokens_requested", "tokens_computed", "forward_steps")
 
@@ -112,8 +112,11 @@ class EngineWorker:
         self.worker = f"{os.uname().nodename}:{os.getpid()}"
 
     def __call__(self, batch, op: str = "score", options: dict | None = None):
+        import time
+
         import pyarrow as pa
 
+        start = time.perf_counter()
         rows = batch.column("_row").to_pylist()
         if op == "score":
             reqs = list(zip(batch.column("context").to_pylist(), batch.column("continuation").to_pylist()))
@@ -124,6 +127,8 @@ class EngineWorker:
         stats = self.engine.last_stats
         for name in STATS:  # this call's engine counters, on its first row
             table = table.append_column(f"_{name}", pa.array([stats[name]] + [0] * (len(rows) - 1), pa.int64()))
+        seconds = time.perf_counter() - start
+        table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
         return table.append_column("_worker", pa.array([self.worker] * len(rows)))
 
 
@@ -136,8 +141,8 @@ def connect(address: str | None, workers: int, threads: int, gpus: bool):
         local = address in (None, "local")
         try:
             ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, **({"num_cpus": max(os.cpu_count() or 1, workers * threads),
-                                                  "_node_ip_address": "127.0.0.1"} if local else {}))
+                     configure_logging=False,
+                     **({"num_cpus": max(os.cpu_count() or 1, workers * threads)} if local else {}))
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UserError(f"--ray {address}: cannot connect to a Ray cluster: {e}".splitlines()[0]) from None
     ctx = ray.data.DataContext.get_current()
@@ -223,7 +228,7 @@ class DistributedEngine:
         c, done = self.cluster, set(done)
         todo = [i for i in range(len(encoded)) if i not in done]
         results: list[ScoreResult | None] = [None] * len(encoded)
-        self.last_stats = stats = new_stats()
+        self.last_stats = stats = {**new_stats(), "busy_seconds": {}}  # busy: worker -> seconds in Engine.score
         stats["requests"] = len(todo)
         if not todo:
             return results
@@ -239,6 +244,9 @@ class DistributedEngine:
         for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads):
             for name in STATS:
                 stats[name] += sum(table.column(f"_{name}").to_pylist())
+            worker = table.column("_worker")[0].as_py()
+            stats["busy_seconds"][worker] = stats["busy_seconds"].get(worker, 0.0) + sum(
+                table.column("_seconds").to_pylist())
             for row in table.to_pylist():
                 i = row["_row"]
                 if results[i] is None:  # the first result of a request; a retried task's is the same
