@@ -34,8 +34,9 @@ def parse_args(argv=None):
     ap.add_argument("--ratios", type=int, default=6)
     ap.add_argument("--demos", type=int, default=8, help="demos per demo set")
     ap.add_argument("--demo-sets", type=int, default=2, help="demo sets per ratio")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
     ap.add_argument("--skip-plan", action="store_true", help="skip the planner-only table for the whole job")
+    ap.add_argument("--plan-only", action="store_true", help="only the planner-only table (no model runs)")
     return ap.parse_args(argv)
 
 
@@ -44,6 +45,8 @@ def main(argv=None):
     cores = os.cpu_count() or 1
     questions = max(1, round(QUESTIONS * args.scale))
     _, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets)
+    if args.plan_only:
+        return plan_table(args)
     print(f"job: {len(requests)} requests ({len(candidates)} candidates x {args.ratios} ratios x {args.demo_sets} "
           f"demo sets of {args.demos} demos), {args.dtype}, {cores} cores; load average before: {load_average()}")
 
@@ -83,19 +86,26 @@ def main(argv=None):
     print(f"load average after: {load_average()}")
 
     if not args.skip_plan:
-        _, _, whole = build_job(QUESTIONS, 11, 16, 4)
-        encoded = encode_pairs(Engine.load(args.model, dtype=args.dtype).tokenizer, whole)
+        plan_table(args)
+
+
+def plan_table(args):
+    """The planner alone on the whole ICQS job and on one with 4x the questions: tokens the workers would compute."""
+    tokenizer = Engine.load(args.model, dtype=args.dtype).tokenizer
+    for questions in (QUESTIONS, 4 * QUESTIONS):
+        _, _, job = build_job(questions, 11, 16, 4)
+        encoded = encode_pairs(tokenizer, job)
         one = plan_shards(encoded, 1).shard_tokens[0]
-        print(f"\nplanner only, the whole ICQS job ({len(whole)} requests, {one:,} unique tokens):")
-        print("| shards | prefix-keyed tokens (x) | largest shard / mean | keys | naive tokens (x) |")
+        print(f"\nplanner only, the ICQS job with {questions} questions ({len(job)} requests, {one:,} unique tokens):")
+        print("| shards | prefix-keyed tokens (x single) | largest shard / mean | keys | naive tokens (x single) |")
         print("|---|---|---|---|---|")
-        for shards in (2, 4, 8, 16, 32, 64):
+        for shards in (2, 4, 8, 16, 32, 64, 128):
             p, n = plan_shards(encoded, shards), plan_shards(encoded, shards, naive=True)
             mean = sum(p.shard_tokens) / shards
             print(f"| {shards} | {sum(p.shard_tokens):,} ({sum(p.shard_tokens) / one:.3f}) | "
                   f"{max(p.shard_tokens) / mean:.2f} | {p.keys} | {sum(n.shard_tokens):,} "
                   f"({sum(n.shard_tokens) / one:.2f}) |")
-    print(f"(shards per worker in engine.distributed: {distributed.SHARDS_PER_WORKER})")
+    print(f"(engine.distributed cuts {distributed.SHARDS_PER_WORKER} shards per worker)")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,8 @@
 
 1. The driver reads and validates the job (the local path's one-line `file:line` errors, exit 2, before any worker
    starts), tokenizes it (each distinct context once, as Engine.score does) and checks every request's length.
-2. It plans shards along the prefix tree. A request's key is its top prefix: the first `depth` tokens of its context,
-   `depth` the smallest multiple of a KV page that gives at least KEYS_PER_SHARD distinct keys per shard (for an
-   ICQS job: the demo set). Requests sorted by their tokens are the prefix tree in depth-first order, so a key's
+2. It plans shards along the prefix tree. A request's key is its top prefix: the first `depth` tokens of its context
+   (for an ICQS job: the demo set), `depth` the multiple of a KV page that gives the smallest largest shard. Requests sorted by their tokens are the prefix tree in depth-first order, so a key's
    requests are consecutive; consecutive keys are cut into shards of equal unique tokens (the prefix tree's size),
    so a key never spans two shards, and the only tokens computed twice are the prefixes that neighbouring shards
    share at a cut. `naive=True` deals the requests round-robin instead (what a key-blind split does): every shard
@@ -35,7 +34,6 @@ from .errors import UserError
 from .loader import load_model_files
 from .requests import encode_pairs
 
-KEYS_PER_SHARD = 2
 SHARDS_PER_WORKER = 2
 STATS = ("tokens_requested", "tokens_computed", "forward_steps")
 
@@ -69,38 +67,52 @@ class Plan:
     def shards(self) -> int:
         return len(self.shard_tokens)
 
+    @property
+    def total(self) -> int:
+        return sum(self.shard_tokens)
+
 
 def plan_shards(encoded: list[tuple[list[int], list[int]]], shards: int, page_size: int = 16,
                 naive: bool = False) -> Plan:
-    """Shard each (context ids, continuation ids) request; see the module docstring."""
+    """Shard each (context ids, continuation ids) request; see the module docstring. The key depth: of the page
+    multiples that give at least `shards` keys, the one whose largest shard is smallest (the job's makespan),
+    then whose total is smallest."""
     seqs = [ctx + cont[:-1] for ctx, cont in encoded]  # the tokens the engine computes for a request
     if naive:
         shard = [i % shards for i in range(len(seqs))]
         return Plan(shard, 0, len(seqs), [unique_tokens(sorted(seqs[s::shards])) for s in range(shards)])
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
-    contexts = [encoded[i][0] for i in order]
-    shared = [common_prefix(a, b) for a, b in zip(contexts, contexts[1:])]  # with the next context
+    order = sorted(range(len(seqs)), key=seqs.__getitem__)  # the prefix tree in depth-first order
+    lengths = [len(seqs[i]) for i in order]
+    added = [n - common_prefix(seqs[a], seqs[b]) for n, a, b in zip(lengths, [order[0]] + order, order)]
+    added[0] = lengths[0]  # added[k]: the tokens request order[k] adds to the tree of those before it
+    ctx_len = [len(encoded[i][0]) for i in order]
+    ctx_shared = [common_prefix(encoded[a][0], encoded[b][0]) for a, b in zip(order, order[1:])]
 
-    def boundaries(depth):  # i: a new key starts at order[i + 1]
-        return [i for i, c in enumerate(shared)
-                if c < min(depth, len(contexts[i])) or c < min(depth, len(contexts[i + 1]))]
+    def cut(starts: list[int], depth: int) -> Plan:
+        """Consecutive keys (starting at sorted positions `starts`) cut at equal shares of the unique tokens."""
+        ends = starts[1:] + [len(order)]
+        weights = [sum(added[a:b]) for a, b in zip(starts, ends)]
+        total, done, shard, tokens = max(1, sum(weights)), 0, [0] * len(seqs), [0] * shards
+        for a, b, w in zip(starts, ends, weights):
+            s = min(shards - 1, (2 * done + w) * shards // (2 * total))
+            first = not tokens[s]  # a shard's first request brings its whole prefix
+            for k in range(a, b):
+                shard[order[k]] = s
+            tokens[s] += (lengths[a] if first else added[a]) + sum(added[a + 1:b])
+            done += w
+        return Plan(shard, depth, len(starts), tokens)
 
-    depth, longest = page_size, max((len(c) for c in contexts), default=0)
-    while len(boundaries(depth)) + 1 < KEYS_PER_SHARD * shards and depth < longest:
-        depth += page_size
-    cuts = boundaries(depth)
-    groups = [order[a + 1:b + 1] for a, b in zip([-1] + cuts, cuts + [len(order) - 1])]
-    weights = [unique_tokens(seqs[i] for i in g) for g in groups]
-    total, done, shard = max(1, sum(weights)), 0, [0] * len(seqs)
-    for g, w in zip(groups, weights):  # consecutive groups, cut at equal shares of the unique tokens
-        s = min(shards - 1, (2 * done + w) * shards // (2 * total))
-        for i in g:
-            shard[i] = s
-        done += w
-    members = [[] for _ in range(shards)]
-    for i in order:
-        members[shard[i]].append(seqs[i])
-    return Plan(shard, depth, len(groups), [unique_tokens(m) for m in members])
+    best, levels, longest = None, set(), max(ctx_len)
+    for depth in range(page_size, longest + page_size, page_size):
+        starts = [0] + [k + 1 for k, c in enumerate(ctx_shared)
+                        if c < min(depth, ctx_len[k]) or c < min(depth, ctx_len[k + 1])]
+        if len(starts) in levels or (len(starts) < shards and depth < longest):
+            continue  # a deeper key with as many keys splits the requests the same way
+        levels.add(len(starts))
+        plan = cut(starts, depth)
+        if best is None or (max(plan.shard_tokens), plan.total) < (max(best.shard_tokens), best.total):
+            best = plan
+    return best
 
 
 # ---- the workers ------------------------------------------------------------------------------------------------
@@ -347,8 +359,7 @@ def score_file(args, validate) -> int:
     if args.no_share:
         raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
     engine = engine_from_args(args)
-    requests = [(r["context"], r["continuation"]) for r in rows]
-    engine.encode(requests)  # bad lengths fail here, before the log or any worker
+    encoded = engine.encode([(r["context"], r["continuation"]) for r in rows])  # bad lengths fail here
     log = Path(args.output + ".resume.jsonl")
     header = {"input": hashlib.sha256(Path(args.input).read_bytes()).hexdigest(), "model": str(args.model),
               "dtype": args.dtype}
@@ -363,7 +374,7 @@ def score_file(args, validate) -> int:
             f.write(json.dumps({"_row": i, **asdict(result)}) + "\n")
             f.flush()
 
-        engine.score(requests, progress=True, done=done, on_result=append)
+        engine.score(encoded, progress=True, done=done, on_result=append)  # token ids: used as they are
     done = read_log(log, header)
     write_rows(args.output, [{**row, **done[i]} for i, row in enumerate(rows)])
     log.unlink()

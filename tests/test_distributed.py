@@ -234,3 +234,12 @@ def test_bad_input_same_error_before_any_worker(case, cluster, tiny_model_dir, t
     assert errors[0] == errors[1]
     if case != "too long":
         assert f"{src}:" in errors[0]
+
+
+def test_more_gpus_asked_than_the_cluster_has(cluster, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    src = write_jsonl(tmp_path / "in.jsonl", rows_of(1, 2))
+    monkeypatch.setattr(distributed, "run_blocks", lambda *a, **k: pytest.fail("a worker was started"))
+    assert engine_main(["score", "--input", str(src), "--output", str(tmp_path / "o.jsonl"), "--ray", "--device",
+                        "cuda", "--workers", "2", *engine_args(tiny_model_dir)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "error: --workers 2: the Ray cluster has 0 GPUs, 2 are needed"
