@@ -1,14 +1,15 @@
-"""Scoring on a Ray cluster with the prefix sharing kept: `python -m engine score --ray [ADDRESS] --workers N` and
-`icqs ... --ray` (engine.factory.engine_from_args returns a DistributedEngine, which has the Engine's `score`).
+"""Scoring on a Ray cluster with the prefix sharing kept: `python -m engine score --ray [ADDRESS] --workers N`
+and `icqs ... --ray` (engine.factory.engine_from_args returns a DistributedEngine: the Engine's `score`).
 
-1. The driver reads and validates the job (the local path's one-line `file:line` errors, exit 2, before any worker
-   starts), tokenizes it (each distinct context once, as Engine.score does) and checks every request's length.
+1. The driver reads and validates the job (for the CLI: engine/cli.py's own checks, so the same one-line
+   `file:line` errors, exit 2, before any worker starts), tokenizes it and checks every request's length.
 2. It plans shards along the prefix tree. A request's key is its top prefix: the first `depth` tokens of its context
-   (for an ICQS job: the demo set), `depth` the multiple of a KV page that gives the smallest largest shard. Requests sorted by their tokens are the prefix tree in depth-first order, so a key's
-   requests are consecutive; consecutive keys are cut into shards of equal unique tokens (the prefix tree's size),
-   so a key never spans two shards, and the only tokens computed twice are the prefixes that neighbouring shards
-   share at a cut. `naive=True` deals the requests round-robin instead (what a key-blind split does): every shard
-   then recomputes nearly every prefix.
+   (for an ICQS job: the demo set), `depth` the multiple of a KV page that gives the smallest largest shard.
+   Requests sorted by their tokens are the prefix tree in depth-first order, so a key's requests are consecutive;
+   consecutive keys are cut into shards of equal unique tokens (the prefix tree's size), so a key never spans two
+   shards, and the only tokens computed twice are the prefixes that neighbouring shards share at a cut.
+   `naive=True` deals the requests round-robin instead (what a key-blind split does): every shard then recomputes
+   nearly every prefix.
 3. Ray Data carries one block per shard (`ray.data.from_arrow`); `map_batches` with an actor pool
    (ActorPoolStrategy, one `EngineWorker` = one Engine per actor, `num_gpus=1` per actor on GPUs) scores a block
    with one `Engine.score` call on token ids. Each actor keeps its cache across calls, so two shards of one
@@ -17,25 +18,25 @@
    killed actor and retries its tasks (max_restarts / max_task_retries = -1, its defaults for actor pools): a
    task's output is only seen once it has finished, so no request is lost, and none is duplicated.
 
-`score_file` (the CLI) appends each finished result to OUTPUT.resume.jsonl (a header names the input's digest and
-the model): a rerun skips the requests already there. The output (JSONL, or Parquet when OUTPUT ends in .parquet;
-input JSONL or Parquet) is written whole at the end, in input order, with every input field passed through.
+`score_rows` (the CLI, after engine/cli.py's checks) appends each result to the output in input order as soon as
+the rows before it are done, with every input field passed through: the local path's output, and its resumption
+(a rerun skips the rows already written).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, fields
+from types import SimpleNamespace
 
-from .engine import Engine, ScoreResult, new_stats
+from .engine import Engine, EngineOptions
 from .errors import UserError
 from .loader import load_model_files
-from .requests import encode_pairs
+from .requests import Generation, ScoreResult, encode_pairs
+from .scheduler import new_stats
 
 SHARDS_PER_WORKER = 2
 STATS = ("tokens_requested", "tokens_computed", "forward_steps")
+OUTPUT_FIELDS = ("logprob", "token_logprobs", "num_tokens", "is_greedy")  # what `python -m engine score` writes
 
 
 # ---- planning: shards along the prefix tree ---------------------------------------------------------------------
@@ -205,21 +206,24 @@ class DistributedEngine:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self.config, _, self.tokenizer = load_model_files(cluster.model)
-        self.kv_tokens = cluster.engine_options.get("kv_tokens", 65536)
+        self.options = EngineOptions.checked(**{k: v for k, v in cluster.engine_options.items()
+                                                if k in ("kv_tokens", "token_budget", "keep_cache")})  # each worker's
+        o = self.options
+        self.kv = SimpleNamespace(num_pages=-(-o.kv_tokens // o.page_size), page_size=o.page_size)  # for the checks
         self.last_stats = new_stats()
         self.last_plan: Plan | None = None
         self._connected = False
 
     def encode(self, requests) -> list[tuple[list[int], list[int]]]:
-        """Token ids of every request, with the engine's own length check (same errors as the local path)."""
+        """Token ids of every request, checked as Engine.score checks them (same errors as the local path)."""
         encoded = encode_pairs(self.tokenizer, requests)
-        Engine._check_lengths(self, encoded)
+        for i, (ctx, cont) in enumerate(encoded):
+            if (error := self._check_score(ctx, cont, 0, f"request {i}")) is not None:
+                raise error
         return encoded
 
-    @property
-    def options(self):  # what Engine._check_lengths reads
-        from .engine import EngineOptions
-        return EngineOptions(kv_tokens=self.kv_tokens)
+    # the Engine's own checks, on the workers' cache shape (self.kv)
+    _check_score, _limit, _limit_text = Engine._check_score, Engine._limit, Engine._limit_text
 
     def _connect(self):
         if not self._connected:
@@ -262,8 +266,7 @@ class DistributedEngine:
             for row in table.to_pylist():
                 i = row["_row"]
                 if results[i] is None:  # the first result of a request; a retried task's is the same
-                    results[i] = ScoreResult(row["logprob"], row["token_logprobs"], row["num_tokens"],
-                                             row["is_greedy"])
+                    results[i] = ScoreResult(**{f.name: row[f.name] for f in fields(ScoreResult)})
                     if on_result:
                         on_result(i, results[i], row["_worker"])
                     bar.update(1)
@@ -278,8 +281,6 @@ class DistributedEngine:
         sharing a prefix stay together). Sampling with a seed follows the shard, not the whole list."""
         import pyarrow as pa
 
-        from .generation import Generation
-
         if not prompts:
             return []
         c = self.cluster
@@ -291,96 +292,39 @@ class DistributedEngine:
         out = [None] * len(prompts)
         for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads, "generate", options):
             for row in table.to_pylist():
-                out[row["_row"]] = out[row["_row"]] or Generation(row["text"], row["token_ids"],
-                                                                  row["finish_reason"])
+                out[row["_row"]] = out[row["_row"]] or Generation(**{f.name: row[f.name] for f in fields(Generation)})
         return out
 
 
-# ---- the CLI: a file in, a file out, resumable ------------------------------------------------------------------
-def read_requests(path: str, validate) -> list[dict]:
-    """Rows of a JSONL or Parquet file; a bad row is a one-line error naming file:line (Parquet: file:row)."""
-    from .jsonl import read_jsonl
-
-    if not path.endswith(".parquet"):
-        return read_jsonl(path, validate=validate)
-    import pyarrow.parquet as pq
-
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except FileNotFoundError:
-        raise UserError("no such file", path) from None
-    except Exception as e:  # pyarrow's errors for a file that is not Parquet
-        raise UserError(f"cannot read as Parquet: {e}".splitlines()[0], path) from None
-    for number, row in enumerate(rows, 1):
-        if problem := validate(row):
-            raise UserError(problem, path, number)
-    return rows
-
-
-def write_rows(path: str, rows: list[dict]) -> None:
-    """The whole output at once: a temp file in the same directory, then a rename."""
-    import tempfile
-
-    out_dir = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("wb", dir=out_dir, delete=False, suffix=".part") as f:
-        if path.endswith(".parquet"):
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-            pq.write_table(pa.Table.from_pylist(rows), f)
-        else:
-            f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
-    os.replace(f.name, path)
-
-
-def read_log(path: Path, header: dict) -> dict[int, dict]:
-    """Finished results of an earlier run (request index -> result), checked against this run's header."""
-    if not path.exists():
-        return {}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if not lines or json.loads(lines[0]) != header:
-        raise UserError("holds results for another input or model: delete it to start over", str(path))
-    done = {}
-    for text in lines[1:]:
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError:  # a line cut short by a crash: recomputed
-            continue
-        done[row.pop("_row")] = row
-    return done
-
-
-def score_file(args, validate) -> int:
-    """`python -m engine score --ray`: score args.input into args.output on the cluster, resuming from the log."""
+# ---- the CLI ----------------------------------------------------------------------------------------------------
+def score_rows(args, engine: DistributedEngine, todo: list[tuple[int, dict]], encoded) -> int:
+    """`python -m engine score --ray`, once engine/cli.py has checked everything (the same checks and errors as the
+    local path) and found the rows to do (`todo`: (line, row) after those a previous run wrote). Results arrive in
+    any order; each is appended to the output, in input order, as soon as the rows before it are there, so the output
+    resumes exactly as the local path's does."""
     import sys
 
-    from .factory import engine_from_args
+    from .jsonl import ResultWriter
 
-    rows = read_requests(args.input, validate)
     if args.no_share:
         raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
-    engine = engine_from_args(args)
-    encoded = engine.encode([(r["context"], r["continuation"]) for r in rows])  # bad lengths fail here
-    log = Path(args.output + ".resume.jsonl")
-    header = {"input": hashlib.sha256(Path(args.input).read_bytes()).hexdigest(), "model": str(args.model),
-              "dtype": args.dtype}
-    done = read_log(log, header)
-    with open(log, "a", encoding="utf-8") as f:
-        if not log.stat().st_size:
-            f.write(json.dumps(header) + "\n")
-        elif not log.read_text(encoding="utf-8").endswith("\n"):
-            f.write("\n")  # end a line torn by a crash (it is skipped when read)
+    ready, written = {}, 0
+    with ResultWriter(args.output, key=lambda row: None) as out:
+        def on_result(i, result, worker):
+            nonlocal written
+            ready[i] = result
+            while written in ready:
+                line, row = todo[written]
+                res = ready.pop(written)
+                try:
+                    out.write({**row, **{k: getattr(res, k) for k in OUTPUT_FIELDS}})
+                except ValueError:  # strict JSON: a NaN or infinite log-prob is never written
+                    raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it "
+                                    "are kept", args.input, line) from None
+                written += 1
 
-        def append(i, result, worker):
-            f.write(json.dumps({"_row": i, **asdict(result)}) + "\n")
-            f.flush()
-
-        engine.score(encoded, progress=True, done=done, on_result=append)  # token ids: used as they are
-    done = read_log(log, header)
-    write_rows(args.output, [{**row, **done[i]} for i, row in enumerate(rows)])
-    log.unlink()
+        engine.score(encoded, progress=not args.quiet, on_result=on_result)  # token ids: used as they are
     s, plan = engine.last_stats, engine.last_plan
-    shards = f", {plan.shards} shards of {plan.keys} prefix keys" if plan else ""
-    print(f"scored {len(rows)} requests ({len(rows) - s['requests']} from an earlier run) on {args.workers} Ray "
-          f"workers{shards}: {s['tokens_computed']} tokens computed of {s['tokens_requested']} requested",
-          file=sys.stderr)
+    print(f"scored {len(todo)} requests on {args.workers} Ray workers, {plan.shards} shards of {plan.keys} prefix "
+          f"keys: {s['tokens_computed']} tokens computed of {s['tokens_requested']} requested", file=sys.stderr)
     return 0
