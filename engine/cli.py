@@ -82,6 +82,9 @@ def cmd_score(args) -> int:
                             "continuation)", args.input, line)
     if skip:
         print(f"resuming: {skip} rows already in {args.output}", file=sys.stderr)
+    if args.ray is not None:  # the same checks, then the shards on a Ray cluster: engine/distributed.py
+        from .distributed import score_rows
+        return score_rows(args, eng, todo, encoded)
     totals = dict(tokens_computed=0, tokens_requested=0, forward_steps=0, peak_kv_pages=0)
     with ResultWriter(args.output, key=lambda row: None) as out, \
             tqdm(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:

@@ -2,22 +2,27 @@
 pairwise | allure | demo` add the same options (`add_engine_args`) and build their engine with `engine_from_args`.
 
 Devices: `cpu`, `cuda`, `cuda:N`; the default is `cuda` when a GPU is present, else `cpu`. A device that is not
-there (`cuda` without a GPU, `cuda:3` on a one-GPU machine, `tpu`) is a one-line UserError before any work."""
+there (`cuda` without a GPU, `cuda:3` on a one-GPU machine, `tpu`) is a one-line UserError before any work.
+
+`--ray [ADDRESS] --workers N` turns the engine into engine.distributed.DistributedEngine: the same `score` on N
+Ray actors (a local cluster without ADDRESS), each with one GPU (`--device cuda`, checked against the cluster's
+GPUs) or `--threads` CPU threads (default: this machine's cores / N, so the workers do not oversubscribe them)."""
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 
 from .errors import UserError
 
 log = logging.getLogger("engine")
 
-
-def resolve_device(name: str | None, cpu_fallback: bool = False) -> str:
+def resolve_device(name: str | None, cpu_fallback: bool = False, local: bool = True) -> str:
     """The torch device string for a --device value (None or 'auto': cuda when available, else cpu).
     `cpu_fallback`: a cuda device on a machine without a GPU gives cpu and a warning instead of an error (for
-    callers whose default is cuda, such as lm-evaluation-harness)."""
+    callers whose default is cuda, such as lm-evaluation-harness). `local=False` (Ray workers): only the form is
+    checked here (cpu or cuda, one GPU per worker), the GPUs by the cluster."""
     import torch
 
     if name is None or name == "auto":
@@ -25,6 +30,10 @@ def resolve_device(name: str | None, cpu_fallback: bool = False) -> str:
     m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", name.strip())
     if not m or (m.group(1) == "cpu" and m.group(2) is not None):
         raise UserError(f"--device {name!r}: expected cpu, cuda or cuda:N")
+    if not local:
+        if m.group(2) is not None:
+            raise UserError(f"--device {name}: with --ray each worker gets a GPU of its own: use --device cuda")
+        return m.group(1)
     if m.group(1) == "cuda":
         if not torch.cuda.is_available() and cpu_fallback:
             log.warning("device %s: no CUDA GPU is available on this machine; running on cpu", name)
@@ -70,26 +79,39 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
                    help="CPU threads for the model (default: chosen by the engine)")
     g.add_argument("--token-budget", type=positive_int, default=1024, help="new tokens per forward step")
     g.add_argument("--kv-tokens", type=positive_int, default=65536, help="KV cache capacity in tokens")
+    g = p.add_argument_group("Ray (engine.distributed)")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="score on a Ray cluster (no ADDRESS: start a local one)")
+    g.add_argument("--workers", type=positive_int, default=2, help="with --ray: Ray actors, one engine each")
+    g.add_argument("--naive-partition", action="store_true",
+                   help="with --ray: deal requests round-robin instead of by prefix (for comparisons)")
 
 
 def engine_options(args) -> dict:
     """Engine.load keyword arguments from parsed engine options."""
-    opts = dict(dtype=args.dtype, device=resolve_device(args.device), token_budget=args.token_budget,
+    ray = getattr(args, "ray", None) is not None
+    opts = dict(dtype=args.dtype, device=resolve_device(args.device, local=not ray), token_budget=args.token_budget,
                 kv_tokens=args.kv_tokens)
     if args.threads is not None:
         opts["threads"] = args.threads
+    elif ray and opts["device"] == "cpu":
+        opts["threads"] = max(1, (os.cpu_count() or 1) // args.workers)
     return opts
 
 
 def engine_from_args(args, **overrides):
     """The engine the parsed options ask for; `overrides` (e.g. keep_cache=True) win over them. With --server, a
-    client of that server (engine/client.py), with the same score/generate interface."""
+    client of that server (engine/client.py), with the same score/generate interface; with --ray, a
+    DistributedEngine (its workers always keep their cache across calls)."""
     if getattr(args, "server", None):
-        import os
-
         from .client import Client
 
         return Client(args.server, api_key=os.environ.get("ENGINE_API_KEY"))
+    if getattr(args, "ray", None) is not None:
+        from .distributed import Cluster, DistributedEngine
+
+        opts = {**engine_options(args), **overrides, "keep_cache": True}
+        return DistributedEngine(Cluster(args.model, opts, args.ray, args.workers, args.naive_partition))
     from .engine import Engine
 
     return Engine.load(args.model, **{**engine_options(args), **overrides})

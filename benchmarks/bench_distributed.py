@@ -1,0 +1,112 @@
+"""Prefix affinity and throughput of `--ray` on the ICQS-shaped job (bench_icqs_workload.build_job, reduced):
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_distributed.py [--scale 0.1] [--ratios 6] [--demos 8]
+        [--demo-sets 2] [--dtype bfloat16] [--model PATH]
+
+Back to back in one process, on a local Ray cluster with this machine's cores: the single-process engine (all
+cores), then engine.distributed with 1 worker (all cores), 2 workers (cores / 2 threads each, so they do not
+oversubscribe the cores), and 2 workers with naive (round-robin) partitioning. Printed for each: tokens computed
+over all workers (and / the single-process job's), the planner's count, wall seconds (Ray's include starting the
+actors and loading the model in each), the busiest worker's seconds inside Engine.score, requests/s on both, and
+the largest |logprob| difference from the single-process scores. Then the planner alone (no model run) on the
+whole job for 2 to 64 shards: the tokens the workers would compute, prefix-keyed vs naive.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import ray
+
+from common import load_average
+from bench_icqs_workload import QUESTIONS, build_job
+from engine import Engine
+from engine import distributed
+from engine.distributed import Cluster, DistributedEngine, plan_shards
+from engine.requests import encode_pairs
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: the embedded SmolLM2)")
+    ap.add_argument("--scale", type=float, default=0.1, help="fraction of the 50 questions")
+    ap.add_argument("--ratios", type=int, default=6)
+    ap.add_argument("--demos", type=int, default=8, help="demos per demo set")
+    ap.add_argument("--demo-sets", type=int, default=2, help="demo sets per ratio")
+    ap.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
+    ap.add_argument("--skip-plan", action="store_true", help="skip the planner-only table for the whole job")
+    ap.add_argument("--plan-only", action="store_true", help="only the planner-only table (no model runs)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cores = os.cpu_count() or 1
+    questions = max(1, round(QUESTIONS * args.scale))
+    _, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets)
+    if args.plan_only:
+        return plan_table(args)
+    print(f"job: {len(requests)} requests ({len(candidates)} candidates x {args.ratios} ratios x {args.demo_sets} "
+          f"demo sets of {args.demos} demos), {args.dtype}, {cores} cores; load average before: {load_average()}")
+
+    t = time.perf_counter()
+    eng = Engine.load(args.model, dtype=args.dtype, threads=cores)
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    local = eng.score(requests)
+    local_s = time.perf_counter() - t
+    base = eng.last_stats["tokens_computed"]
+    rows = [("single process", cores, base, base, local_s + load_s, local_s, 0.0)]
+    del eng
+
+    ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        for name, workers, naive in (("ray, 1 worker", 1, False), ("ray, 2 workers", 2, False),
+                                     ("ray, 2 workers, naive", 2, True)):
+            threads = max(1, cores // workers)
+            d = DistributedEngine(Cluster(args.model, {"dtype": args.dtype, "threads": threads, "keep_cache": True},
+                                          workers=workers, naive=naive))
+            t = time.perf_counter()
+            got = d.score(requests)
+            wall = time.perf_counter() - t
+            s = d.last_stats
+            diff = max(abs(a.logprob - b.logprob) for a, b in zip(got, local))
+            rows.append((name, threads, s["tokens_computed"], sum(d.last_plan.shard_tokens), wall,
+                         max(s["busy_seconds"].values()), diff))
+    finally:
+        ray.shutdown()
+
+    print(f"\n| runner | threads/worker | tokens computed | x single | planned | wall s | busiest worker s "
+          f"| req/s (wall) | req/s (busy) | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, threads, computed, planned, wall, busy, diff in rows:
+        print(f"| {name} | {threads} | {computed:,} | {computed / base:.3f} | {planned:,} | {wall:.1f} | {busy:.1f} "
+              f"| {len(requests) / wall:.1f} | {len(requests) / busy:.1f} | {diff:.2g} |")
+    print(f"load average after: {load_average()}")
+
+    if not args.skip_plan:
+        plan_table(args)
+
+
+def plan_table(args):
+    """The planner alone on the whole ICQS job and on one with 4x the questions: tokens the workers would compute."""
+    tokenizer = Engine.load(args.model, dtype=args.dtype).tokenizer
+    for questions in (QUESTIONS, 4 * QUESTIONS):
+        _, _, job = build_job(questions, 11, 16, 4)
+        encoded = encode_pairs(tokenizer, job)
+        one = plan_shards(encoded, 1).shard_tokens[0]
+        print(f"\nplanner only, the ICQS job with {questions} questions ({len(job)} requests, {one:,} unique tokens):")
+        print("| shards | prefix-keyed tokens (x single) | largest shard / mean | keys | naive tokens (x single) |")
+        print("|---|---|---|---|---|")
+        for shards in (2, 4, 8, 16, 32, 64, 128):
+            p, n = plan_shards(encoded, shards), plan_shards(encoded, shards, naive=True)
+            mean = sum(p.shard_tokens) / shards
+            print(f"| {shards} | {sum(p.shard_tokens):,} ({sum(p.shard_tokens) / one:.3f}) | "
+                  f"{max(p.shard_tokens) / mean:.2f} | {p.keys} | {sum(n.shard_tokens):,} "
+                  f"({sum(n.shard_tokens) / one:.2f}) |")
+    print(f"(engine.distributed cuts {distributed.SHARDS_PER_WORKER} shards per worker)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""Scoring on a Ray cluster with the prefix sharing kept: `python -m engine score --ray [ADDRESS] --workers N`
+and `icqs ... --ray` (engine.factory.engine_from_args returns a DistributedEngine: the Engine's `score`).
+
+1. The driver reads and validates the job (for the CLI: engine/cli.py's own checks, so the same one-line
+   `file:line` errors, exit 2, before any worker starts), tokenizes it and checks every request's length.
+2. It plans shards along the prefix tree. A request's key is its top prefix: the first `depth` tokens of its context
+   (for an ICQS job: the demo set), `depth` the multiple of a KV page that gives the smallest largest shard.
+   Requests sorted by their tokens are the prefix tree in depth-first order, so a key's requests are consecutive;
+   consecutive keys are cut into shards of equal unique tokens (the prefix tree's size), so a key never spans two
+   shards, and the only tokens computed twice are the prefixes that neighbouring shards share at a cut.
+   `naive=True` deals the requests round-robin instead (what a key-blind split does): every shard then recomputes
+   nearly every prefix.
+3. Ray Data carries one block per shard (`ray.data.from_arrow`); `map_batches` with an actor pool
+   (ActorPoolStrategy, one `EngineWorker` = one Engine per actor, `num_gpus=1` per actor on GPUs) scores a block
+   with one `Engine.score` call on token ids. Each actor keeps its cache across calls, so two shards of one
+   subtree on the same actor share their prefix too.
+4. The driver streams the results back in any order and keeps each request's first result. Ray Data restarts a
+   killed actor and retries its tasks (max_restarts / max_task_retries = -1, its defaults for actor pools): a
+   task's output is only seen once it has finished, so no request is lost, and none is duplicated.
+
+`score_rows` (the CLI, after engine/cli.py's checks) appends each result to the output in input order as soon as
+the rows before it are done, with every input field passed through: the local path's output, and its resumption
+(a rerun skips the rows already written).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from types import SimpleNamespace
+
+from .engine import Engine, EngineOptions
+from .errors import UserError
+from .loader import load_model_files
+from .requests import Generation, ScoreResult, encode_pairs
+from .scheduler import new_stats
+
+SHARDS_PER_WORKER = 2
+STATS = ("tokens_requested", "tokens_computed", "forward_steps")
+OUTPUT_FIELDS = ("logprob", "token_logprobs", "num_tokens", "is_greedy")  # what `python -m engine score` writes
+
+
+# ---- planning: shards along the prefix tree ---------------------------------------------------------------------
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def unique_tokens(seqs) -> int:
+    """Tokens in the prefix tree of `seqs` (sorted): each token counted once per distinct prefix."""
+    total, prev = 0, []
+    for s in seqs:
+        total += len(s) - common_prefix(prev, s)
+        prev = s
+    return total
+
+
+@dataclass
+class Plan:
+    shard: list[int]  # request -> shard
+    depth: int  # key length in tokens (0: naive)
+    keys: int  # distinct keys
+    shard_tokens: list[int]  # unique tokens per shard (what each shard's engine computes)
+
+    @property
+    def shards(self) -> int:
+        return len(self.shard_tokens)
+
+    @property
+    def total(self) -> int:
+        return sum(self.shard_tokens)
+
+
+def plan_shards(encoded: list[tuple[list[int], list[int]]], shards: int, page_size: int = 16,
+                naive: bool = False) -> Plan:
+    """Shard each (context ids, continuation ids) request; see the module docstring. The key depth: of the page
+    multiples that give at least `shards` keys, the one whose largest shard is smallest (the job's makespan),
+    then whose total is smallest."""
+    seqs = [ctx + cont[:-1] for ctx, cont in encoded]  # the tokens the engine computes for a request
+    if naive:
+        shard = [i % shards for i in range(len(seqs))]
+        return Plan(shard, 0, len(seqs), [unique_tokens(sorted(seqs[s::shards])) for s in range(shards)])
+    order = sorted(range(len(seqs)), key=seqs.__getitem__)  # the prefix tree in depth-first order
+    lengths = [len(seqs[i]) for i in order]
+    added = [n - common_prefix(seqs[a], seqs[b]) for n, a, b in zip(lengths, [order[0]] + order, order)]
+    added[0] = lengths[0]  # added[k]: the tokens request order[k] adds to the tree of those before it
+    ctx_len = [len(encoded[i][0]) for i in order]
+    ctx_shared = [common_prefix(encoded[a][0], encoded[b][0]) for a, b in zip(order, order[1:])]
+
+    def cut(starts: list[int], depth: int) -> Plan:
+        """Consecutive keys (starting at sorted positions `starts`) cut at equal shares of the unique tokens."""
+        ends = starts[1:] + [len(order)]
+        weights = [sum(added[a:b]) for a, b in zip(starts, ends)]
+        total, done, shard, tokens = max(1, sum(weights)), 0, [0] * len(seqs), [0] * shards
+        for a, b, w in zip(starts, ends, weights):
+            s = min(shards - 1, (2 * done + w) * shards // (2 * total))
+            first = not tokens[s]  # a shard's first request brings its whole prefix
+            for k in range(a, b):
+                shard[order[k]] = s
+            tokens[s] += (lengths[a] if first else added[a]) + sum(added[a + 1:b])
+            done += w
+        return Plan(shard, depth, len(starts), tokens)
+
+    best, levels, longest = None, set(), max(ctx_len)
+    for depth in range(page_size, longest + page_size, page_size):
+        starts = [0] + [k + 1 for k, c in enumerate(ctx_shared)
+                        if c < min(depth, ctx_len[k]) or c < min(depth, ctx_len[k + 1])]
+        if len(starts) in levels or (len(starts) < shards and depth < longest):
+            continue  # a deeper key with as many keys splits the requests the same way
+        levels.add(len(starts))
+        plan = cut(starts, depth)
+        if best is None or (max(plan.shard_tokens), plan.total) < (max(best.shard_tokens), best.total):
+            best = plan
+    return best
+
+
+# ---- the workers ------------------------------------------------------------------------------------------------
+class EngineWorker:
+    """One Engine per Ray actor; scores (or generates for) one block of requests per call."""
+
+    def __init__(self, model, engine_options: dict):
+        self.engine = Engine.load(model, **engine_options)
+        self.worker = f"{os.uname().nodename}:{os.getpid()}"
+
+    def __call__(self, batch, op: str = "score", options: dict | None = None):
+        import time
+
+        import pyarrow as pa
+
+        start = time.perf_counter()
+        rows = batch.column("_row").to_pylist()
+        if op == "score":
+            reqs = list(zip(batch.column("context").to_pylist(), batch.column("continuation").to_pylist()))
+            out = [asdict(r) for r in self.engine.score(reqs, share_prefix=True)]
+        else:
+            out = [asdict(g) for g in self.engine.generate(batch.column("prompt").to_pylist(), **(options or {}))]
+        table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
+        stats = self.engine.last_stats
+        for name in STATS:  # this call's engine counters, on its first row
+            table = table.append_column(f"_{name}", pa.array([stats[name]] + [0] * (len(rows) - 1), pa.int64()))
+        seconds = time.perf_counter() - start
+        table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
+        return table.append_column("_worker", pa.array([self.worker] * len(rows)))
+
+
+# ---- the cluster ------------------------------------------------------------------------------------------------
+def connect(address: str | None, workers: int, threads: int, gpus: bool):
+    """Join the Ray cluster at `address`, or start a local one ('local'), unless this process is connected."""
+    import ray
+
+    if not ray.is_initialized():
+        local = address in (None, "local")
+        try:
+            ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False,
+                     **({"num_cpus": max(os.cpu_count() or 1, workers * threads)} if local else {}))
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise UserError(f"--ray {address}: cannot connect to a Ray cluster: {e}".splitlines()[0]) from None
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    available = ray.cluster_resources().get("GPU" if gpus else "CPU", 0)
+    need = workers * (1 if gpus else threads)
+    if available < need:
+        what = "GPUs" if gpus else "CPUs"
+        raise UserError(f"--workers {workers}: the Ray cluster has {available:g} {what}, {need} are needed")
+
+
+def run_blocks(tables, model, engine_options: dict, workers: int, threads: int, op: str = "score",
+               options: dict | None = None):
+    """Yield each block's result table (columns of the worker's output) as the actor pool finishes it."""
+    import ray
+
+    gpus = str(engine_options.get("device", "cpu")).startswith("cuda")
+    ds = ray.data.from_arrow(tables)
+    # on GPUs Ray Data wants a batch size: the smallest block's size keeps each block in one task on one actor
+    batch_size = min(t.num_rows for t in tables) if gpus else None
+    ds = ds.map_batches(EngineWorker, fn_constructor_kwargs=dict(model=model, engine_options=engine_options),
+                        fn_kwargs=dict(op=op, options=options), batch_size=batch_size, batch_format="pyarrow",
+                        compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
+                        num_cpus=1 if gpus else threads, num_gpus=1 if gpus else None)
+    yield from ds.iter_batches(batch_size=None, batch_format="pyarrow")
+
+
+@dataclass
+class Cluster:
+    """Where and how the workers run: the options of `--ray [ADDRESS] --workers N` and the engine's."""
+    model: str | None
+    engine_options: dict  # Engine.load keyword arguments for every worker
+    address: str | None = None
+    workers: int = 2
+    naive: bool = False
+
+    @property
+    def threads(self) -> int:
+        return self.engine_options.get("threads") or 1
+
+
+class DistributedEngine:
+    """The Engine's scoring interface over a Ray actor pool: `score`, `generate`, `last_stats`, `tokenizer`,
+    `config`. The driver holds the tokenizer (and loads the model files once, to check them before any worker
+    starts); the workers hold the engines."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.config, _, self.tokenizer = load_model_files(cluster.model)
+        self.options = EngineOptions.checked(**{k: v for k, v in cluster.engine_options.items()
+                                                if k in ("kv_tokens", "token_budget", "keep_cache")})  # each worker's
+        o = self.options
+        self.kv = SimpleNamespace(num_pages=-(-o.kv_tokens // o.page_size), page_size=o.page_size)  # for the checks
+        self.last_stats = new_stats()
+        self.last_plan: Plan | None = None
+        self._connected = False
+
+    def encode(self, requests) -> list[tuple[list[int], list[int]]]:
+        """Token ids of every request, checked as Engine.score checks them (same errors as the local path)."""
+        encoded = encode_pairs(self.tokenizer, requests)
+        for i, (ctx, cont) in enumerate(encoded):
+            if (error := self._check_score(ctx, cont, 0, f"request {i}")) is not None:
+                raise error
+        return encoded
+
+    # the Engine's own checks, on the workers' cache shape (self.kv)
+    _check_score, _limit, _limit_text = Engine._check_score, Engine._limit, Engine._limit_text
+
+    def _connect(self):
+        if not self._connected:
+            c = self.cluster
+            connect(c.address, c.workers, c.threads, str(c.engine_options.get("device")).startswith("cuda"))
+            self._connected = True
+
+    def score(self, requests, share_prefix: bool = True, progress: bool = False, done=(), on_result=None
+              ) -> list[ScoreResult | None]:
+        """log P(continuation | context) for each request, computed on the workers. `done`: indices to skip
+        (their result is None); `on_result(i, result, worker)` is called as each result arrives."""
+        import pyarrow as pa
+        from tqdm import tqdm
+
+        if not share_prefix:
+            raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
+        encoded = self.encode(requests)
+        c, done = self.cluster, set(done)
+        todo = [i for i in range(len(encoded)) if i not in done]
+        results: list[ScoreResult | None] = [None] * len(encoded)
+        self.last_stats = stats = {**new_stats(), "busy_seconds": {}}  # busy: worker -> seconds in Engine.score
+        stats["requests"] = len(todo)
+        if not todo:
+            return results
+        plan = self.last_plan = plan_shards([encoded[i] for i in todo], c.workers * SHARDS_PER_WORKER, naive=c.naive)
+        stats["unique_tokens"] = sum(plan.shard_tokens)
+        members = [[] for _ in range(plan.shards)]
+        for i, s in zip(todo, plan.shard):
+            members[s].append(i)
+        tables = [pa.table({"_row": pa.array(m, pa.int64()), "context": [encoded[i][0] for i in m],
+                            "continuation": [encoded[i][1] for i in m]}) for m in members if m]
+        self._connect()
+        bar = tqdm(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress)
+        for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads):
+            for name in STATS:
+                stats[name] += sum(table.column(f"_{name}").to_pylist())
+            worker = table.column("_worker")[0].as_py()
+            stats["busy_seconds"][worker] = stats["busy_seconds"].get(worker, 0.0) + sum(
+                table.column("_seconds").to_pylist())
+            for row in table.to_pylist():
+                i = row["_row"]
+                if results[i] is None:  # the first result of a request; a retried task's is the same
+                    results[i] = ScoreResult(**{f.name: row[f.name] for f in fields(ScoreResult)})
+                    if on_result:
+                        on_result(i, results[i], row["_worker"])
+                    bar.update(1)
+        bar.close()
+        missing = [i for i in todo if results[i] is None]
+        if missing:  # Ray Data gave up on a task: say so rather than write a hole
+            raise RuntimeError(f"{len(missing)} requests came back without a result (first: {missing[0]})")
+        return results
+
+    def generate(self, prompts, progress: bool = False, **options):
+        """Engine.generate on the workers: the prompts cut into contiguous shards of the sorted order (prompts
+        sharing a prefix stay together). Sampling with a seed follows the shard, not the whole list."""
+        import pyarrow as pa
+
+        if not prompts:
+            return []
+        c = self.cluster
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+        n = c.workers * SHARDS_PER_WORKER
+        parts = [order[k * len(order) // n:(k + 1) * len(order) // n] for k in range(n)]
+        tables = [pa.table({"_row": pa.array(p, pa.int64()), "prompt": [prompts[i] for i in p]}) for p in parts if p]
+        self._connect()
+        out = [None] * len(prompts)
+        for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads, "generate", options):
+            for row in table.to_pylist():
+                out[row["_row"]] = out[row["_row"]] or Generation(**{f.name: row[f.name] for f in fields(Generation)})
+        return out
+
+
+# ---- the CLI ----------------------------------------------------------------------------------------------------
+def score_rows(args, engine: DistributedEngine, todo: list[tuple[int, dict]], encoded) -> int:
+    """`python -m engine score --ray`, once engine/cli.py has checked everything (the same checks and errors as the
+    local path) and found the rows to do (`todo`: (line, row) after those a previous run wrote). Results arrive in
+    any order; each is appended to the output, in input order, as soon as the rows before it are there, so the output
+    resumes exactly as the local path's does."""
+    import sys
+
+    from .jsonl import ResultWriter
+
+    if args.no_share:
+        raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
+    ready, written = {}, 0
+    with ResultWriter(args.output, key=lambda row: None) as out:
+        def on_result(i, result, worker):
+            nonlocal written
+            ready[i] = result
+            while written in ready:
+                line, row = todo[written]
+                res = ready.pop(written)
+                try:
+                    out.write({**row, **{k: getattr(res, k) for k in OUTPUT_FIELDS}})
+                except ValueError:  # strict JSON: a NaN or infinite log-prob is never written
+                    raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it "
+                                    "are kept", args.input, line) from None
+                written += 1
+
+        engine.score(encoded, progress=not args.quiet, on_result=on_result)  # token ids: used as they are
+    s, plan = engine.last_stats, engine.last_plan
+    print(f"scored {len(todo)} requests on {args.workers} Ray workers, {plan.shards} shards of {plan.keys} prefix "
+          f"keys: {s['tokens_computed']} tokens computed of {s['tokens_requested']} requested", file=sys.stderr)
+    return 0
