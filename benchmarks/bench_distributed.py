@@ -60,7 +60,7 @@ def main(argv=None):
     rows = [("single process", cores, base, base, local_s + load_s, local_s, 0.0)]
     del eng
 
-    ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    distributed.init_local_cluster(num_cpus=cores)
     try:
         for name, workers, naive in (("ray, 1 worker", 1, False), ("ray, 2 workers", 2, False),
                                      ("ray, 2 workers, naive", 2, True)):

@@ -146,6 +146,20 @@ class EngineWorker:
 
 
 # ---- the cluster ------------------------------------------------------------------------------------------------
+def init_local_cluster(**options):
+    """Start a local Ray cluster that listens on 127.0.0.1 only. Ray turns a loopback node address into the
+    machine's own and binds there, unless it takes itself for a single-machine cluster (its default on Windows and
+    macOS), which RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 selects: for Ray's own processes through the environment,
+    for this one through the constant read at import."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False,
+             **options)
+
+
 def connect(address: str | None, workers: int, threads: int, gpus: bool):
     """Join the Ray cluster at `address`, or start a local one ('local'), unless this process is connected."""
     import ray
@@ -153,9 +167,10 @@ def connect(address: str | None, workers: int, threads: int, gpus: bool):
     if not ray.is_initialized():
         local = address in (None, "local")
         try:
-            ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False,
-                     **({"num_cpus": max(os.cpu_count() or 1, workers * threads)} if local else {}))
+            if local:
+                init_local_cluster(num_cpus=max(os.cpu_count() or 1, workers * threads))
+            else:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UserError(f"--ray {address}: cannot connect to a Ray cluster: {e}".splitlines()[0]) from None
     ctx = ray.data.DataContext.get_current()

@@ -1,6 +1,5 @@
 """engine.distributed on a local Ray cluster (2 CPUs, no dashboard, a small object store), started once for this
-module and shut down after it. (Ray 2.60 turns a 127.0.0.1 node address into the machine's own and binds there;
-its token authentication, on by default, guards the ports.) Shown: the same scores as the single-process engine
+module and shut down after it, listening on 127.0.0.1 only (engine.distributed.init_local_cluster). Shown: the same scores as the single-process engine
 (float32, 1e-5), the same `icqs` leaderboard, a killed worker actor, resumption, and bad input refused before any
 worker starts. Plus the shard planner and the --device rules, which need no cluster."""
 import json
@@ -44,8 +43,7 @@ def read_jsonl(path):
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 1024 ** 2, log_to_driver=False,
-             configure_logging=False)
+    distributed.init_local_cluster(num_cpus=2, object_store_memory=96 * 1024 ** 2)
     yield
     ray.shutdown()
 
