@@ -13,7 +13,6 @@ from engine.requests import encode_pairs
 from icqs.candidates import Candidate
 from icqs.demo import demo_candidates, demo_task
 from icqs.methods import METHODS
-from icqs.run import token_limit
 from icqs.score_run import check_lengths
 
 
@@ -35,7 +34,7 @@ def main() -> None:
     encoded = encode_pairs(eng.tokenizer, [(shared + rest, cont) for _, shared, rest, cont, _ in jobs])
     longest = max(len(a) + len(b) + j[4] for j, (a, b) in zip(jobs, encoded))
     whole = time.perf_counter() - t0
-    print(f"{len(cands)} candidates, {len(jobs)} requests, longest {longest} tokens (limit {token_limit(eng)}): "
+    print(f"{len(cands)} candidates, {len(jobs)} requests, longest {longest} tokens (limit {eng.max_request_tokens}): "
           f"check_lengths {quick:.2f} s, every request tokenized whole {whole:.2f} s ({whole / quick:.0f}x)")
 
 

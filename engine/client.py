@@ -35,6 +35,7 @@ class Client:
                                    eos_ids=info["eos_ids"], add_bos=info["add_bos"],
                                    chat_template=info["chat_template"])
         self.config = ModelConfig(**info["config"])
+        self.max_request_tokens = info["max_len"]  # the served engine's limit (model maximum or KV capacity)
         self.last_stats: dict = {}
 
     def close(self) -> None:

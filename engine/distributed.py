@@ -238,7 +238,7 @@ class DistributedEngine:
         return encoded
 
     # the Engine's own checks, on the workers' cache shape (self.kv)
-    _check_score, _limit, _limit_text = Engine._check_score, Engine._limit, Engine._limit_text
+    _check_score, max_request_tokens, _limit_text = Engine._check_score, Engine.max_request_tokens, Engine._limit_text
 
     def _connect(self):
         if not self._connected:

@@ -147,7 +147,7 @@ class Engine:
         label = label or f"request {rid}"
         error, ids = None, [0]
         try:
-            ids = self._encode_prompt(prompt, label)
+            ids = self.encode_prompt(prompt, label)
             self._check_generate(ids, max_tokens, temperature, top_p, label)
         except UserError as e:
             error = e
@@ -237,7 +237,7 @@ class Engine:
         for i, p in enumerate(prompts):
             error = None
             try:
-                self._check_generate(self._encode_prompt(p, f"prompt {i}"), max_tokens, temperature, top_p,
+                self._check_generate(self.encode_prompt(p, f"prompt {i}"), max_tokens, temperature, top_p,
                                      f"prompt {i}")
             except UserError as e:
                 error = e
@@ -264,7 +264,10 @@ class Engine:
         return [h.result() for h in handles]
 
     # ---- validation ----------------------------------------------------------------------------------------
-    def _limit(self) -> int:
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens one request (prompt + scored or generated tokens) may hold: the model's maximum or the
+        KV cache's capacity, whichever is smaller."""
         return min(self.config.max_position, self.kv.num_pages * self.kv.page_size)
 
     def _check_score(self, ctx, cont, top_k, label) -> UserError | None:
@@ -277,12 +280,13 @@ class Engine:
             return UserError(f"{label}: top_k must be a non-negative integer, got {top_k!r}")
         if top_k > self.config.vocab_size:
             return UserError(f"{label}: top_k={top_k} exceeds the vocabulary ({self.config.vocab_size})")
-        n, limit = len(ctx) + len(cont), self._limit()
+        n, limit = len(ctx) + len(cont), self.max_request_tokens
         if n > limit:
             return UserError(f"{label}: {n} tokens exceed {self._limit_text()}")
         return None
 
-    def _encode_prompt(self, prompt, label) -> list[int]:
+    def encode_prompt(self, prompt, label) -> list[int]:
+        """A generation prompt's token ids (text: encoded, BOS as the model asks; ids: range-checked)."""
         tok = self.tokenizer
         if isinstance(prompt, str):
             ids = tok.encode(prompt)
@@ -300,7 +304,7 @@ class Engine:
             raise UserError(f"{label}: temperature must be >= 0, got {temperature!r}")
         if not 0 <= top_p <= 1:
             raise UserError(f"{label}: top_p must be in [0, 1], got {top_p!r}")
-        limit = self._limit()
+        limit = self.max_request_tokens
         if len(ids) + max_tokens > limit:
             raise UserError(f"{label}: a prompt of {len(ids)} tokens plus max_tokens={max_tokens} exceeds "
                             f"{self._limit_text()}")

@@ -173,12 +173,6 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def token_limit(engine) -> int:
-    """The most tokens one request (prompt + scored or generated tokens) may hold: the model's context, and the KV
-    cache's capacity (as Engine.score checks it)."""
-    return min(engine.config.max_position, engine.options.kv_tokens)
-
-
 class MeteredEngine:
     """An engine whose score and generate calls are counted: after each call its Engine.last_stats are added to
     `.stats`, with the call's wall-clock seconds. Everything else is the engine's own."""

@@ -19,7 +19,7 @@ from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
 from .io import ResultWriter, atomic_write, read_results, strict_json
 from .methods import METHODS, ordered
-from .run import MeteredEngine, RunDir, read_run_json, token_limit
+from .run import MeteredEngine, RunDir, read_run_json
 from .task import task_from_dict, task_to_dict
 
 
@@ -42,7 +42,7 @@ def check_lengths(engine, task, candidates, methods, sampler: str, path: str | N
     """Every request the methods will send fits the model (and the KV cache); else a one-line UserError naming
     the candidate's file:line, before any work. The shared prefixes (demo sets) and each candidate's own part are
     tokenized once each; only requests whose two parts come within SLACK tokens of the limit are tokenized whole."""
-    limit = token_limit(engine)
+    limit = engine.max_request_tokens
     tok = engine.tokenizer
     for name in ordered(methods):
         jobs = METHODS[name].requests(task, candidates, sampler)

@@ -17,7 +17,7 @@ class ServerState:
         self.aengine, self.engine = aengine, engine
         self.tokenizer, self.config = engine.tokenizer, engine.config
         self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
-        self.max_len = engine._limit()  # tokens a sequence may hold: the model's maximum or the KV cache
+        self.max_len = engine.max_request_tokens  # tokens a sequence may hold: the model's maximum or the KV cache
         self.created = int(time.time())
         self.in_flight = 0  # engine requests admitted and not yet answered (the event loop's thread only)
         self._token_text: dict[int, str] = {}
@@ -52,7 +52,7 @@ class ServerState:
             return self.tokenizer.encode(prompt)
         if not isinstance(prompt, str):
             return self.check_ids(list(prompt), param)
-        return self.engine._encode_prompt(prompt, param)
+        return self.engine.encode_prompt(prompt, param)
 
     def encode_pairs(self, pairs, param: str) -> list[tuple[list[int], list[int]]]:
         """(context, continuation) requests as token ids, by the engine's own convention, each checked."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from engine.errors import UserError
 from engine.factory import add_engine_args, engine_from_args, positive_int
 
-from ..run import MeteredEngine, RunDir, add_run_args, format_stats, token_limit
+from ..run import MeteredEngine, RunDir, add_run_args, format_stats
 
 
 def register(subparsers) -> None:
@@ -130,7 +130,7 @@ def _run_judge(args) -> int:
         "per_item_draws": args.per_item_draws, "max_tokens": args.max_tokens if args.generate else None})
     eng = _load_engine(args)
     reserve = args.max_tokens if args.generate else 4
-    limit = token_limit(eng) - reserve
+    limit = eng.max_request_tokens - reserve
 
     def check(prompts, advice: str = "") -> None:
         for it, k, prompt in prompts:
@@ -196,7 +196,7 @@ def _run_pairwise(args) -> int:
     run = RunDir(args.out, "pairwise", {"input": _digest(items), "model": args.model, "dtype": args.dtype,
                                         "max_tokens": args.max_tokens if args.generate else None})
     eng = _load_engine(args)
-    limit = token_limit(eng) - (args.max_tokens if args.generate else 0)
+    limit = eng.max_request_tokens - (args.max_tokens if args.generate else 0)
     longest_option = max(verdict_options(), key=len)
     for it in items:  # before anything is written
         for v in VARIANTS:
