@@ -43,6 +43,7 @@ class EngineOptions:
     page_size: int = 16
     token_budget: int = 1024  # new tokens per forward step
     keep_cache: bool = False  # online mode: keep computed prefixes across calls (LRU-evicted under pressure)
+    deterministic: bool = False  # batch-invariant ops: a request's scores do not depend on the rest of the job
     stats: dict = field(default_factory=dict)
 
 
@@ -57,7 +58,7 @@ class Engine:
         self.config, self.tokenizer, self.device = config, tokenizer, torch.device(device)
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         self.options = EngineOptions(**options)
-        self.model = LlamaModel(config, weights, self.dtype, self.device)
+        self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic)
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
         self.root = Node([], None, 0)
@@ -112,7 +113,7 @@ class Engine:
             hidden = self.model.forward(batch, self.kv)
             if scored:
                 targets = torch.tensor([s[3] for s in scored], device=self.device)
-                lp, gr = kernels.target_logprobs(hidden, self.model.lm_head, targets)
+                lp, gr = self.model.target_logprobs(hidden, targets)
                 for (_, req, j, _), v, g in zip(scored, lp.tolist(), gr.tolist()):
                     logprobs[req][j], greedy[req][j] = v, g
             bar.update(sum(b - a for _, a, b in chunks))
