@@ -1,0 +1,67 @@
+"""Cost of the deterministic mode on the ICQS-shaped job (benchmarks/bench_icqs_workload.py's requests): the same
+job scored by the default engine and by the deterministic one, interleaved (default, deterministic, default, ...),
+candidate-scores/s of each and their ratio; and how much the bf16 scores move when the job changes (the first
+`--probe` requests scored alone vs inside the whole job) in each mode.
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_deterministic.py [--scale 0.1] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from bench_icqs_workload import QUESTIONS, build_job
+from common import load_average, machine
+from engine import Engine
+from engine.loader import load_model_files
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--scale", type=float, default=0.1, help="fraction of the 50 questions")
+    ap.add_argument("--ratios", type=int, default=11)
+    ap.add_argument("--demos", type=int, default=16)
+    ap.add_argument("--demo-sets", type=int, default=4)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--token-budget", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=2, help="timed runs of each mode, interleaved")
+    ap.add_argument("--probe", type=int, default=20, help="requests scored alone to measure the job dependence")
+    args = ap.parse_args(argv)
+    print(f"# deterministic vs default, ICQS-shaped job ({machine()}; load average {load_average()})")
+    config, weights, tok = load_model_files(args.model)
+    engines = {det: Engine(config, weights, tok, dtype=args.dtype, token_budget=args.token_budget,
+                           deterministic=det) for det in (False, True)}
+    questions = max(1, round(QUESTIONS * args.scale))
+    _, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets, 0)
+    print(f"{len(requests)} requests ({questions} questions), {args.dtype}, token budget {args.token_budget}")
+    for eng in engines.values():
+        eng.score(requests[:2])  # warm-up
+    times = {False: [], True: []}
+    scores = {}
+    for _ in range(args.rounds):
+        for det, eng in engines.items():
+            t0 = time.perf_counter()
+            res = eng.score(requests)
+            times[det].append(time.perf_counter() - t0)
+            scores[det] = [r.logprob for r in res]
+    rate = {det: len(requests) / min(ts) for det, ts in times.items()}
+    drift = {}
+    for det, eng in engines.items():
+        alone = [r.logprob for r in eng.score(requests[:args.probe])]
+        drift[det] = float(np.max(np.abs(np.array(alone) - np.array(scores[det][:args.probe]))))
+    modes = np.abs(np.array(scores[True]) - np.array(scores[False]))
+    print(f"default:       {rate[False]:8.1f} candidate-scores/s  (runs: {', '.join(f'{t:.1f}' for t in times[False])} s)")
+    print(f"deterministic: {rate[True]:8.1f} candidate-scores/s  (runs: {', '.join(f'{t:.1f}' for t in times[True])} s)")
+    print(f"deterministic / default: {rate[True] / rate[False]:.3f} ({100 * (1 - rate[True] / rate[False]):+.1f}% slower)")
+    print(f"first {args.probe} requests alone vs in the job, max |diff| nats: default {drift[False]:.3g}, "
+          f"deterministic {drift[True]:.3g}")
+    print(f"deterministic vs default scores: max |diff| {modes.max():.3g}, mean {modes.mean():.3g} nats")
+    print(f"load average at the end: {load_average()}")
+    return dict(rate=rate, drift=drift, requests=len(requests))
+
+
+if __name__ == "__main__":
+    main()
