@@ -3,6 +3,7 @@ candidates (50 questions, each answered by 4 models) = 8800 (demo set + question
 
     .venv/bin/python benchmarks/bench_icqs_workload.py [--scale 1.0] [--sample 40] [--skip-llamacpp]
                                                        [--token-budget 1024] [--dtype bfloat16] [--model PATH]
+                                                       [--stream]
 
 The task is a sentiment task the script generates itself ("Sentence: ...\\nAnswer: positive"): Z_g holds sentences
 with their true label, Z_b others with the label flipped; four simulated models (accuracy 1.0, 0.8, 0.6, 0.4)
@@ -14,14 +15,20 @@ whole job: transformers run naively (one full forward per request, as lm-evaluat
 and llama.cpp (llama-cpp-python on the same Q4_1 GGUF, logits_all=True, a reset and one eval per request; an
 optional extra, skipped when not installed). The engine without prefix sharing runs on the same sample, and its
 scores check the shared run's; in float32 (--fp32-check) a sub-job shows the sharing exact up to rounding.
+With --stream the same job is also submitted the way a scoring service receives it: a producer thread hands the
+requests to the engine loop (engine.async_engine.AsyncEngine, online cache) one at a time in arrival order, once as
+token ids and once as text tokenized per request; printed beside the closed job's candidate-scores/s and tokens.
 Printed: candidate-scores/s and the speedups, tokens computed vs requested, forward steps, peak KV pages, peak RSS
 against weights + KV budget.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import itertools
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +125,73 @@ def parse_args(argv):
     ap.add_argument("--fp32-check", type=int, default=8, metavar="N",
                     help="requests of a float32 sub-job checked without sharing (0: no check)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stream", action="store_true",
+                    help="also submit the job from a producer thread one request at a time (AsyncEngine, online "
+                         "cache) and compare it with the closed job")
     return ap.parse_args(argv)
+
+
+def stream_job(engine, tok, requests, pretokenized: bool):
+    """The job as a service sees it: a producer thread submits the requests in arrival order, one at a time, to
+    the engine loop running in its worker thread (AsyncEngine), tokenizing each one as it goes unless
+    `pretokenized`. -> (Timing, engine stats of the job, log-probs, producer seconds spent tokenizing)."""
+    from engine.async_engine import AsyncEngine
+    from engine.requests import encode_pairs
+
+    ids = encode_pairs(tok, requests) if pretokenized else None
+    before = dict(engine.stats)
+    tokenizing = [0.0]
+
+    async def run():
+        front, loop = AsyncEngine(engine), asyncio.get_running_loop()
+        futures = []
+
+        def produce():
+            for i, r in enumerate(requests):
+                if ids is None:
+                    t0 = time.perf_counter()
+                    r = encode_pairs(tok, [r])[0]
+                    tokenizing[0] += time.perf_counter() - t0
+                else:
+                    r = ids[i]
+                futures.append(asyncio.run_coroutine_threadsafe(front.score([r]), loop))
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        await loop.run_in_executor(None, producer.join)
+        out = [(await asyncio.wrap_future(f))[0].logprob for f in futures]
+        await front.shutdown()
+        return out
+
+    with timed() as t:
+        scores = asyncio.run(run())
+    after = engine.stats
+    return t, {k: after[k] - before[k] for k in before if isinstance(before[k], int)}, scores, tokenizing[0]
+
+
+def compare_stream(args, config, weights, tok, requests, job, stats, shared):
+    """Closed job vs the same job streamed (both printed in one run)."""
+    print()
+    rows = [["closed job (engine.score, all requests at once)", job.time.wall, len(requests) / job.time.wall, 1.0,
+             stats["tokens_computed"], 1.0, "-"]]
+    out = {}
+    for pre in (True, False):
+        eng = Engine(config, weights, tok, dtype=DTYPES[args.dtype], token_budget=args.token_budget,
+                     kv_tokens=args.kv_tokens, keep_cache=True)
+        t, s, scores, tokenizing = stream_job(eng, tok, requests, pretokenized=pre)
+        rate = len(requests) / t.wall
+        name = ("streamed, token ids (producer thread, one request at a time)" if pre else
+                f"streamed, text (producer tokenizes each request: {tokenizing:.1f} s)")
+        rows.append([name, t.wall, rate, rate * job.time.wall / len(requests), s["tokens_computed"],
+                     s["tokens_computed"] / stats["tokens_computed"],
+                     f"{max_abs_diff(scores, [r.logprob for r in shared]):.3g}"])
+        out["ids" if pre else "text"] = dict(seconds=t.wall, rate_ratio=rows[-1][3], token_ratio=rows[-1][5],
+                                             steps=s["forward_steps"])
+        del eng
+        gc.collect()
+    print(table(["run", "wall s", "candidate-scores/s", "vs closed job", "tokens computed", "tokens vs closed",
+                 "max abs diff vs closed"], rows))
+    return out
 
 
 def run_baselines(args, tok, sample: list, engine) -> list[Run]:
@@ -174,7 +247,8 @@ def main(argv=None) -> dict:
     config, weights, tok = load_model_files(args.model)
     engine = Engine(config, weights, tok, dtype=DTYPES[args.dtype], token_budget=args.token_budget,
                     kv_tokens=args.kv_tokens)
-    del weights  # the engine holds its own copy; transformers reloads the files after the engine's job
+    if not args.stream:
+        del weights  # the engine holds its own copy; transformers reloads the files after the engine's job
     gc.collect()
     task, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets, args.seed)
     demo_tokens = np.mean([len(tok.encode(task.render(e) + task.separator)) for e in task.good + task.bad])
@@ -188,6 +262,7 @@ def main(argv=None) -> dict:
         shared = engine.score(requests, share_prefix=True, progress=True)
     rss_peak, stats = peak_rss(), dict(engine.last_stats)
     job = Run("engine", "engine (share_prefix=True), whole job", len(requests), t, None)
+    streamed = compare_stream(args, config, weights, tok, requests, job, stats, shared) if args.stream else None
 
     rng = np.random.default_rng(args.seed + 2)
     idx = np.sort(rng.choice(len(requests), size=min(args.sample, len(requests)), replace=False))
@@ -221,7 +296,7 @@ def main(argv=None) -> dict:
         print(f"float32 check: a sub-job of {n} requests scored with sharing; {min(args.fp32_check, n)} of them "
               f"without: max abs diff {diffs['fp32_unshared']:.3g} nats")
     print(f"load average at the end: {load_average()}")
-    return dict(requests=len(requests), stats=stats, seconds=job.time.wall, per_request=per_request,
+    return dict(requests=len(requests), stats=stats, seconds=job.time.wall, per_request=per_request, stream=streamed,
                 diffs=diffs, peak_rss=rss_peak,
                 weights=weight_bytes, kv_budget=kv_budget, kv_peak=kv_peak)
 

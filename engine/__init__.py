@@ -1,5 +1,5 @@
 """Prefix-sharing Llama-family inference engine: continuation log-probs and generation on a paged KV cache."""
-from .engine import Engine, ScoreResult
+from .engine import Engine, Generation, RequestHandle, ScoreResult, TokenEvent
 from .errors import UserError
 
-__all__ = ["Engine", "ScoreResult", "UserError"]
+__all__ = ["Engine", "ScoreResult", "Generation", "TokenEvent", "RequestHandle", "UserError"]

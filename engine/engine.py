@@ -1,14 +1,22 @@
 """The engine: loads a model, then scores continuations and generates text on one prefix-shared paged KV cache.
 
-A score job: tokenize every request, insert all of them into the prefix tree (each request's tokens reused from
-the cache up to, not past, its first scored position), let the planner compute every pending node once, and read
-the log-prob of each continuation token from the fused target log-prob kernel."""
+One loop serves every caller. `add_score` / `add_generate` hand a request to the scheduler (engine/scheduler.py)
+and return its handle; `step()` runs one step: the scheduler's plan (prefill chunks, one decode token of every
+generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), the scored rows
+through the fused target log-prob kernel, the generating rows through the batched sampler (sampling.py); the
+scheduler then records the step and the requests that finished come back. `score()` and `generate()` add a
+whole job and run the loop until it is done; engine/async_engine.py runs the same loop in a worker thread for
+asyncio callers (the server)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, fields
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 import kernels
@@ -18,23 +26,18 @@ from .errors import UserError
 from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
-from .planner import Planner, drop, keep_cached
-from .prefix_tree import Node, insert
-from .requests import encode_pairs
+from .requests import (GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status, TokenEvent,
+                       check_token_ids, encode_pairs)
+from .sampling import new_generator, sample
+from .scheduler import Scheduler, new_stats
 from .step import build_step
 
 log = logging.getLogger("engine")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-@dataclass
-class ScoreResult:
-    logprob: float
-    token_logprobs: list[float]
-    num_tokens: int
-    is_greedy: bool
+RequestHandle = Request
+__all__ = ["Engine", "EngineOptions", "ScoreResult", "Generation", "TokenEvent", "RequestHandle", "default_threads"]
 
 
 @dataclass
@@ -42,14 +45,39 @@ class EngineOptions:
     kv_tokens: int = 65536  # KV cache capacity in tokens
     page_size: int = 16
     token_budget: int = 1024  # new tokens per forward step
-    keep_cache: bool = False  # online mode: keep computed prefixes across calls (LRU-evicted under pressure)
+    keep_cache: bool = False  # online mode: keep computed prefixes across requests (LRU-evicted under pressure)
     deterministic: bool = False  # batch-invariant ops: a request's scores do not depend on the rest of the job
-    stats: dict = field(default_factory=dict)
+
+    @classmethod
+    def checked(cls, **options) -> "EngineOptions":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise UserError(f"unknown engine option {unknown[0]!r} (expected one of {', '.join(sorted(names))})")
+        opts = cls(**options)
+        for name in ("kv_tokens", "page_size", "token_budget"):
+            value = getattr(opts, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"engine option {name} must be a positive integer, got {value!r}")
+        if opts.kv_tokens < opts.page_size:
+            raise UserError(f"engine option kv_tokens={opts.kv_tokens} is smaller than one page "
+                            f"(page_size={opts.page_size})")
+        return opts
 
 
-def new_stats() -> dict:
-    return dict(requests=0, tokens_requested=0, tokens_computed=0, unique_tokens=0, cache_hit_tokens=0,
-                peak_kv_pages=0, forward_steps=0, preemptions=0, evicted_nodes=0)
+def default_threads() -> int:
+    """CPU threads for torch when the caller names none: the cores that other processes are not keeping busy, at
+    least 1. Busy = the larger of the 1-minute load average and the processes runnable right now (other than
+    this one). OpenMP workers that spin on cores other jobs hold ran 2.5-4x slower than one thread here, while on
+    a quiet machine every core helps (benchmarks/RESULTS.md, threads)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    try:
+        with open("/proc/loadavg") as f:
+            busy = max(busy, int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(1, min(cores, int(cores - busy + 0.5)))
 
 
 class Engine:
@@ -57,12 +85,16 @@ class Engine:
                  **options):
         self.config, self.tokenizer, self.device = config, tokenizer, torch.device(device)
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-        self.options = EngineOptions(**options)
+        self.options = EngineOptions.checked(**options)
         self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic)
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
-        self.root = Node([], None, 0)
+        self.scheduler = Scheduler(self.kv, self.options.token_budget, self.options.keep_cache)
+        self.step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
         self.last_stats = new_stats()
+        self._next_id = 0
+        tok = tokenizer
+        self.eos = set(tok.eos_ids) | ({tok.eos_id} if tok.eos_id is not None else set())
         log.info("engine: %s, %d layers, %s on %s, kernels: %s", config.arch, config.num_layers, self.dtype,
                  self.device, kernels.describe(str(self.device.type)))
 
@@ -71,79 +103,211 @@ class Engine:
              **options) -> "Engine":
         if isinstance(dtype, str) and dtype not in DTYPES:
             raise UserError(f"unknown dtype {dtype!r} (use one of {', '.join(DTYPES)})")
-        if threads is not None:
-            torch.set_num_threads(threads)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise UserError(f"threads must be a positive integer, got {threads!r}")
+        opts = EngineOptions.checked(**options)  # before the (slow) model load
+        threads = threads or default_threads()
+        torch.set_num_threads(threads)
+        log.info("engine: %d CPU thread(s)", threads)
         config, weights, tokenizer = load_model_files(model)
-        return cls(config, weights, tokenizer, dtype=dtype, device=device, **options)
+        return cls(config, weights, tokenizer, dtype=dtype, device=device, **vars(opts))
 
-    # ---- scoring -------------------------------------------------------------------------------------------
-    def score(self, requests, share_prefix: bool = True, progress: bool = False) -> list[ScoreResult]:
-        """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
-        stats = self.last_stats = new_stats()
-        self.kv.peak_used = self.kv.used_pages
-        encoded = encode_pairs(self.tokenizer, requests)
-        self._check_lengths(encoded)
-        logprobs = [[0.0] * len(cont) for _, cont in encoded]
-        greedy = [[False] * len(cont) for _, cont in encoded]
-        root = self.root if self.options.keep_cache else Node([], None, 0)
-        for i, (ctx, cont) in enumerate(encoded):
-            full = ctx + cont
-            first = len(ctx) - 1  # first scored position: its hidden state predicts cont[0]
-            if share_prefix:
-                reused, path = insert(root, full[:-1], first, self.kv)
-            else:
-                leaf = Node(full[:-1], root, 0)
-                leaf.key = ("request", i)
-                root.children[leaf.key] = leaf
-                root.open_children += 1
-                reused, path = 0, [leaf]
-            for node in reversed(path):
-                lo = max(first, node.start)
-                node.rows += [(p - node.start, i, p - first, full[p + 1]) for p in range(lo, node.start + len(node))]
-                if node.start <= first:
-                    break
-            stats["cache_hit_tokens"] += reused
-            stats["tokens_requested"] += len(full) - 1
-        stats["requests"] = len(encoded)
-        stats["unique_tokens"] = _pending_tokens(root)
-        bar = tqdm(total=stats["unique_tokens"], unit="tok", desc="scoring", disable=not progress)
+    @property
+    def stats(self) -> dict:
+        """Counters since the engine was made (requests, tokens computed, cache hits, steps, ...)."""
+        return dict(self.scheduler.stats, kv_pages_used=self.kv.used_pages, kv_pages_total=self.kv.num_pages,
+                    running=self.count(Status.RUNNING), waiting=self.count(Status.WAITING))
 
-        def execute(chunks):
-            batch, scored = build_step(chunks, self.device)
-            hidden = self.model.forward(batch, self.kv)
-            if scored:
-                targets = torch.tensor([s[3] for s in scored], device=self.device)
-                lp, gr = self.model.target_logprobs(hidden, targets)
-                for (_, req, j, _), v, g in zip(scored, lp.tolist(), gr.tolist()):
-                    logprobs[req][j], greedy[req][j] = v, g
-            bar.update(sum(b - a for _, a, b in chunks))
+    def count(self, status: Status) -> int:
+        """Requests in flight with this status (safe to call from another thread)."""
+        while True:
+            try:
+                return sum(1 for r in list(self.scheduler.active.values()) if r.status is status)
+            except RuntimeError:  # the loop's thread changed the dict meanwhile
+                continue
 
+    # ---- the loop ------------------------------------------------------------------------------------------
+    def add_score(self, context, continuation, top_k: int = 0, share_prefix: bool = True,
+                  label: str | None = None) -> Request:
+        """Score one (context, continuation) pair, text or token ids (the rules of score()); returns its handle."""
+        ctx, cont = encode_pairs(self.tokenizer, [(context, continuation)])[0]
+        return self._add_score_ids(ctx, cont, top_k, share_prefix, label)
+
+    def _add_score_ids(self, ctx, cont, top_k, share_prefix, label) -> Request:
+        rid = self._new_id()
+        req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
+        self._admit(req, self._check_score(ctx, cont, top_k, req.label), share_prefix)
+        return req
+
+    def add_generate(self, prompt, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                     seed: int | None = None, stop: list[str] | None = None, on_token=None,
+                     label: str | None = None) -> Request:
+        """Generate from one prompt (text or token ids); on_token(TokenEvent) is called (in the engine's thread)
+        after every token. Returns the handle; its result() is a Generation."""
+        rid = self._new_id()
+        label = label or f"request {rid}"
+        error, ids = None, [0]
         try:
-            Planner(root, self.kv, self.options.token_budget, self.options.keep_cache, stats).run(execute)
-        finally:
-            bar.close()
-            if self.options.keep_cache:
-                keep_cached(root, self.kv)
+            ids = self._encode_prompt(prompt, label)
+            self._check_generate(ids, max_tokens, temperature, top_p, label)
+        except UserError as e:
+            error = e
+        req = GenerateRequest(rid, label, ids, max_tokens if error is None else 0, temperature, top_p,
+                              new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
+                              [s for s in (stop or []) if s], self.eos,
+                              lambda out: self.tokenizer.decode(out, skip_special_tokens=True), on_token)
+        if error is None and max_tokens == 0:
+            req.finish_reason = "length"
+            req._finish(Status.FINISHED)
+            return req
+        self._admit(req, error)
+        return req
+
+    def _admit(self, req: Request, error: UserError | None, share_prefix: bool = True):
+        if error is not None:
+            req._finish(Status.FAILED, error)
+            return
+        self.scheduler.add(req, share_prefix)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def has_pending(self) -> bool:
+        return self.scheduler.has_pending()
+
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """Run one step of the loop; returns the requests that finished (or failed, or were aborted) in it."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if plan.chunks:
+            batch = build_step(plan.chunks, self.device)
+            self.kv.hidden[batch.write_slots] = self.model.forward(batch, self.kv)
+        score_out = sample_out = None
+        if plan.score_rows:
+            cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
+            slots = torch.tensor([r[0] for r in plan.score_rows[cached:]], dtype=torch.long, device=self.device)
+            hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
+            targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
+            top_k = max(r[1].top_k for r in plan.score_rows)
+            out = self.model.target_logprobs(hidden, targets, top_k=top_k)
+            if top_k:
+                lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
             else:
-                for child in list(root.children.values()):
-                    drop(child, self.kv)
-        stats["peak_kv_pages"] = max(stats["peak_kv_pages"], self.kv.peak_used)
-        return [ScoreResult(sum(lp), lp, len(lp), all(g)) for lp, g in zip(logprobs, greedy)]
+                (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(targets), [None] * len(targets)
+            score_out = (lp, greedy, top_ids, top_lps)
+        if plan.sample_rows:
+            reqs = [r for _, r in plan.sample_rows]
+            slots = torch.tensor([s for s, _ in plan.sample_rows], device=self.device)
+            logits = F.linear(self.kv.hidden[slots], self.model.lm_head).float()
+            tokens, lps = sample(logits, [r.temperature for r in reqs], [r.top_p for r in reqs],
+                                 [r.generator for r in reqs])
+            sample_out = (tokens.tolist(), lps.tolist())
+        seconds = time.perf_counter() - t0
+        if not plan.empty:
+            self.step_seconds.append(seconds)
+        return self.scheduler.postprocess(plan, score_out, sample_out, seconds)
 
-    def _check_lengths(self, encoded):
-        limit = min(self.config.max_position, self.options.kv_tokens)
+    def run(self, handles: list[Request] | None = None, progress=None):
+        """Step until the given requests (default: all pending ones) are done."""
+        while (self.has_pending() if handles is None else not all(h.done for h in handles)):
+            before = self.scheduler.stats["tokens_computed"]
+            self.step()
+            if progress is not None:
+                progress.update(self.scheduler.stats["tokens_computed"] - before)
+
+    # ---- closed jobs: add all, run, collect ------------------------------------------------------------------
+    def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0
+              ) -> list[ScoreResult]:
+        """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
+        encoded = encode_pairs(self.tokenizer, requests)
         for i, (ctx, cont) in enumerate(encoded):
-            if len(ctx) + len(cont) > limit:
-                raise UserError(f"request {i}: {len(ctx) + len(cont)} tokens exceed the model's maximum of {limit}")
+            error = self._check_score(ctx, cont, top_k, f"request {i}")
+            if error is not None:
+                raise error
+        start = self._job_start()
+        handles = [self._add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}")
+                   for i, (ctx, cont) in enumerate(encoded)]
+        return self._job_end(start, handles, "scoring", progress)
 
-    # ---- generation ----------------------------------------------------------------------------------------
     def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False):
-        from .generation import generate
+                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False
+                 ) -> list[Generation]:
+        """One Generation per prompt; with a seed, prompt i samples with seed + i."""
+        for i, p in enumerate(prompts):
+            error = None
+            try:
+                self._check_generate(self._encode_prompt(p, f"prompt {i}"), max_tokens, temperature, top_p,
+                                     f"prompt {i}")
+            except UserError as e:
+                error = e
+            if error is not None:
+                raise error
+        start = self._job_start()
+        handles = [self.add_generate(p, max_tokens, temperature, top_p, None if seed is None else seed + i, stop,
+                                     label=f"prompt {i}") for i, p in enumerate(prompts)]
+        return self._job_end(start, handles, "generating", progress)
 
-        return generate(self, prompts, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                        stop=stop, progress=progress)
+    def _job_start(self) -> tuple[dict, int]:
+        self.kv.peak_used = self.kv.used_pages
+        return dict(self.scheduler.stats), self.scheduler.pending_tokens()
 
+    def _job_end(self, start, handles, desc, progress):
+        before, pending_before = start
+        unique = self.scheduler.pending_tokens() - pending_before
+        with tqdm(total=unique, unit="tok", desc=desc, disable=not progress) as bar:
+            self.run(handles, bar)
+        after = self.scheduler.stats
+        stats = {k: after[k] - before[k] for k in after}
+        stats.update(unique_tokens=unique, peak_kv_pages=self.kv.peak_used)
+        self.last_stats = stats
+        return [h.result() for h in handles]
 
-def _pending_tokens(node: Node) -> int:
-    return sum(len(c) - c.done + _pending_tokens(c) for c in node.children.values())
+    # ---- validation ----------------------------------------------------------------------------------------
+    def _limit(self) -> int:
+        return min(self.config.max_position, self.kv.num_pages * self.kv.page_size)
+
+    def _check_score(self, ctx, cont, top_k, label) -> UserError | None:
+        try:
+            check_token_ids(ctx, self.config.vocab_size, label)
+            check_token_ids(cont, self.config.vocab_size, label)
+        except UserError as e:
+            return e
+        if not isinstance(top_k, int) or top_k < 0:
+            return UserError(f"{label}: top_k must be a non-negative integer, got {top_k!r}")
+        if top_k > self.config.vocab_size:
+            return UserError(f"{label}: top_k={top_k} exceeds the vocabulary ({self.config.vocab_size})")
+        n, limit = len(ctx) + len(cont), self._limit()
+        if n > limit:
+            return UserError(f"{label}: {n} tokens exceed {self._limit_text()}")
+        return None
+
+    def _encode_prompt(self, prompt, label) -> list[int]:
+        tok = self.tokenizer
+        if isinstance(prompt, str):
+            ids = tok.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            check_token_ids(ids, self.config.vocab_size, label)
+        if (isinstance(prompt, str) and tok.add_bos and tok.bos_id is not None) or not ids:
+            ids = [tok.bos_id if tok.bos_id is not None else tok.eos_id] + ids
+        return ids
+
+    def _check_generate(self, ids, max_tokens, temperature, top_p, label):
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise UserError(f"{label}: max_tokens must be a non-negative integer, got {max_tokens!r}")
+        if not temperature >= 0:
+            raise UserError(f"{label}: temperature must be >= 0, got {temperature!r}")
+        if not 0 <= top_p <= 1:
+            raise UserError(f"{label}: top_p must be in [0, 1], got {top_p!r}")
+        limit = self._limit()
+        if len(ids) + max_tokens > limit:
+            raise UserError(f"{label}: a prompt of {len(ids)} tokens plus max_tokens={max_tokens} exceeds "
+                            f"{self._limit_text()}")
+
+    def _limit_text(self) -> str:
+        kv = self.kv.num_pages * self.kv.page_size
+        if self.config.max_position <= kv:
+            return f"the model's maximum of {self.config.max_position}"
+        return f"the KV cache of {kv} tokens (kv_tokens)"

@@ -1,12 +1,19 @@
-"""The paged KV cache: fixed-size pages with reference counts.
+"""The paged KV cache: fixed-size pages with checked reference counts.
 
 Per layer, K and V are [num_pages * page_size, Hkv, D]; a token's K/V live at slot = page * page_size + offset.
-Pages are allocated per prefix-tree node and shared by reference count when a node is split."""
+Beside them, `hidden` [num_pages * page_size, hidden_size] keeps each computed token's final (normed) hidden
+state, so that a later request scores any continuation of a cached prefix (or asks its log-probs again) with the
+LM head alone, without recomputing the layers. Pages are allocated per prefix-tree node and shared by reference
+count when a node is split; a double free or a reference to a free page raises at once."""
 from __future__ import annotations
 
 import torch
 
 from .config import ModelConfig
+
+
+class PageError(AssertionError):
+    """A page reference-count rule was broken (double free, incref of a free page, leak): an engine bug."""
 
 
 class KVCache:
@@ -16,6 +23,7 @@ class KVCache:
         # empty, not zeros: a slot is read only after its K/V were written, and untouched pages cost no memory
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.hidden = torch.empty(num_pages * page_size, config.hidden_size, dtype=dtype, device=device)
         self.refcount = [0] * num_pages
         self.free_pages = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
         self.peak_used = 0
@@ -30,19 +38,38 @@ class KVCache:
             return None
         pages = [self.free_pages.pop() for _ in range(n)]
         for p in pages:
+            if self.refcount[p] != 0:
+                raise PageError(f"page {p} handed out while still referenced ({self.refcount[p]})")
             self.refcount[p] = 1
         self.peak_used = max(self.peak_used, self.used_pages)
         return pages
 
     def incref(self, pages: list[int]):
         for p in pages:
+            if self.refcount[p] <= 0:
+                raise PageError(f"incref of free page {p}")
             self.refcount[p] += 1
 
     def release(self, pages: list[int]):
         for p in pages:
+            if self.refcount[p] <= 0:
+                raise PageError(f"double free of page {p}")
             self.refcount[p] -= 1
             if self.refcount[p] == 0:
                 self.free_pages.append(p)
 
+    def check(self, owners: list[list[int]]):
+        """Every page's refcount equals the number of owners listing it, and the free list holds exactly the
+        unreferenced pages (catches leaks as well as double frees)."""
+        expect = [0] * self.num_pages
+        for pages in owners:
+            for p in pages:
+                expect[p] += 1
+        if expect != self.refcount:
+            bad = next(p for p in range(self.num_pages) if expect[p] != self.refcount[p])
+            raise PageError(f"page {bad}: refcount {self.refcount[bad]}, owned by {expect[bad]} node(s)")
+        if sorted(self.free_pages) != [p for p in range(self.num_pages) if expect[p] == 0]:
+            raise PageError("the free list does not hold exactly the unreferenced pages")
+
     def bytes_per_token(self) -> int:
-        return 2 * self.k[:, :1].numel() * self.k.element_size()
+        return 2 * self.k[:, :1].numel() * self.k.element_size() + self.hidden[:1].numel() * self.hidden.element_size()

@@ -92,8 +92,9 @@ class LlamaModel:
         out, _ = kernels.rms_norm(h[rows], self.norm, c.rms_norm_eps, residual[rows])
         return out
 
-    def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor):
-        """(log P(target) fp32, is_greedy) of each final hidden row, through the LM head (fused, in vocab tiles)."""
+    def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0):
+        """log P(target) (fp32) and is_greedy of each final hidden row, and with top_k the k best tokens: the LM
+        head fused with the log-softmax, in vocabulary tiles (kernels.target_logprobs)."""
         if self.deterministic:
-            return batch_invariant.target_logprobs(hidden, self.lm_head, targets)
-        return kernels.target_logprobs(hidden, self.lm_head, targets)
+            return batch_invariant.target_logprobs(hidden, self.lm_head, targets, top_k)
+        return kernels.target_logprobs(hidden, self.lm_head, targets, top_k=top_k)

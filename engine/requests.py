@@ -5,8 +5,16 @@
   as the whole string would be.
 - A BOS token is prepended only when the model's tokenizer asks for one (`add_bos`); an empty context becomes
   [BOS] (or [EOS] for models without BOS), as lm-evaluation-harness does.
-- Requests given as token ids are used as they are."""
+- Requests given as token ids are used as they are (checked against the vocabulary by the engine).
+
+Below: the request objects the engine loop carries (status, results as they arrive, per-request stats); each
+is also the caller's handle."""
 from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
 
 from .errors import UserError
 from .tokenizer import Tokenizer
@@ -40,3 +48,165 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
             raise UserError(f"request {i}: empty continuation: nothing to score")
         out.append((ctx or [start], cont))
     return out
+
+
+def check_token_ids(ids: list[int], vocab_size: int, what: str):
+    """Token ids given by a caller must name rows of the model's embedding."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise UserError(f"{what}: token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
+
+
+# ---- requests in flight ------------------------------------------------------------------------------------------
+class Status(enum.Enum):
+    WAITING = "waiting"  # added, nothing computed for it yet
+    RUNNING = "running"  # some of its tokens were in a step
+    FINISHED = "finished"
+    FAILED = "failed"  # its own UserError (too large, non-finite log-prob)
+    ABORTED = "aborted"
+
+
+@dataclass
+class ScoreResult:
+    logprob: float
+    token_logprobs: list[float]
+    num_tokens: int
+    is_greedy: bool
+    greedy_tokens: list[bool] = field(default_factory=list)  # per scored token: is it the argmax
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # with top_k > 0: (token id, log-prob), best first
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (a stop string), "eos", or "length"
+    token_logprobs: list[float] = field(default_factory=list)  # per generated token, log P(token | sequence)
+
+
+@dataclass
+class TokenEvent:
+    """One generated token as a stream delivers it (finish_reason set on the last event of a sequence)."""
+    token_id: int | None
+    text_delta: str
+    logprob: float | None
+    finish_reason: str | None = None
+
+
+class Request:
+    """One request in the engine and the caller's handle on it: `done`, `result()`, `error`, `stats`, `abort()`.
+
+    The engine's worker fills it; `abort()` may be called from any thread (it takes effect at the next step)."""
+
+    def __init__(self, rid: int, label: str):
+        self.id, self.label = rid, label
+        self.status = Status.WAITING
+        self.error: UserError | None = None
+        self.abort_requested = False
+        self.leaf = None  # the prefix-tree node this request keeps alive
+        self._done = threading.Event()
+        self._callbacks = []
+        now = time.perf_counter()
+        self.stats = dict(tokens_requested=0, cache_hit_tokens=0, added_at=now, queue_seconds=None,
+                          step_seconds=0.0, total_seconds=None)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def abort(self):
+        self.abort_requested = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self):
+        """The result (ScoreResult or Generation); raises the request's UserError. Call once `done`."""
+        if not self.done:
+            raise RuntimeError(f"{self.label} is not done")
+        if self.error is not None:
+            raise self.error
+        return self._result()
+
+    def add_done_callback(self, fn):
+        """fn(request) once the request is finished, failed or aborted (called in the engine's thread)."""
+        if self.done:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def _finish(self, status: Status, error: UserError | None = None):
+        if self.done:
+            return
+        self.status, self.error = status, error
+        self.stats["total_seconds"] = time.perf_counter() - self.stats["added_at"]
+        self._done.set()
+        for fn in self._callbacks:
+            fn(self)
+
+    def _started(self):
+        if self.status is Status.WAITING:
+            self.status = Status.RUNNING
+            self.stats["queue_seconds"] = time.perf_counter() - self.stats["added_at"]
+
+
+class ScoreRequest(Request):
+    """log P(continuation | context), token by token (rows at positions len(context) - 1 ... len(full) - 2)."""
+
+    def __init__(self, rid: int, label: str, context: list[int], continuation: list[int], top_k: int = 0):
+        super().__init__(rid, label)
+        self.context, self.continuation, self.top_k = context, continuation, top_k
+        n = len(continuation)
+        self.logprobs, self.greedy = [0.0] * n, [False] * n
+        self.top: list | None = [[] for _ in range(n)] if top_k > 0 else None
+        self.pending = n
+        self.stats["tokens_requested"] = len(context) + n - 1
+
+    @property
+    def full(self) -> list[int]:
+        return self.context + self.continuation
+
+    def _result(self) -> ScoreResult:
+        lp = self.logprobs
+        return ScoreResult(sum(lp), lp, len(lp), all(self.greedy), self.greedy, self.top)
+
+
+class GenerateRequest(Request):
+    def __init__(self, rid: int, label: str, prompt: list[int], max_tokens: int, temperature: float, top_p: float,
+                 generator, stop: list[str], eos: set[int], decode, on_token=None):
+        super().__init__(rid, label)
+        self.prompt, self.max_tokens, self.temperature, self.top_p = prompt, max_tokens, temperature, top_p
+        self.generator, self.stop, self.eos, self.decode, self.on_token = generator, stop, eos, decode, on_token
+        self.out: list[int] = []
+        self.logprobs: list[float] = []
+        self.text, self.sent = "", ""  # decoded text (stop strings), and what the stream has delivered
+        self.finish_reason: str | None = None
+        self.stats.update(tokens_requested=len(prompt), generated_tokens=0)
+
+    def update_text(self):
+        """Decode what was generated so far when a stop string or a stream needs the text; cut at a stop string."""
+        if not (self.stop or self.on_token):
+            return
+        self.text = self.decode(self.out)
+        cut = min((at for at in (self.text.find(s) for s in self.stop) if at >= 0), default=-1)
+        if cut >= 0:
+            self.text, self.finish_reason = self.text[:cut], "stop"
+
+    def emit(self, token: int, logprob: float):
+        """After each sampled token: final text once finished, and the stream's event (its new text, holding back
+        what could still turn out to be the start of a stop string or half of a UTF-8 character)."""
+        if self.finish_reason in ("eos", "length"):
+            self.text = self.decode(self.out)
+        if self.on_token is None:
+            return
+        end = len(self.text)
+        if self.finish_reason is None:
+            end -= max((len(s) for s in self.stop), default=1) - 1
+            while end > len(self.sent) and self.text[end - 1] == "\ufffd":
+                end -= 1
+        delta = self.text[len(self.sent):end] if end > len(self.sent) else ""
+        self.sent += delta
+        self.on_token(TokenEvent(token, delta, logprob, self.finish_reason))
+
+    def _result(self) -> Generation:
+        return Generation(self.text, self.out, self.finish_reason, self.logprobs)

@@ -1,8 +1,9 @@
-"""Packs chunks of prefix-tree nodes into one forward step (`StepBatch`).
+"""Packs the chunks of a step plan into one forward step (`StepBatch`).
 
 A chunk is (node, a, b): the node's tokens a..b-1, whose cache slots are already allocated. Every cached segment
-a chunk attends to (each complete ancestor, and the node's own earlier tokens) becomes one cascade segment whose
-query rows are the rows of all chunks below it."""
+a chunk attends to (each ancestor, and the node's own earlier tokens) becomes one cascade segment whose query
+rows are the rows of all chunks below it. Every row's final hidden state comes out (it is kept in the cache
+beside the row's K/V, see kv_cache.py)."""
 from __future__ import annotations
 
 import torch
@@ -13,29 +14,24 @@ from .prefix_tree import Node
 Chunk = tuple[Node, int, int]
 
 
-def build_step(chunks: list[Chunk], device) -> tuple[StepBatch, list[tuple[int, int, int, int]]]:
-    """Returns the step and its scored rows: (row in the step, request, index in continuation, target)."""
+def build_step(chunks: list[Chunk], device) -> StepBatch:
     tokens, positions, slots, cu = [], [], [], [0]
     segments: dict = {}
-    scored = []
     for node, a, b in chunks:
         r0 = cu[-1]
         tokens += node.tokens[a:b]
         positions.append(torch.arange(node.start + a, node.start + b))
         slots.append(node.slots[a:b])
         for anc in node.ancestors():
-            segments.setdefault(id(anc), [anc.slots, []])[1].append(torch.arange(r0, r0 + b - a))
+            segments.setdefault(id(anc), [anc.slots[:len(anc)], []])[1].append(torch.arange(r0, r0 + b - a))
         if a > 0:
             segments[(id(node), a)] = [node.slots[:a], [torch.arange(r0, r0 + b - a)]]
-        scored += [(r0 + off - a, req, j, tgt) for off, req, j, tgt in node.rows if a <= off < b]
         cu.append(r0 + b - a)
-    out_rows = torch.tensor([s[0] for s in scored], dtype=torch.long)
-    batch = StepBatch(
+    return StepBatch(
         token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
         positions=torch.cat(positions).to(device),
         write_slots=torch.cat(slots).to(device),
         cu_seqlens=cu,
         segments=[(torch.cat(rows).to(device), s.to(device)) for s, rows in segments.values()],
-        out_rows=out_rows.to(device),
+        out_rows=torch.arange(cu[-1], device=device),
     )
-    return batch, scored

@@ -151,11 +151,11 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
             cascade["q"], rows, cascade["k_cache"], cascade["v_cache"], slots, cascade["scale"],
             _meta(*cascade["q"].shape), _meta(*cascade["q"].shape[:2]), torch.zeros_like(rows))
     out += rec
-    if getattr(m["logprob_triton"], "gpu_tiles", None) is gpu_tiles:  # its tile choice is factored (see below)
-        with recording(m["logprob_triton"]) as rec:
+    with recording(m["logprob_triton"]) as rec:
+        for top_k in (0, 5):
             m["logprob_triton"].target_logprobs_triton(x, _meta(shape["vocab"], shape["hidden"], dtype=dtype),
-                                                       _meta(tokens, dtype=torch.int64))
-        out += rec
+                                                       _meta(tokens, dtype=torch.int64), top_k)
+    out += rec
     with recording(m["dequant_triton"]) as rec:
         for qtype, nbytes in (("Q8_0", 34), ("Q4_1", 20)):
             m["dequant_triton"].dequantize_triton(_meta(64, shape["hidden"] // 32 * nbytes, dtype=torch.uint8),

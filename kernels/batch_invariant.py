@@ -41,16 +41,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out[:T]
 
 
-def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
                     row_tile: int = LOGPROB_ROW_TILE, vocab_tile: int = VOCAB_TILE):
-    """Contract of logprob.target_logprobs_ref, on fixed [row_tile, vocab_tile] tiles."""
+    """Contract of logprob.target_logprobs_ref, on fixed [row_tile, vocab_tile] tiles (rows zero-padded). On a
+    GPU, the Triton kernel with one vocabulary split: each program walks the whole vocabulary for its rows, so no
+    cross-program merge depends on the number of rows."""
     N = hidden.shape[0]
-    if N == 0:
-        return (torch.empty(0, dtype=torch.float32, device=hidden.device),
-                torch.empty(0, dtype=torch.bool, device=hidden.device))
-    lp, greedy = target_logprobs_ref(_pad_rows(hidden, row_tile), weight, _pad_rows(targets, row_tile),
-                                     vocab_tile=vocab_tile, row_tile=row_tile)
-    return lp[:N], greedy[:N]
+    if hidden.is_cuda:
+        from .logprob_triton import target_logprobs_triton
+
+        return target_logprobs_triton(hidden, weight, targets, top_k, splits=1)
+    out = target_logprobs_ref(_pad_rows(hidden, row_tile), weight, _pad_rows(targets, row_tile), top_k=top_k,
+                              vocab_tile=vocab_tile, row_tile=row_tile)
+    return tuple(t[:N] for t in out)
 
 
 def chunk_segments(cu_seqlens: list[int], positions: torch.Tensor, write_slots: torch.Tensor,

@@ -1,5 +1,5 @@
-"""Dequantisation of GGUF (ggml) Q8_0 and Q4_1 blocks, so that weights can stay quantised in memory and be
-expanded tile by tile where they are used.
+"""Dequantisation of GGUF (ggml) Q8_0 and Q4_1 blocks (reference for dequant_triton.py, both checked against the
+gguf package). Not on the engine's path: engine/gguf_loader.py dequantizes every weight once at load with gguf.
 
 Block layouts (32 weights each, little-endian):
   Q8_0: fp16 d, 32 x int8 q               -> w = d * q                         (34 bytes)

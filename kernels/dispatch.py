@@ -10,6 +10,12 @@ Backends (env ENGINE_KERNELS, or set_backend()):
           when triton is not yet imported), slow, meant for tests.
   native  the native ops where they exist, torch references for the rest; an error if the library is not built.
 One log line per (op, device) says which path runs.
+
+IMPLS registers every op that has a reference and a kernel, tested and benchmarked (benchmarks/bench_kernels*.py)
+pair by pair. The engine calls the ENGINE_OPS, through the entry points at the bottom of this file. Two registered
+ops are not on its path: paged_prefill_attention (the cascade attention superseded it; its native version still
+computes the cascade's self part inside cascade_attention_native) and dequantize (GGUF weights are dequantized once
+at load by the gguf package, engine/gguf_loader.py; these kernels are checked against it but nothing calls them).
 """
 from __future__ import annotations
 
@@ -45,6 +51,8 @@ IMPLS = {
     "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
     "dequantize": {"torch": "dequant:dequantize_ref", "triton": "dequant_triton:dequantize_triton"},
 }
+ENGINE_OPS = ("rms_norm", "apply_rope", "silu_and_mul", "store_kv", "cascade_attention", "segment_attention_merge",
+              "target_logprobs")
 # Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
 # shapes). store_kv (one index_copy_ per tensor) and target_logprobs (matmul-bound) have no native version.
 CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "paged_prefill_attention", "rms_norm",
@@ -116,9 +124,10 @@ def resolve(op: str, device: torch.device):
 
 
 def describe(device: str | None = None) -> str:
-    """One line: the backend and the implementation each op gets on `device` (default: cuda if present)."""
+    """One line: the backend and the implementation each op the engine calls gets on `device` (default: cuda if
+    present)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    picks = {op: _pick(op, dev, get_backend())[0] for op in IMPLS}
+    picks = {op: _pick(op, dev, get_backend())[0] for op in ENGINE_OPS}
     common = max(set(picks.values()), key=list(picks.values()).count)
     rest = ", ".join(f"{op}={impl}" for op, impl in picks.items() if impl != common)
     return f"{get_backend()} on {dev.type}: {rest + ', ' if rest else ''}others={common}"
@@ -145,18 +154,12 @@ def cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, s
 
 
 def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
+    """The deterministic mode's attention step (kernels/batch_invariant.py): rows attend to cached slots, each up
+    to its limit, merged into their running (out, lse) in place."""
     return resolve("segment_attention_merge", q.device)(q, rows, k_cache, v_cache, slots, scale, out, lse, limits)
 
 
-def paged_prefill_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens, page_size,
-                            scale):
-    return resolve("paged_prefill_attention", q.device)(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table,
-                                                        prefix_lens, page_size, scale)
+def target_logprobs(hidden, weight, targets, top_k=0):
+    """(logprob, is_greedy), and with top_k > 0 also (top ids, top logprobs): see logprob.target_logprobs_ref."""
+    return resolve("target_logprobs", hidden.device)(hidden, weight, targets, top_k)
 
-
-def target_logprobs(hidden, weight, targets):
-    return resolve("target_logprobs", hidden.device)(hidden, weight, targets)
-
-
-def dequantize(raw, qtype, dtype=torch.float32):
-    return resolve("dequantize", raw.device)(raw, qtype, dtype)

@@ -1,6 +1,8 @@
-"""Fused target log-prob: hidden states x LM head -> log-softmax of the target token only.
+"""Fused target log-prob: hidden states x LM head -> log-softmax of the target token only, and optionally the k
+most likely tokens with their log-probs.
 
-The vocabulary is walked in tiles with an online log-sum-exp, so no [tokens x vocab] tensor is ever written."""
+The vocabulary is walked in tiles with an online log-sum-exp and a running top-k (merged tile by tile), so no
+[tokens x vocab] tensor is ever written."""
 from __future__ import annotations
 
 import torch
@@ -9,20 +11,27 @@ VOCAB_TILE = 8192
 ROW_TILE = 512
 
 
-def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
                         vocab_tile: int = VOCAB_TILE, row_tile: int = ROW_TILE):
-    """hidden [N, Dm], weight [V, Dm], targets [N] int64 -> (logprob [N] fp32, is_greedy [N] bool).
+    """hidden [N, Dm], weight [V, Dm], targets [N] int64 -> (logprob [N] fp32, is_greedy [N] bool), and with
+    top_k > 0 also (top ids [N, k] int64, top logprobs [N, k] fp32), best first, ties to the lower token id.
 
-    is_greedy: the target's logit is the largest (lm-evaluation-harness's `is_greedy`)."""
+    is_greedy: the target's logit is the largest (lm-evaluation-harness's `is_greedy`). Every log-prob is
+    logit - max - log(sum exp), so the target's value and its entry in the top k are the same number."""
     N, V = hidden.shape[0], weight.shape[0]
+    k = min(top_k, V)
     logprob = torch.empty(N, dtype=torch.float32, device=hidden.device)
     greedy = torch.empty(N, dtype=torch.bool, device=hidden.device)
+    top_ids = torch.empty(N, k, dtype=torch.long, device=hidden.device)
+    top_lps = torch.empty(N, k, dtype=torch.float32, device=hidden.device)
     for r0 in range(0, N, row_tile):
         h, t = hidden[r0:r0 + row_tile], targets[r0:r0 + row_tile]
         n = h.shape[0]
         run_max = torch.full((n,), float("-inf"), device=h.device)
         run_sum = torch.zeros(n, device=h.device)
         tgt = torch.empty(n, device=h.device)
+        best = torch.empty(n, 0, device=h.device)
+        best_ids = torch.empty(n, 0, dtype=torch.long, device=h.device)
         for v0 in range(0, V, vocab_tile):
             # fp32 product: bf16 logits (ulp 0.125 at 20) would quantise the log-probs the scores are made of
             logits = h.float() @ weight[v0:v0 + vocab_tile].float().T  # [n, tile]
@@ -34,6 +43,15 @@ def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
             if inside.any():
                 rows = inside.nonzero().squeeze(1)
                 tgt[rows] = logits[rows, t[rows] - v0]
-        logprob[r0:r0 + n] = tgt - run_max - torch.log(run_sum)
+            if k:  # merge this tile's best k with the running best k; stable sort keeps the lower id on ties
+                tile_vals, tile_ids = torch.topk(logits, min(k, logits.shape[1]), dim=-1, sorted=True)
+                vals = torch.cat([best, tile_vals], 1)
+                ids = torch.cat([best_ids, tile_ids + v0], 1)
+                order = torch.sort(vals, dim=-1, descending=True, stable=True).indices[:, :k]
+                best, best_ids = vals.gather(1, order), ids.gather(1, order)
+        log_sum = torch.log(run_sum)
+        logprob[r0:r0 + n] = tgt - run_max - log_sum
         greedy[r0:r0 + n] = tgt >= run_max
-    return logprob, greedy
+        if k:
+            top_ids[r0:r0 + n], top_lps[r0:r0 + n] = best_ids, best - run_max[:, None] - log_sum[:, None]
+    return (logprob, greedy, top_ids, top_lps) if top_k > 0 else (logprob, greedy)

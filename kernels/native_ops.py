@@ -73,10 +73,9 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
 
 
 def rms_norm_native(x, weight, eps, residual=None):
-    """Contract of rmsnorm.rms_norm_ref (weight in x's dtype)."""
+    """Contract of rmsnorm.rms_norm_ref, for a weight in x's dtype (the engine's case; the op has no other)."""
     if weight.dtype != x.dtype:
-        from .rmsnorm import rms_norm_ref
-        return rms_norm_ref(x, weight, eps, residual)
+        raise TypeError(f"rms_norm_native: weight {weight.dtype} and x {x.dtype} differ (use rms_norm_ref)")
     x = x.contiguous()
     out, new_res = _ops().rms_norm(x, weight.contiguous(), float(eps),
                                    None if residual is None else residual.contiguous())

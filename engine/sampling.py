@@ -1,0 +1,43 @@
+"""Batched sampling for every generating row of a step: greedy, temperature and top-p (nucleus), in one pass.
+
+Each request draws from its own seeded torch.Generator (one uniform number per token), so a request's tokens do
+not depend on which other requests share its steps, and torch's global RNG is never touched. The draw is
+inverse-CDF over the probabilities sorted in descending order: the same token as a multinomial draw would give
+for the same uniform number, without a host sync per row."""
+from __future__ import annotations
+
+import torch
+
+
+def new_generator(seed: int | None, device) -> torch.Generator:
+    """A request's own generator: seeded, or from fresh OS entropy (never from or into the global RNG)."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
+           generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 logits [n, V] -> (tokens [n] int64, their log-probs [n] fp32 under the model's distribution).
+
+    Row i is greedy (argmax) when temperature[i] <= 0 or top_p[i] <= 0, else sampled at temperature[i] from the
+    smallest set of tokens whose probability mass reaches top_p[i] (the top token is always kept)."""
+    n = logits.shape[0]
+    tokens = torch.argmax(logits, dim=-1)
+    sampled = [i for i in range(n) if temperature[i] > 0 and top_p[i] > 0]
+    if sampled:
+        idx = torch.tensor(sampled, device=logits.device)
+        temp = torch.tensor([temperature[i] for i in sampled], device=logits.device)[:, None]
+        p = torch.tensor([top_p[i] for i in sampled], device=logits.device)[:, None]
+        probs, order = torch.sort(torch.softmax(logits[idx] / temp, dim=-1), dim=-1, descending=True)
+        before = torch.cumsum(probs, dim=-1) - probs
+        probs = torch.where(before < p, probs, 0.0)  # the top token always stays (before = 0 < p)
+        cdf = torch.cumsum(probs, dim=-1)
+        u = torch.cat([torch.rand(1, generator=generators[i], device=logits.device) for i in sampled])
+        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=cdf.shape[1] - 1)
+        tokens[idx] = order.gather(1, pick).squeeze(1)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    return tokens, logprobs

@@ -1,0 +1,78 @@
+"""AsyncEngine: coroutines submit work to the one engine loop running in a worker thread; results equal the
+synchronous engine's, tokens stream as they are generated, a cancelled caller aborts its request."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import Engine, UserError
+from engine.async_engine import AsyncEngine, QueueFull
+
+
+@pytest.fixture(scope="module")
+def eng(tiny_model_dir):
+    return Engine.load(str(tiny_model_dir), dtype="float32", keep_cache=True, threads=1)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_concurrent_scoring_generation_and_streams_match_the_engine(eng):
+    pairs = [("The cat sat on", " the mat"), ("The cat sat on", " a hat"), ("Dogs bark", " loudly")]
+    want_scores = eng.score(pairs, top_k=2)
+    want_gen = eng.generate(["Once upon a time"], max_tokens=12)[0]
+
+    async def main():
+        a = AsyncEngine(eng)
+        scores, gen, events = await asyncio.gather(
+            a.score(pairs, top_k=2), a.generate("Once upon a time", max_tokens=12),
+            collect(a.stream("Once upon a time", max_tokens=12)))
+        stats = a.stats()
+        await a.shutdown()
+        return scores, gen, events, stats
+
+    async def collect(it):
+        return [e async for e in it]
+
+    scores, gen, events, stats = run(main())
+    assert [s.token_logprobs for s in scores] == [pytest.approx(s.token_logprobs, abs=1e-5) for s in want_scores]
+    assert [s.top_logprobs[0][0][0] for s in scores] == [s.top_logprobs[0][0][0] for s in want_scores]
+    assert gen.token_ids == want_gen.token_ids and gen.text == want_gen.text
+    assert [e.token_id for e in events if e.finish_reason != "eos"] == want_gen.token_ids
+    assert "".join(e.text_delta for e in events) == want_gen.text
+    assert [e.finish_reason for e in events][-1] == want_gen.finish_reason
+    assert all(e.finish_reason is None for e in events[:-1])
+    for key in ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "queue_depth", "running",
+                "kv_pages_used", "kv_pages_total", "forward_steps", "step_seconds"):
+        assert key in stats
+    assert stats["requests"] >= 5 and stats["step_seconds"]
+
+
+def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
+    async def main():
+        a = AsyncEngine(eng, max_queue=4)
+        task = asyncio.create_task(a.generate("Hello", max_tokens=400))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(UserError, match="token id"):
+            await a.score([([1, 10 ** 6], [2])])
+        with pytest.raises(QueueFull):
+            await a.score([("a", " b")] * 5)
+        stream = a.stream("Hello", max_tokens=400)
+        first = await stream.__anext__()
+        await stream.aclose()  # the client went away after one token
+        for _ in range(100):
+            if not eng.scheduler.active:
+                break
+            await asyncio.sleep(0.02)
+        left = len(eng.scheduler.active)
+        await a.shutdown()
+        return first, left
+
+    first, left = run(main())
+    assert first.token_id is not None and left == 0
+    eng.scheduler.check_pages()

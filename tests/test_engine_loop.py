@@ -1,0 +1,274 @@
+"""The engine loop (add / step / handles): the same requests give the same log-probs (fp32, 1e-5) and the same
+greedy tokens however they arrive (one batch, one by one, shuffled, interleaved with running work, scoring and
+generation mixed); page reference counts are checked; KV pressure changes nothing but the work done; a request
+that cannot fit, or whose log-probs are not finite, fails alone; seeded sampling is per request."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine import Engine, ScoreResult, UserError
+from engine.kv_cache import PageError
+from engine.loader import load_model_files
+from engine.requests import Status
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model_files(str(tiny_model_dir))
+
+
+def engine(tiny, weights=None, **opts):
+    config, w, tok = tiny
+    return Engine(config, weights or w, tok, dtype=torch.float32, **{"kv_tokens": 4096, **opts})
+
+
+def workload(vocab: int, seed: int = 0):
+    """Scoring requests over shared demo prefixes, and greedy generations from prompts that share them too."""
+    rng = random.Random(seed)
+    toks = lambda n: [rng.randrange(4, vocab) for _ in range(n)]  # noqa: E731
+    demos = [toks(rng.randrange(20, 40)) for _ in range(2)]
+    scores = [("score", d + toks(rng.randrange(2, 6)), toks(rng.randrange(1, 4))) for d in demos for _ in range(5)]
+    gens = [("gen", d + toks(rng.randrange(1, 5)), rng.randrange(1, 7)) for d in demos for _ in range(3)]
+    items = scores + gens
+    rng.shuffle(items)
+    return items
+
+
+def add(eng, item):
+    kind, a, b = item
+    return eng.add_score(a, b, top_k=2) if kind == "score" else eng.add_generate(a, max_tokens=b)
+
+
+def outcome(handle):
+    r = handle.result()
+    return ("score", r.token_logprobs, r.greedy_tokens) if isinstance(r, ScoreResult) else (
+        "gen", r.token_ids, r.token_logprobs)
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g[0] == w[0]
+        if g[0] == "score":
+            assert g[1] == pytest.approx(w[1], abs=1e-5) and g[2] == w[2]
+        else:
+            assert g[1] == w[1] and g[2] == pytest.approx(w[2], abs=1e-5)
+
+
+def alone(tiny, items):
+    """Each request on a fresh engine, by itself: the reference."""
+    out = []
+    for item in items:
+        eng = engine(tiny)
+        h = add(eng, item)
+        eng.run()
+        out.append(outcome(h))
+    return out
+
+
+def test_arrival_order_and_interleaving_change_nothing(tiny):
+    items = workload(tiny[0].vocab_size)
+    want = alone(tiny, items)
+    # one batch
+    eng = engine(tiny, token_budget=48)
+    handles = [add(eng, it) for it in items]
+    eng.run()
+    assert_same([outcome(h) for h in handles], want)
+    eng.scheduler.check_pages()
+    assert eng.kv.used_pages == 0
+    # shuffled, on one engine that keeps its cache between requests
+    order = list(range(len(items)))
+    random.Random(1).shuffle(order)
+    eng = engine(tiny, token_budget=16, keep_cache=True)
+    handles = {i: add(eng, items[i]) for i in order}
+    eng.run()
+    assert_same([outcome(handles[i]) for i in range(len(items))], want)
+    # one by one, each run to the end before the next (online cache hits)
+    hits = eng.stats["cache_hit_tokens"]
+    for i, item in enumerate(items):
+        h = add(eng, item)
+        eng.run()
+        assert_same([outcome(h)], [want[i]])
+    assert eng.stats["cache_hit_tokens"] > hits
+    eng.scheduler.check_pages()
+    # interleaved: requests arrive while earlier ones are being computed; results arrive when each is done
+    eng = engine(tiny, token_budget=24)
+    rng = random.Random(2)
+    handles, pending, finished_early = {}, list(range(len(items))), 0
+    while pending or eng.has_pending():
+        for _ in range(rng.randrange(0, 3)):
+            if pending:
+                i = pending.pop(0)
+                handles[i] = add(eng, items[i])
+        done = eng.step()
+        assert all(h.done for h in done)
+        finished_early += sum(1 for h in done if pending)
+    assert finished_early > 0  # results come out while later requests are still arriving
+    assert_same([outcome(handles[i]) for i in range(len(items))], want)
+    eng.scheduler.check_pages()
+    assert eng.kv.used_pages == 0
+
+
+def test_wrappers_match_the_loop_and_share_in_flight(tiny):
+    items = workload(tiny[0].vocab_size, seed=3)
+    scores = [(a, b) for k, a, b in items if k == "score"]
+    eng = engine(tiny)
+    batch = eng.score(scores)
+    s = eng.last_stats
+    assert s["requests"] == len(scores) and s["tokens_computed"] == s["unique_tokens"]
+    unshared = engine(tiny).score(scores, share_prefix=False)
+    assert [r.logprob for r in batch] == pytest.approx([r.logprob for r in unshared], abs=1e-5)
+    # a request whose whole prefix is already cached needs the LM head only: no layer is recomputed for it
+    eng = engine(tiny, keep_cache=True)
+    ctx, cont = scores[0]
+    cold = eng.score([(ctx, cont)])[0]
+    again = eng.score([(ctx, cont[:1]), (ctx, cont)])
+    assert eng.last_stats["tokens_computed"] == 0 and eng.last_stats["forward_steps"] == 0
+    assert again[1].token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-5)
+    assert again[0].token_logprobs[0] == pytest.approx(cold.token_logprobs[0], abs=1e-5)
+
+
+def test_top_k_and_greedy_flags(tiny):
+    eng = engine(tiny)
+    ctx = list(range(10, 30))
+    first = eng.score([(ctx, [5, 6, 7])], top_k=5)[0]
+    assert first.top_logprobs is not None and all(len(t) == 5 for t in first.top_logprobs)
+    for j, top in enumerate(first.top_logprobs):
+        vals = [v for _, v in top]
+        assert vals == sorted(vals, reverse=True)
+        assert first.greedy_tokens[j] == (top[0][0] == [5, 6, 7][j])
+    # put the argmax in as the continuation: its value is bit-identical to its entry in the top k
+    best = first.top_logprobs[0][0][0]
+    r = eng.score([(ctx, [best])], top_k=3)[0]
+    assert r.greedy_tokens == [True] and r.is_greedy
+    assert r.token_logprobs[0] == r.top_logprobs[0][0][1]
+    assert eng.score([(ctx, [best])])[0].top_logprobs is None
+
+
+def test_kv_pressure_gives_the_unpressured_results(tiny):
+    items = workload(tiny[0].vocab_size, seed=4)
+    want = alone(tiny, items)
+    eng = engine(tiny, kv_tokens=64, page_size=8, token_budget=64)  # 8 pages: waits and preemptions
+    handles = [add(eng, it) for it in items]
+    eng.run()
+    assert_same([outcome(h) for h in handles], want)
+    assert eng.stats["preemptions"] > 0 and eng.stats["kv_waits"] > 0
+    eng.scheduler.check_pages()
+    assert eng.kv.used_pages == 0
+
+
+def test_a_request_that_cannot_fit_fails_alone(tiny):
+    eng = engine(tiny, kv_tokens=64, page_size=8)
+    small = eng.add_score(list(range(10, 30)), [5])
+    big = eng.add_score(list(range(10, 90)), [5])  # 81 tokens > 64: known at once
+    gen = eng.add_generate(list(range(10, 40)), max_tokens=40)  # 70 > 64
+    eng.run()
+    assert small.result().num_tokens == 1
+    for h in (big, gen):
+        assert h.status is Status.FAILED and "exceed" in str(h.error)
+        with pytest.raises(UserError):
+            h.result()
+    # fits the cache by tokens, not by pages once split into prefix-tree nodes of 1 + 1 + 29 tokens (each node on
+    # pages of its own: 6 pages of 8 > 4): its own error when it runs, the requests that split it complete
+    eng = engine(tiny, kv_tokens=32, page_size=8)
+    b = eng.add_score(list(range(10, 41)), [6])
+    a1, a2 = eng.add_score([10, 20], [5]), eng.add_score([10, 11, 30], [5])
+    eng.run()
+    assert a1.result().num_tokens == 1 and a2.result().num_tokens == 1
+    assert b.status is Status.FAILED and "needs 6 pages of KV cache" in str(b.error)
+    eng.scheduler.check_pages()
+    with pytest.raises(UserError, match="request 0: 81 tokens exceed"):
+        engine(tiny, kv_tokens=64, page_size=8).score([(list(range(10, 90)), [5])])
+
+
+def test_bad_requests_are_user_errors(tiny):
+    eng = engine(tiny)
+    vocab = tiny[0].vocab_size
+    with pytest.raises(UserError, match=f"token id {vocab} is outside"):
+        eng.score([([1, 2, vocab], [3])])
+    with pytest.raises(UserError, match="token id -1"):
+        eng.generate([[1, -1]])
+    with pytest.raises(UserError, match="max_tokens"):
+        eng.generate([[1, 2]], max_tokens=tiny[0].max_position)
+    assert eng.generate([[1, 2]], max_tokens=0)[0].token_ids == []
+    greedy = eng.generate([[5, 6, 7]], max_tokens=5)[0]
+    assert eng.generate([[5, 6, 7]], max_tokens=5, temperature=1.0, top_p=0.0)[0].token_ids == greedy.token_ids
+    for bad in (dict(token_budget=0), dict(page_size=0), dict(kv_tokens=8, page_size=16), dict(colour=1)):
+        with pytest.raises(UserError):
+            engine(tiny, **bad)
+
+
+def test_non_finite_log_probs_fail_their_request_only(tiny):
+    config, weights, tok = tiny
+    broken = dict(weights)
+    embed = weights["model.embed_tokens.weight"].clone()
+    embed[7] = float("nan")  # a corrupt row: only requests reading token 7 see it
+    broken["model.embed_tokens.weight"] = embed
+    if not config.tie_embeddings:
+        broken["lm_head.weight"] = weights["lm_head.weight"]
+    eng = engine(tiny, weights=broken)
+    bad = eng.add_score([1, 2, 7, 3], [4])
+    good = eng.add_score([1, 2, 3], [4])
+    eng.run()
+    assert good.result().num_tokens == 1
+    assert bad.status is Status.FAILED and "non-finite" in str(bad.error) and "request" in str(bad.error)
+
+
+def test_seeded_sampling_is_per_request_and_leaves_the_global_rng_alone(tiny):
+    eng = engine(tiny)
+    prompt = list(range(10, 40))
+    state = torch.get_rng_state()
+    alone_ = eng.generate([prompt], max_tokens=8, temperature=1.0, top_p=0.9, seed=5)[0]
+    h = eng.add_generate(prompt, max_tokens=8, temperature=1.0, top_p=0.9, seed=5)
+    others = [eng.add_generate(prompt[:20] + [i], max_tokens=5, temperature=0.7, seed=i) for i in range(4)]
+    eng.run()
+    assert h.result().token_ids == alone_.token_ids
+    assert all(o.result().finish_reason == "length" for o in others)
+    eng.generate([prompt], max_tokens=4, temperature=1.0)  # no seed: fresh entropy, still not the global RNG
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_abort_frees_everything_and_stats(tiny):
+    eng = engine(tiny)
+    gen = eng.add_generate(list(range(10, 40)), max_tokens=50)
+    score = eng.add_score(list(range(10, 40)), [1, 2])
+    eng.step()
+    eng.step()
+    gen.abort()
+    eng.run()
+    assert gen.status is Status.ABORTED and score.result().num_tokens == 2
+    assert eng.kv.used_pages == 0
+    eng.scheduler.check_pages()
+    s = score.stats
+    assert s["tokens_requested"] == 31 and s["total_seconds"] > 0 and s["step_seconds"] > 0
+
+
+def test_page_refcounts_catch_double_free_and_leak(tiny):
+    eng = engine(tiny, page_size=4)
+    eng.score([(list(range(10, 30)), [1])])
+    eng.scheduler.check_pages()
+    pages = eng.kv.alloc(2)
+    with pytest.raises(PageError, match="refcount"):
+        eng.scheduler.check_pages()  # a leak: pages referenced by no node
+    eng.kv.release(pages)
+    with pytest.raises(PageError, match="double free"):
+        eng.kv.release(pages)
+    with pytest.raises(PageError, match="free page"):
+        eng.kv.incref(pages[:1])
+    eng.scheduler.check_pages()
+
+
+def test_cached_rows_survive_a_split_before_the_next_step(tiny):
+    eng = engine(tiny, keep_cache=True, page_size=4)
+    ctx = list(range(10, 40))
+    eng.score([(ctx, [5, 6])])
+    again = eng.add_score(ctx[:20], [30, 31, 32])  # scored from cached hidden states, read at the next step
+    splitter = eng.add_score(ctx[:12] + [7, 8], [9])  # splits the cached node those rows point into
+    eng.run()
+    want = engine(tiny).score([(ctx[:20], [30, 31, 32]), (ctx[:12] + [7, 8], [9])], share_prefix=False)
+    assert again.result().token_logprobs == pytest.approx(want[0].token_logprobs, abs=1e-5)
+    assert splitter.result().token_logprobs == pytest.approx(want[1].token_logprobs, abs=1e-5)
+    eng.scheduler.check_pages()
