@@ -1,7 +1,8 @@
 """Deterministic mode: a request's log-probs are bitwise the same (max diff 0.0) whatever else the job holds.
 
 The same 20 requests are scored alone, mixed into 200 others, shuffled, with prefix sharing off, under token
-budgets 5 / 37 / 1024, from a warm online cache and from a cold one, in bf16 and fp32. Contexts are long enough
+budgets 5 / 37 / 1024, from a warm online cache and from a cold one, and in the engine loop arriving a few at a
+time between steps beside other scoring requests and greedy generations, in bf16 and fp32. Contexts are long enough
 (up to ~420 tokens) to cross the attention's fixed KV chunks, and requests share demo prefixes of different lengths
 so node boundaries fall inside chunks. The kernel-level tests check each batch-invariant op on its own."""
 from __future__ import annotations
@@ -69,9 +70,30 @@ def test_scores_bitwise_independent_of_the_job(tiny, dtype):
     cases["warm online cache"] = token_logprobs(warm.score(targets))
     assert warm.last_stats["cache_hit_tokens"] > 0
     cases["same engine again (cache hits on every request)"] = token_logprobs(warm.score(targets[::-1]))[::-1]
+    cases["engine loop, interleaved arrivals with generations"] = interleaved(tiny, dtype, targets, others)
     for name, got in cases.items():
         diff = max(abs(a - b) for x, y in zip(got, alone) for a, b in zip(x, y))
         assert got == alone, f"{name}: max diff {diff}"
+
+
+def interleaved(tiny, dtype, targets, others):
+    """Engine.add_score / add_generate / step: requests arrive 0-4 at a time between steps, greedy generations
+    from prompts sharing the demo prefixes mixed in; returns the targets' token log-probs."""
+    eng = engine(tiny, dtype, token_budget=53)
+    rng = random.Random(4)
+    items = [("score", i, r) for i, r in enumerate(targets)] + [("score", None, r) for r in others[:120]]
+    items += [("generate", None, (ctx, None)) for ctx, _ in others[120:140]]
+    rng.shuffle(items)
+    handles = {}
+    while items or eng.has_pending():
+        for _ in range(rng.randrange(0, 5)):
+            if items:
+                kind, i, (ctx, cont) = items.pop()
+                h = eng.add_score(ctx, cont) if kind == "score" else eng.add_generate(ctx, max_tokens=6)
+                if i is not None:
+                    handles[i] = h
+        eng.step()
+    return token_logprobs([handles[i].result() for i in range(len(targets))])
 
 
 def test_deterministic_mode_matches_the_default_engine(tiny):
