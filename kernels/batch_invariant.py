@@ -13,7 +13,11 @@ row's place in the step, the prefix tree's node boundaries or the token budget.
   row-invariant in the native CPU op and the Triton kernel (a masked key adds exact zeros); the torch reference
   computes the same values but makes no invariance promise.
 - The target log-prob (`target_logprobs`) runs on fixed [LOGPROB_ROW_TILE x VOCAB_TILE] tiles (rows padded).
-RMSNorm, RoPE, SwiGLU and the KV store are row-wise already (one row's arithmetic never sees another row)."""
+RMSNorm, RoPE, SwiGLU and the KV store are row-wise already (one row's arithmetic never sees another row).
+
+The bits are those of one configuration: device, dtype, these tile sizes, and the CPU thread count (torch's fp32
+GEMM splits a [64, 1536] tile differently on 1 and 2 threads; Engine.load runs the deterministic mode on 1 thread
+unless `threads` is given)."""
 from __future__ import annotations
 
 import torch
