@@ -3,7 +3,9 @@
 Per layer, K and V are [num_pages * page_size, Hkv, D]; a token's K/V live at slot = page * page_size + offset.
 Beside them, `hidden` [num_pages * page_size, hidden_size] keeps each computed token's final (normed) hidden
 state, so that a later request scores any continuation of a cached prefix (or asks its log-probs again) with the
-LM head alone, without recomputing the layers. Pages are allocated per prefix-tree node and shared by reference
+LM head alone, without recomputing the layers; and `memo` keeps, per slot, what scoring that token computed (its
+log-prob given its prefix, whether it was the argmax, the top k), so that asking again costs nothing. Pages are
+allocated per prefix-tree node and shared by reference
 count when a node is split; a double free or a reference to a free page raises at once."""
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ class KVCache:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.hidden = torch.empty(num_pages * page_size, config.hidden_size, dtype=dtype, device=device)
         self.refcount = [0] * num_pages
+        self.epoch = [0] * num_pages  # bumped each time a page is handed out: older memo entries are stale
+        self.memo: dict[int, tuple] = {}  # slot -> (epoch, logprob, is_greedy, top ids, top logprobs)
         self.free_pages = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
         self.peak_used = 0
 
@@ -41,6 +45,7 @@ class KVCache:
             if self.refcount[p] != 0:
                 raise PageError(f"page {p} handed out while still referenced ({self.refcount[p]})")
             self.refcount[p] = 1
+            self.epoch[p] += 1
         self.peak_used = max(self.peak_used, self.used_pages)
         return pages
 
@@ -57,6 +62,19 @@ class KVCache:
             self.refcount[p] -= 1
             if self.refcount[p] == 0:
                 self.free_pages.append(p)
+
+    def memo_get(self, slot: int, top_k: int):
+        """(logprob, is_greedy, top ids, top logprobs) of the token at `slot` given its prefix, if scored since
+        its page was handed out with at least top_k alternatives; else None."""
+        entry = self.memo.get(slot)
+        if entry is None or entry[0] != self.epoch[slot // self.page_size]:
+            return None
+        if top_k and (entry[3] is None or len(entry[3]) < top_k):
+            return None
+        return entry[1:]
+
+    def memo_put(self, slot: int, logprob: float, greedy: bool, top_ids, top_lps):
+        self.memo[slot] = (self.epoch[slot // self.page_size], logprob, greedy, top_ids, top_lps)
 
     def check(self, owners: list[list[int]]):
         """Every page's refcount equals the number of owners listing it, and the free list holds exactly the

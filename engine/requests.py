@@ -107,7 +107,12 @@ class Request:
         self._done = threading.Event()
         self._callbacks = []
         now = time.perf_counter()
-        self.stats = dict(tokens_requested=0, cache_hit_tokens=0, added_at=now, queue_seconds=None,
+        # tokens_requested: input tokens it asks for; cache_hit_tokens: of those, already computed when it came;
+        # tokens_computed: the others (computed for it, or once for all the requests in flight that share them),
+        # plus one per generated token;
+        # wait_seconds: from add to the first step that produced one of its results; step_seconds: time of the
+        # steps that did; total_seconds: from add to done
+        self.stats = dict(tokens_requested=0, cache_hit_tokens=0, tokens_computed=0, added_at=now, wait_seconds=None,
                           step_seconds=0.0, total_seconds=None)
 
     @property
@@ -147,7 +152,7 @@ class Request:
     def _started(self):
         if self.status is Status.WAITING:
             self.status = Status.RUNNING
-            self.stats["queue_seconds"] = time.perf_counter() - self.stats["added_at"]
+            self.stats["wait_seconds"] = time.perf_counter() - self.stats["added_at"]
 
 
 class ScoreRequest(Request):

@@ -28,7 +28,8 @@ from .step import Chunk
 @dataclass
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)  # tokens to compute: (node, a, b)
-    score_rows: list[tuple[int, ScoreRequest, int, int]] = field(default_factory=list)  # (slot, request, index, target)
+    # (slot, request, index, target, slot of the target token or -1 where it is not in the cache yet)
+    score_rows: list[tuple[int, ScoreRequest, int, int, int]] = field(default_factory=list)
     sample_rows: list[tuple[int, GenerateRequest]] = field(default_factory=list)  # (slot of the last token, request)
     cached_hidden: torch.Tensor | None = None  # hidden states of the first score rows (cached tokens), read early
 
@@ -42,9 +43,11 @@ class StepPlan:
 
 
 def new_stats() -> dict:
+    """Engine counters. kv_waits: times a chunk waited for pages; memo_hits: scored tokens answered from the memo
+    (kv_cache.py) without the LM head; unique_tokens and peak_kv_pages are set per job by the wrappers."""
     return dict(requests=0, tokens_requested=0, tokens_computed=0, unique_tokens=0, cache_hit_tokens=0,
-                peak_kv_pages=0, forward_steps=0, preemptions=0, evicted_nodes=0, kv_waits=0, generated_tokens=0,
-                scored_tokens=0)
+                peak_kv_pages=0, forward_steps=0, preemptions=0, evicted_nodes=0, kv_waits=0, memo_hits=0,
+                generated_tokens=0, scored_tokens=0)
 
 
 class Scheduler:
@@ -53,7 +56,7 @@ class Scheduler:
         self.root = Node([], None, 0)
         self.stack: list[Node] = []  # pending nodes, depth-first
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
-        self.ready: list[tuple[int, ScoreRequest, int, int]] = []  # score rows of tokens already computed
+        self.ready: list[tuple[int, ScoreRequest, int, int, int]] = []  # score rows of tokens already computed
         self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
         self.stats = new_stats()
@@ -79,17 +82,24 @@ class Scheduler:
             reused, path = 0, [leaf]
         req.leaf = path[-1]
         req.leaf.users += 1
+        self._hit(req, reused)
         for node in reversed(path):
             for p in range(max(first, node.start), node.start + len(node)):
-                row = (p - node.start, req, p - first, full[p + 1])
-                if row[0] < node.done:
-                    self.ready.append((node.slot(row[0]), *row[1:]))
+                off, j = p - node.start, p - first
+                if off >= node.done:
+                    node.rows.append((off, req, j, full[p + 1]))
+                    continue
+                target_slot = node.slot(off + 1) if off + 1 < node.done else -1
+                known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
+                if known is not None:  # scored before: the same numbers, no LM head
+                    self.stats["memo_hits"] += 1
+                    self._record_score(req, j, *known)
                 else:
-                    node.rows.append(row)
+                    self.ready.append((node.slot(off), req, j, full[p + 1], target_slot))
             if node.start <= first:
                 break
-        self._hit(req, reused)
-        self._push(req.leaf)
+        if not req.done:
+            self._push(req.leaf)
 
     def _add_generate(self, req: GenerateRequest):
         ids = req.prompt
@@ -107,6 +117,7 @@ class Scheduler:
 
     def _hit(self, req: Request, reused: int):
         req.stats["cache_hit_tokens"] = reused
+        req.stats["tokens_computed"] = req.stats["tokens_requested"] - reused
         self.stats["cache_hit_tokens"] += reused
 
     def has_pending(self) -> bool:
@@ -126,7 +137,7 @@ class Scheduler:
             plan.score_rows, self.ready = self.ready, []
             plan.cached_hidden = self.kv.hidden[torch.tensor([r[0] for r in plan.score_rows])]
         blocked = None
-        for req in self.decoding:
+        for i, req in enumerate(self.decoding):
             node = req.leaf
             missing = next((a for a in node.ancestors() if not a.complete), None)
             if missing is not None:  # its prompt is still being computed (or was preempted)
@@ -134,7 +145,8 @@ class Scheduler:
                     self._push(missing)
                 continue
             n = min(len(node) - node.done, budget)
-            if n <= 0:
+            if n <= 0:  # the budget is spent: the sequences left out go first next step
+                self.decoding = self.decoding[i:] + self.decoding[:i]
                 break
             if not self._room(node, node.done + n, protected, may_preempt=True):
                 self.stats["kv_waits"] += 1
@@ -178,7 +190,8 @@ class Scheduler:
         plan.chunks.append((node, a, b))
         protected.update(id(x) for x in (node, *node.ancestors()))
         if node.rows:
-            plan.score_rows += [(node.slot(off), req, j, tgt) for off, req, j, tgt in node.rows if a <= off < b]
+            plan.score_rows += [(node.slot(off), req, j, tgt, node.slot(off + 1) if off + 1 < b else -1)
+                                for off, req, j, tgt in node.rows if a <= off < b]
             node.rows = [r for r in node.rows if not a <= r[0] < b]
 
     def postprocess(self, plan: StepPlan, score_out=None, sample_out=None, seconds: float = 0.0) -> list[Request]:
@@ -200,17 +213,20 @@ class Scheduler:
                 self._push(node)
         touched: dict[int, Request] = {}
         if score_out is not None:
-            for (slot, req, j, _), lp, greedy, top_ids, top_lps in zip(plan.score_rows, *score_out):
+            for (slot, req, j, _, target_slot), lp, greedy, top_ids, top_lps in zip(plan.score_rows, *score_out):
                 touched[id(req)] = req
+                req._started()
+                if target_slot >= 0:
+                    self.kv.memo_put(target_slot, lp, greedy, top_ids, top_lps)
                 if not req.done:
                     self._record_score(req, j, lp, greedy, top_ids, top_lps)
         if sample_out is not None:
             for (slot, req), token, lp in zip(plan.sample_rows, *sample_out):
                 touched[id(req)] = req
+                req._started()
                 if not req.done:
                     self._record_token(req, token, lp)
         for req in touched.values():
-            req._started()
             req.stats["step_seconds"] += seconds
         self.stats["peak_kv_pages"] = max(self.stats["peak_kv_pages"], self.kv.used_pages)
         done, self.finished = self.finished, []
@@ -237,6 +253,7 @@ class Scheduler:
             return
         self.stats["generated_tokens"] += 1
         req.stats["generated_tokens"] += 1
+        req.stats["tokens_computed"] += 1
         if token in req.eos:
             req.finish_reason = "eos"
         else:

@@ -244,6 +244,10 @@ def test_abort_frees_everything_and_stats(tiny):
     eng.scheduler.check_pages()
     s = score.stats
     assert s["tokens_requested"] == 31 and s["total_seconds"] > 0 and s["step_seconds"] > 0
+    assert s["cache_hit_tokens"] == 0 and s["tokens_computed"] == 31 and s["wait_seconds"] > 0
+    again = eng.add_score(list(range(10, 40)), [1, 2])  # nothing kept (no keep_cache): all computed again
+    eng.run()
+    assert again.stats["cache_hit_tokens"] == 0
 
 
 def test_page_refcounts_catch_double_free_and_leak(tiny):
@@ -272,3 +276,41 @@ def test_cached_rows_survive_a_split_before_the_next_step(tiny):
     assert again.result().token_logprobs == pytest.approx(want[0].token_logprobs, abs=1e-5)
     assert splitter.result().token_logprobs == pytest.approx(want[1].token_logprobs, abs=1e-5)
     eng.scheduler.check_pages()
+
+
+def test_more_sequences_than_the_token_budget_all_progress(tiny):
+    eng = engine(tiny, token_budget=3)
+    prompts = [[10 + i, 20, 30] for i in range(7)]
+    got = eng.generate(prompts, max_tokens=4)
+    want = [engine(tiny).generate([p], max_tokens=4)[0].token_ids for p in prompts]
+    assert [g.token_ids for g in got] == want
+
+
+def test_streamed_text_is_the_final_text_and_stops_before_the_stop_string(tiny_model_dir):
+    eng = Engine.load(str(tiny_model_dir), dtype="float32", threads=1)
+    free = eng.generate(["Once upon a time"], max_tokens=24)[0]
+    assert len(free.text) > 6
+    stop = free.text[4:6]  # a stop string the greedy text is known to contain
+    events = []
+    h = eng.add_generate("Once upon a time", max_tokens=24, stop=[stop], on_token=events.append)
+    eng.run()
+    g = h.result()
+    assert g.finish_reason == "stop" and g.text == free.text[:free.text.find(stop)]
+    assert "".join(e.text_delta for e in events) == g.text
+    assert [e.finish_reason for e in events] == [None] * (len(events) - 1) + ["stop"]
+    assert [e.token_id for e in events] == g.token_ids
+
+
+def test_scored_tokens_are_remembered_beside_the_cache(tiny):
+    eng = engine(tiny, keep_cache=True)
+    ctx, cont = list(range(10, 40)), [5, 6, 7, 8]
+    cold = eng.score([(ctx, cont)], top_k=3)[0]
+    again = eng.score([(ctx, cont)], top_k=2)[0]  # the first three tokens from the memo, the last from the LM head
+    assert eng.last_stats["memo_hits"] == len(cont) - 1 and eng.last_stats["forward_steps"] == 0
+    assert again.token_logprobs[:3] == cold.token_logprobs[:3]  # the very numbers computed before
+    assert again.token_logprobs[3] == pytest.approx(cold.token_logprobs[3], abs=1e-5)  # from the kept hidden state
+    assert again.greedy_tokens == cold.greedy_tokens
+    assert again.top_logprobs[:3] == [t[:2] for t in cold.top_logprobs[:3]]
+    wider = eng.score([(ctx, cont)], top_k=5)[0]  # more alternatives than remembered: computed again
+    assert eng.last_stats["memo_hits"] == 0
+    assert wider.token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-6)
