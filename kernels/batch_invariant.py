@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .logprob import VOCAB_TILE, target_logprobs_ref
 
-ROW_TILE = 64  # rows per GEMM call
+ROW_TILE = {"cpu": 64, "cuda": 256}  # rows per GEMM call, per device type (a GPU wants larger GEMMs)
 KV_CHUNK = 256  # keys per attention chunk (a multiple of every kernel's key tile: 32 native, 64 Triton)
 LOGPROB_ROW_TILE = 64
 
@@ -35,9 +35,10 @@ def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, tile: int = ROW_TILE):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, tile: int | None = None):
     """F.linear(x, weight, bias) on fixed [tile, K] row blocks (the last one zero-padded)."""
     T = x.shape[0]
+    tile = tile or ROW_TILE.get(x.device.type, 64)
     xp = _pad_rows(x, tile)
     out = torch.empty(xp.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     for r in range(0, xp.shape[0], tile):
