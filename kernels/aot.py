@@ -7,12 +7,15 @@ on for CPU tensors, so the recorded tiles are the ones a GPU gets. Each launch i
 JIT would specialise it (argument types, 16-divisibility) and compiled by `triton.compile` for the target down to
 PTX and a cubin; the compiled metadata gives the shared memory each kernel needs.
 
-`python -m kernels.aot` prints the table for sm_80 (A100) and sm_90 (H100); tests/test_kernels_aot.py fails if a
-kernel does not lower or needs more shared memory than the target has."""
+`python -m kernels.aot` prints the table for sm_80 (A100) and sm_90 (H100) (`--json`: one record a line);
+tests/test_kernels_aot.py runs it in a subprocess (Triton's interpreter, which the other kernel tests use on a
+CPU, and its compiler cannot share one process) and fails if a kernel does not lower or needs more shared
+memory than the target has."""
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -221,10 +224,12 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
     p.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--json", action="store_true", help="one JSON record per compiled kernel")
     a = p.parse_args(argv)
     failed = 0
-    print(f"{'model':14} {'dtype':9} {'target':6} {'kernel':24} {'warps':>5} {'stages':>6} {'shared KiB':>10} "
-          f"{'limit KiB':>9}  tiles")
+    if not a.json:
+        print(f"{'model':14} {'dtype':9} {'target':6} {'kernel':24} {'warps':>5} {'stages':>6} {'shared KiB':>10} "
+              f"{'limit KiB':>9}  tiles")
     for model in a.models:
         for dtype in a.dtypes:
             launches = distinct(model_launches(MODEL_SHAPES[model], getattr(torch, dtype)))
@@ -232,6 +237,9 @@ def main(argv=None) -> int:
                 for la in launches:
                     c = compile_launch(la, target)
                     failed += not c.fits
+                    if a.json:
+                        print(json.dumps(dict(vars(c), model=model, dtype=dtype, fits=c.fits)), flush=True)
+                        continue
                     tiles = " ".join(f"{k}={v}" for k, v in c.constexprs.items())
                     print(f"{model:14} {dtype:9} {target:6} {c.kernel:24} {c.num_warps:5d} {c.num_stages:6d} "
                           f"{c.shared / 1024:10.1f} {c.limit / 1024:9.0f}  {tiles}{'' if c.fits else '  TOO LARGE'}",
