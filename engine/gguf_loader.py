@@ -168,6 +168,13 @@ def _dequantize(t, source: str) -> torch.Tensor:
 # --- config ------------------------------------------------------------------------------------------------------
 
 def _config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
+    try:
+        return _read_config(meta, arch, tensors)
+    except (TypeError, ValueError, ZeroDivisionError) as e:  # e.g. head_count 0, a string where a number belongs
+        raise UserError(f"metadata of the wrong type or range ({e})", meta.source) from None
+
+
+def _read_config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
     heads = int(meta.get(f"{arch}.attention.head_count"))
     hidden = int(meta.get(f"{arch}.embedding_length"))
     eos = [meta.get(f"tokenizer.ggml.{k}_token_id", None) for k in ("eos", "eot", "eom")]

@@ -23,6 +23,8 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor],
         config = ModelConfig.from_hf(_hf_config(path), source=str(path / "config.json"))
     except KeyError as e:
         raise UserError(f"config.json lacks {e}", str(path / "config.json")) from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:  # e.g. "num_attention_heads": 0 or "64"
+        raise UserError(f"a config value of the wrong type or range ({e})", str(path / "config.json")) from None
     weights = _load_weights(path)
     return config, weights, _load_tokenizer(path, config)
 
@@ -33,9 +35,14 @@ def _read_json(path: Path, required: bool = True) -> dict | None:
             raise UserError(f"missing {path.name}", str(path.parent))
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
         raise UserError(f"not valid JSON: {e}", str(path)) from None
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror or e}", str(path)) from None
+    if not isinstance(value, dict):
+        raise UserError(f"expected a JSON object, got {type(value).__name__}", str(path))
+    return value
 
 
 def _hf_config(path: Path) -> dict:
@@ -54,17 +61,32 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = _read_json(path / index_name, required=False)
         if index is not None:
-            files = sorted(set(index.get("weight_map", {}).values()))
-            if not files:
-                raise UserError("index has no weight_map", str(path / index_name))
+            weight_map = index.get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise UserError("index has no weight_map (tensor name -> shard file)", str(path / index_name))
             weights = {}
-            for name in files:
-                weights.update(_load_file(path / name))
+            for name in sorted(set(map(str, weight_map.values()))):
+                weights.update(_load_file(_shard_file(path, name, str(path / index_name))))
             return _drop_buffers(weights)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
             return _drop_buffers(_load_file(path / name))
     raise UserError("no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)", str(path))
+
+
+def _shard_file(path: Path, name: str, index: str) -> Path:
+    """The shard an index names, which must lie inside the model directory: a name with `..`, an absolute path or
+    a symlink leading elsewhere is refused (an index must not make the loader read arbitrary files). In a Hugging
+    Face hub cache, snapshot files are symlinks to the repository's blobs/, which counts as inside."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise UserError(f"shard {name!r} is outside the model directory", index)
+    file = path / name
+    root = path.resolve()
+    if root.parent.name == "snapshots":  # <cache>/models--org--name/snapshots/<revision>/ -> ../../blobs/<hash>
+        root = root.parent.parent
+    if not file.resolve().is_relative_to(root):
+        raise UserError(f"shard {name!r} links outside the model directory (to {file.resolve()})", index)
+    return file
 
 
 def _load_file(file: Path) -> dict[str, torch.Tensor]:

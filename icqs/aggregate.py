@@ -11,8 +11,8 @@ import math
 import numpy as np
 from scipy import stats
 
-MEASURES = {"icqs": ("score", "expected"), "epistemic": ("score", "expected"), "icl": ("score", "p_label"),
-            "judge": ("score", "generated_score")}
+from .methods import MEASURE_NAMES, METHODS
+from .run import format_stats
 
 
 def bootstrap_ci(values, level: float = 0.95, n_resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -67,7 +67,7 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     rows = [r for r in rows if r["method"] == method]
     truth = model_truth(rows)
     out = {"method": method, "truth": truth, "truth_rank": ranks(truth) if truth else {}, "measures": {}}
-    for measure in MEASURES[method]:
+    for measure in [m for m in METHODS[method].measures if any(m in r for r in rows)]:  # calibrated: when computed
         by_model: dict[str, list] = {}
         unscored: dict[str, int] = {}
         for r in rows:
@@ -92,12 +92,6 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     return out
 
 
-TITLES = {"icqs": "ICQS (argmax ratio; E[r] = posterior mean)", "epistemic": "ICQS-Epistemic (mean over L sets)",
-          "icl": "plain ICL (agreement with the ICL label; p_label = its probability)",
-          "judge": "verbalized judge (expected rating from rating-token log-probs; generated = parsed text)"}
-MEASURE_NAMES = {"score": "score", "expected": "E[r]", "p_label": "p_label", "generated_score": "generated"}
-
-
 def _cell(m: dict) -> str:
     if math.isnan(m["mean"]):
         return f"{'-':>22}"
@@ -114,7 +108,7 @@ def format_leaderboards(boards: list[dict], title: str = "") -> str:
         first = b["measures"][measures[0]]["models"]
         cells = {meas: {m["model"]: m for m in b["measures"][meas]["models"]} for meas in measures}
         width = max(8, *(len(m["model"]) for m in first))
-        lines += ["", f"== {b['method']}: {TITLES[b['method']]}",
+        lines += ["", f"== {b['method']}: {METHODS[b['method']].title}",
                   f"{'model':<{width}} {'n':>4} " + " ".join(f"{MEASURE_NAMES[x] + ' [95% CI] rank':>24}"
                                                               for x in measures)
                   + ("   truth  true rank" if b["truth"] else "")]
@@ -136,4 +130,6 @@ def format_leaderboards(boards: list[dict], title: str = "") -> str:
         if "distribution" in b:
             d = b["distribution"]
             lines.append(f"  posterior vs truth_dist: MAE {d['mae']:.3f}, cross-entropy {d['cross_entropy']:.3f}")
+        if "engine_stats" in b:
+            lines.append(f"  engine: {format_stats(b['engine_stats'])}")
     return "\n".join(lines) + "\n"

@@ -36,12 +36,9 @@ def _number(value) -> bool:
 def read_candidates(path) -> list[Candidate]:
     """Read and check a candidates file; any problem is a one-line UserError naming file:line."""
     path = str(path)
-    rows = read_jsonl(path, required=("id", "model", "x", "y"))
-    line_of = _line_numbers(path)
     seen: dict[str, int] = {}
     out = []
-    for i, row in enumerate(rows):
-        line = line_of[i]
+    for line, row in read_jsonl(path, required=("id", "model", "x", "y"), with_lines=True):
         for key in ("x", "y", "model"):
             if not isinstance(row[key], str):
                 raise UserError(f"field {key!r} must be a string", path, line)
@@ -64,12 +61,6 @@ def read_candidates(path) -> list[Candidate]:
     if not out:
         raise UserError("no candidates", path)
     return out
-
-
-def _line_numbers(path: str) -> list[int]:
-    """1-based line number of each non-blank line (the rows read_jsonl returns, in order)."""
-    with open(path, encoding="utf-8") as f:
-        return [n for n, text in enumerate(f.read().splitlines(), 1) if text.strip()]
 
 
 def check_truth_dists(candidates: list[Candidate], n_ratios: int, path: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from pathlib import Path
 
 import numpy as np
 import yaml
@@ -77,22 +76,23 @@ def run_demo(out, args=None, progress: bool = True) -> str:
     """Score the demo, print the leaderboard (true ranking beside it) and write the report; returns the text."""
     from engine.factory import add_engine_args, engine_from_args, model_label
 
-    from .cli import METHODS, print_leaderboard, score_run
+    from .methods import METHODS
     from .report import write_report
+    from .score_run import score_run, score_run_dir, write_leaderboard
 
-    out = Path(out)
-    task = demo_task()
-    candidates = demo_candidates(task)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "demo_task.yaml", task_yaml(task))  # `icqs score` can rerun it: with out/candidates.jsonl
     if args is None:  # the defaults of `icqs demo`
         parser = argparse.ArgumentParser()
         add_engine_args(parser)
         args = parser.parse_args([])
+    task = demo_task()
+    candidates = demo_candidates(task)
+    run = score_run_dir(out, task, candidates, model_label(args), "coupled", METHODS)  # checked, nothing written
     engine = engine_from_args(args, keep_cache=True)
-    rows = score_run(engine, task, candidates, out, METHODS, "coupled", model_label(args),
-                     progress=progress)
-    text = print_leaderboard(out, rows, task)
-    print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")
-    print(f"report: {write_report(out)}")
+    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress)
+    with run.start():
+        atomic_write(run.path / "demo_task.yaml", task_yaml(task))  # `icqs score` reruns it with candidates.jsonl
+        text = write_leaderboard(run.path, rows, task, run.meta["engine_stats"])
+        print(text, end="")
+        print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")
+        print(f"report: {write_report(run.path)}")
     return text

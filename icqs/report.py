@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 from pathlib import Path
 
@@ -16,10 +15,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .aggregate import MEASURE_NAMES, TITLES, leaderboard  # noqa: E402
 from .io import atomic_write  # noqa: E402
-
-ICQS_METHODS = ("icqs", "epistemic")
+from .methods import MEASURE_NAMES, METHODS  # noqa: E402
+from .run import format_stats  # noqa: E402
+from .score_run import leaderboards, load_scores  # noqa: E402
 
 
 def _png(fig) -> str:
@@ -124,23 +123,22 @@ def board_table(board: dict) -> str:
 
 
 def write_report(run_dir, output=None) -> Path:
-    from .cli import METHODS, load_scores
-
     run_dir = Path(run_dir)
-    task, candidates, rows = load_scores(run_dir)
-    meta = json.loads((run_dir / "run.json").read_text())
+    task, candidates, rows, meta = load_scores(run_dir)
     parts = [f"<h1>ICQS report: {html.escape(task.name)}</h1>",
-             f"<p>model {html.escape(meta['model'])}; {len(candidates)} candidates; M = {task.M} "
+             f"<p>model {html.escape(str(meta.get('model')))}; {len(candidates)} candidates; M = {task.M} "
              f"(ratios {', '.join(f'{r:g}' for r in task.ratios)}), N = {task.N} demos per set, L = {task.L}, "
-             f"{html.escape(meta['sampler'])} demo sets, seed {task.seed}</p>"]
+             f"{html.escape(str(meta.get('sampler')))} demo sets, seed {task.seed}</p>"]
     if not rows:
         parts.append("<p>No method has complete results yet.</p>")
-    for method in [m for m in METHODS if any(r["method"] == m for r in rows)]:
-        board = leaderboard(rows, method)
-        parts += [f"<h2>{html.escape(TITLES[method])}</h2>", board_table(board)]
-        if method in ICQS_METHODS:
-            parts.append(curves_figure(rows, task.ratios, method))
-        parts.append(distribution_figure(rows, method, tuple(board["measures"])))
+    for board in leaderboards(rows, meta.get("engine_stats")):
+        method = METHODS[board["method"]]
+        parts += [f"<h2>{html.escape(method.title)}</h2>", board_table(board)]
+        if "engine_stats" in board:
+            parts.append(f"<p>engine: {html.escape(format_stats(board['engine_stats']))}</p>")
+        if method.curves:
+            parts.append(curves_figure(rows, task.ratios, method.name))
+        parts.append(distribution_figure(rows, method.name, tuple(board["measures"])))
         if board["truth"]:
             parts.append(ranking_figure(board))
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"

@@ -9,24 +9,33 @@ separators, the label options, the judge question, and the defaults for M, N, L 
     bad: bad.jsonl
     labels: [negative, positive]             # label options (ICL baseline); default: the y values of the pools
     judge_question: "What is the sentiment of: {x}"   # verbalized judge; default: the template's x part
-    M: 4        # ratios r_j = j/M, j = 0..M (r = fraction of good demos)
-    N: 8        # demos per demo set
+    M: 4        # ratios r_j = j/M, j = 0..M: the demo set of ratio j holds exactly round(r_j N) good demos
+    N: 8        # demos per demo set (N >= M, else two ratios would round to the same count)
     L: 3        # demo sets per ratio (ICQS-Epistemic)
     seed: 0
+    balance: marginal     # label tasks: every demo set of a repeat shows the same labels: the label shares of
+                          # Z_g (marginal), uniform, or none (free-text tasks ignore it)
+    calibrate: false      # also score each answer after a content-free input with the same demo set and report
+                          # the calibrated curve (raw minus content-free) beside the raw one
+    content_free: "N/A"   # the content-free input x used by calibrate
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from engine.errors import UserError
 
-from .io import read_jsonl
+from .io import check_text, read_jsonl
 
-DEFAULTS = {"separator": "\n\n", "header": "", "M": 4, "N": 8, "L": 3, "seed": 0}
-KEYS = {"name", "template", "separator", "header", "good", "bad", "labels", "judge_question", "M", "N", "L", "seed"}
+DEFAULTS = {"separator": "\n\n", "header": "", "M": 4, "N": 8, "L": 3, "seed": 0, "balance": "marginal",
+            "calibrate": False, "content_free": "N/A"}
+KEYS = {"name", "template", "separator", "header", "good", "bad", "labels", "judge_question", "M", "N", "L", "seed",
+        "balance", "calibrate", "content_free"}
+BALANCE = ("marginal", "uniform", "none")
 
 
 @dataclass(frozen=True)
@@ -49,11 +58,49 @@ class Task:
     N: int = 8
     L: int = 3
     seed: int = 0
+    balance: str = "marginal"
+    calibrate: bool = False
+    content_free: str = "N/A"
+
+    @property
+    def good_counts(self) -> list[int]:
+        """k_j = round(j N / M) for j = 0..M, halves rounded up: the good demos in the demo set of ratio j."""
+        return [(2 * j * self.N + self.M) // (2 * self.M) for j in range(self.M + 1)]
 
     @property
     def ratios(self) -> list[float]:
-        """r_j = j / M for j = 0..M: the fraction of good demos in the demo set of ratio j."""
-        return [j / self.M for j in range(self.M + 1)]
+        """The realised ratios k_j / N (= j / M when M divides N): the share of good demos in the set of ratio j."""
+        return [k / self.N for k in self.good_counts]
+
+    def check_ratio_grid(self, path: str | None = None, line: int | None = None) -> None:
+        """Refuse an (M, N) whose rounded good counts repeat: two ratios would be the same hypothesis."""
+        counts = self.good_counts
+        if len(set(counts)) != len(counts):
+            raise UserError(f"M = {self.M} ratios need N >= M demos per set: with N = {self.N} the good counts "
+                            f"round(j N / M) repeat ({counts}); raise N or lower M", path, line)
+
+    @property
+    def is_label_task(self) -> bool:
+        """Every pool answer is one of the label options and the answers repeat (at most half as many distinct
+        answers as pool examples); otherwise the answers are free text."""
+        answers = {e.y for e in self.good + self.bad}
+        return answers <= set(self.labels) and len(answers) <= (len(self.good) + len(self.bad)) // 2
+
+    def balance_counts(self) -> dict[str, int] | None:
+        """How many demos of each set show each label under the balance option (largest remainder); None when the
+        sets are not balanced (balance: none, or a free-text task)."""
+        if self.balance == "none" or not self.is_label_task:
+            return None
+        if self.balance == "uniform":
+            share = np.full(len(self.labels), 1.0 / len(self.labels))
+        else:
+            share = np.array([sum(e.y == lab for e in self.good) for lab in self.labels], dtype=np.float64)
+            share /= share.sum()
+        exact = share * self.N
+        counts = np.floor(exact).astype(int)
+        for i in np.argsort(-(exact - counts), kind="stable")[:self.N - counts.sum()]:
+            counts[i] += 1
+        return {lab: int(c) for lab, c in zip(self.labels, counts)}
 
     def x_part(self, x: str) -> str:
         """The template up to {y}, with x filled in (the end of the scored context)."""
@@ -109,6 +156,10 @@ def load_task(path) -> Task:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError("no such file", path) from None
+    except IsADirectoryError:
+        raise UserError("is a directory, not a task file", path) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read a task file here ({e.__class__.__name__}: {e})", path) from None
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -122,6 +173,7 @@ def load_task(path) -> Task:
     for key in data:
         if key not in KEYS:
             raise UserError(f"unknown key {key!r} (known: {', '.join(sorted(KEYS))})", path, lines.get(key))
+        check_text(data[key], repr(key), path, lines.get(key))
     for key in ("template", "good", "bad"):
         if key not in data:
             raise UserError(f"missing key {key!r}", path, 1)
@@ -133,11 +185,17 @@ def load_task(path) -> Task:
     for key in ("M", "N", "L"):
         if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
             raise UserError(f"{key!r} must be a positive integer", path, lines.get(key))
-    if not isinstance(values["seed"], int):
-        raise UserError("'seed' must be an integer", path, lines.get("seed"))
+    if not isinstance(values["seed"], int) or isinstance(values["seed"], bool) or values["seed"] < 0:
+        raise UserError("'seed' must be a non-negative integer", path, lines.get("seed"))
     for key in ("separator", "header"):
         if not isinstance(values[key], str):
             raise UserError(f"{key!r} must be a string", path, lines.get(key))
+    if values["balance"] not in BALANCE:
+        raise UserError(f"'balance' must be one of {', '.join(BALANCE)}", path, lines.get("balance"))
+    if not isinstance(values["calibrate"], bool):
+        raise UserError("'calibrate' must be true or false", path, lines.get("calibrate"))
+    if not isinstance(values["content_free"], str):
+        raise UserError("'content_free' must be a string", path, lines.get("content_free"))
     good = _examples(values["good"], "good", path, lines)
     bad = _examples(values["bad"], "bad", path, lines)
     labels = values.get("labels")
@@ -148,9 +206,12 @@ def load_task(path) -> Task:
     judge_question = values.get("judge_question")
     if judge_question is not None and (not isinstance(judge_question, str) or judge_question.count("{x}") != 1):
         raise UserError("'judge_question' must be a string containing {x} once", path, lines.get("judge_question"))
-    return Task(name=str(values.get("name") or Path(path).stem), template=template, good=good, bad=bad,
+    task = Task(name=str(values.get("name") or Path(path).stem), template=template, good=good, bad=bad,
                 separator=values["separator"], header=values["header"], labels=[str(v) for v in labels],
-                judge_question=judge_question, M=values["M"], N=values["N"], L=values["L"], seed=values["seed"])
+                judge_question=judge_question, M=values["M"], N=values["N"], L=values["L"], seed=values["seed"],
+                balance=values["balance"], calibrate=values["calibrate"], content_free=values["content_free"])
+    task.check_ratio_grid(path, lines.get("N", lines.get("M")))
+    return task
 
 
 def task_to_dict(task: Task) -> dict:

@@ -89,4 +89,4 @@ def test_bad_template_and_flags(files, tiny_model_dir, tmp_path, capsys):
     assert main(run_args(files, tiny_model_dir, tmp_path / "b", "--sweep", "0,x")) == 2
     assert "--sweep must be comma-separated integers" in capsys.readouterr().err
     assert main(["allure", "report", str(tmp_path)]) == 2
-    assert "not an ALLURE run folder" in capsys.readouterr().err
+    assert "not an ALLURE run directory" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from icqs.allure.evaluator import Evaluator
 from icqs.allure.failure_modes import failure_modes, tag_memory
 from icqs.allure.loop import iterate, round_table, shown_examples
 from icqs.allure.memory import Memory
-from icqs.allure.run_dir import RunDir
+from icqs.allure.run_dir import AuditRun
 from icqs.allure.tasks import load_items
 from icqs.allure.template import template_from_dict
 
@@ -38,7 +38,7 @@ def engine(tiny_model_dir):
 def open_run(tmp_path, holdout=0.3, **extra):
     items = load_items(tmp_path / "items.jsonl", TEMPLATE, holdout=holdout, seed=0)
     settings = dict(tasks_sha256="x", template=TEMPLATE.to_dict(), model="tiny", holdout=holdout, seed=0, **extra)
-    return RunDir(tmp_path / "run", items, settings), Memory(tmp_path / "mem.sqlite")
+    return AuditRun(tmp_path / "run", items, settings).start(), Memory(tmp_path / "mem.sqlite")
 
 
 def test_rounds_grow_memory_from_audit_errors(tmp_path, engine):
@@ -112,7 +112,7 @@ def test_review_gates_examples_and_rejection_converges(tmp_path, engine):
         mem.review(e.id, "rejected")
     out = iterate(run, ev, mem, rounds=3, review=True)
     assert out.status == "converged" and run.stage("round-2") is None  # same (empty) ICL set: nothing to re-run
-    run2, mem2 = RunDir(tmp_path / "run2", run.items, dict(run.settings)), mem
+    run2, mem2 = AuditRun(tmp_path / "run2", run.items, dict(run.settings)).start(), mem
     # a fresh run sharing the memory: accepted examples are shown from its first round
     mem2.review(pending[0].id, "accepted")
     iterate(run2, ev, mem2, rounds=1, review=True)

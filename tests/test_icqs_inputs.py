@@ -26,7 +26,8 @@ def _write(tmp_path, text, bad='{"x": "a fine film", "y": "negative"}\n'):
 def test_task_loads_with_defaults_and_parts(tmp_path):
     t = load_task(_write(tmp_path, TASK))
     assert (t.name, t.M, t.N, t.L, t.seed, t.separator) == ("senti", 2, 3, 3, 0, "\n\n")
-    assert t.ratios == [0.0, 0.5, 1.0] and t.labels == ["negative", "positive"]
+    assert t.ratios == [0.0, 2 / 3, 1.0] and t.labels == ["negative", "positive"]
+    assert t.good_counts == [0, 2, 3]  # the realised ratios: round(1.5) = 2 of the 3 demos good
     assert t.bad[0].y == "negative" and len(t.good) == 2
     assert t.x_part("wow") == "Sentence: wow\nAnswer: " and t.y_part("positive") == "positive"
     assert task_from_dict(task_to_dict(t)) == t

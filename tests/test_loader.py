@@ -214,6 +214,9 @@ def test_errors_unsupported_gguf_contents(tmp_path):
 def test_errors_bad_hf_dirs(tiny_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     _raises_with_path(tmp_path / "empty", "missing config.json")
+    (tmp_path / "ggufs").mkdir()
+    (tmp_path / "ggufs" / "m.Q4_0.gguf").write_bytes(b"GGUF")
+    _raises_with_path(tmp_path / "ggufs", r"pass the file itself \(m.Q4_0.gguf\)")
     bad = shutil.copytree(tiny_model_dir, tmp_path / "json")
     (bad / "config.json").write_text("{not json")
     _raises_with_path(bad, "not valid JSON", bad / "config.json")
@@ -263,3 +266,60 @@ def test_llama3_rope_scaling_recovered_from_rope_freqs(scaling):
     assert torch.allclose(rope_inv_freq(128, 500000.0, recovered), rope_inv_freq(128, 500000.0, scaling), rtol=1e-5)
     if scaling["low_freq_factor"] == 1.0:
         assert recovered == scaling
+
+
+def _sharded_copy(src, dst, shard_name):
+    """A copy of `src` whose index names one shard `shard_name` holding all the weights."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = load_file(str(src / "model.safetensors"))
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: shard_name for k in weights}}))
+    return weights
+
+
+def test_shard_index_cannot_name_files_outside_the_model_dir(tiny_model_dir, tmp_path):
+    """Before: `../x.safetensors`, an absolute path or a symlink out of the directory were loaded."""
+    outside = shutil.copy(tiny_model_dir / "model.safetensors", tmp_path / "elsewhere.safetensors")
+    for name, shard in (("dotdot", "../elsewhere.safetensors"), ("absolute", str(outside)),
+                        ("nested", "sub/../../elsewhere.safetensors")):
+        _sharded_copy(tiny_model_dir, tmp_path / name, shard)
+        _raises_with_path(tmp_path / name, "is outside the model directory",
+                          tmp_path / name / "model.safetensors.index.json")
+    _sharded_copy(tiny_model_dir, tmp_path / "link", "model-1.safetensors")
+    (tmp_path / "link" / "model-1.safetensors").symlink_to(outside)
+    _raises_with_path(tmp_path / "link", "links outside the model directory")
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "wm")
+    (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
+    _raises_with_path(bad, "index has no weight_map")
+
+
+def test_hf_hub_cache_snapshot_links_to_its_blobs_still_load(tiny_model_dir, tmp_path):
+    """The hub cache keeps files in <repo>/blobs/ and links them from <repo>/snapshots/<rev>/: inside the repo."""
+    repo = tmp_path / "models--org--tiny"
+    snapshot = repo / "snapshots" / "abc123"
+    weights = _sharded_copy(tiny_model_dir, snapshot, "model-00001-of-00001.safetensors")
+    (repo / "blobs").mkdir()
+    blob = shutil.copy(tiny_model_dir / "model.safetensors", repo / "blobs" / "0f1e2d")
+    (snapshot / "model-00001-of-00001.safetensors").symlink_to(f"../../blobs/{blob.name}")
+    _, loaded, _ = load_model_files(snapshot)
+    assert all(torch.equal(loaded[k], v) for k, v in weights.items())
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"num_attention_heads": 0}, "num_heads must be a positive integer, got 0"),
+    ({"num_attention_heads": 0, "head_dim": None}, "a config value of the wrong type or range"),
+    ({"num_hidden_layers": -1}, "num_layers must be a positive integer, got -1"),
+    ({"hidden_size": "64"}, "hidden_size must be a positive integer, got '64'"),
+    ({"num_key_value_heads": 3}, "not a multiple of num_kv_heads 3"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps must be a positive number"),
+])
+def test_errors_damaged_config_values(tiny_model_dir, tmp_path, change, match):
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "m")
+    (bad / "config.json").write_text(json.dumps({**hf_config(), **change}))
+    _raises_with_path(bad, match)
+
+
+def test_errors_json_files_that_are_not_objects(tiny_model_dir, tmp_path):
+    for name in ("config.json", "tokenizer_config.json", "model.safetensors.index.json"):
+        bad = shutil.copytree(tiny_model_dir, tmp_path / name)
+        (bad / name).write_text("[1, 2]")
+        _raises_with_path(bad, "expected a JSON object, got list", bad / name)

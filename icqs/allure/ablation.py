@@ -12,29 +12,29 @@ import numpy as np
 
 from .loop import turns_of
 from .metrics import cohen_kappa
-from .run_dir import RunDir
+from .run_dir import AuditRun
 
 
-def _sweep_stage(run: RunDir, evaluator, memory, chosen: list[int], of: int) -> str:
+def _sweep_stage(run: AuditRun, evaluator, memory, chosen: list[int], of: int) -> str:
     name = f"icl-{len(chosen)}-of-{of}"
     stage = run.plan(name, "sweep", chosen, n=len(chosen), of=of)
     run.evaluate(evaluator, name, turns_of(memory, stage["icl_ids"]))
     return name
 
 
-def full_stage(run: RunDir, evaluator, memory, ids: list[int]) -> str:
+def full_stage(run: AuditRun, evaluator, memory, ids: list[int]) -> str:
     """The evaluation with every example in `ids` (the reference of the sweep's last point and the ablations)."""
     return _sweep_stage(run, evaluator, memory, list(ids), len(ids))
 
 
-def icl_sweep(run: RunDir, evaluator, memory, ids: list[int], sizes: list[int], seed: int = 0) -> None:
+def icl_sweep(run: AuditRun, evaluator, memory, ids: list[int], sizes: list[int], seed: int = 0) -> None:
     """Evaluate with nested uniform samples of `ids` of each size (capped at len(ids)), in memory order."""
     order = np.random.default_rng(seed).permutation(len(ids))
     for n in sorted({min(int(s), len(ids)) for s in sizes}):
         _sweep_stage(run, evaluator, memory, [int(ids[i]) for i in sorted(order[:n])], len(ids))
 
 
-def cluster_ablation(run: RunDir, evaluator, memory, ids: list[int], modes: dict) -> None:
+def cluster_ablation(run: AuditRun, evaluator, memory, ids: list[int], modes: dict) -> None:
     """Evaluate with all of `ids`, then with each failure-mode cluster's examples removed."""
     full_stage(run, evaluator, memory, ids)
     cluster_of = dict(zip(modes["ids"], modes["cluster"]))
@@ -44,7 +44,7 @@ def cluster_ablation(run: RunDir, evaluator, memory, ids: list[int], modes: dict
         run.evaluate(evaluator, name, turns_of(memory, stage["icl_ids"]))
 
 
-def sweep_rows(run: RunDir) -> list[dict]:
+def sweep_rows(run: AuditRun) -> list[dict]:
     """{n, of, stage, metrics...} of every finished sweep stage of the largest example set."""
     stages = [s for s in run.stages_of("sweep") if run.complete(s["stage"])]
     if not stages:
@@ -54,7 +54,7 @@ def sweep_rows(run: RunDir) -> list[dict]:
             for s in sorted(stages, key=lambda s: s["n"]) if s["of"] == of]
 
 
-def ablation_rows(run: RunDir, modes: dict | None) -> list[dict]:
+def ablation_rows(run: AuditRun, modes: dict | None) -> list[dict]:
     """{cluster, name, removed, kappa, metrics...}: the full run (cluster None) and each finished ablation,
     kappa measured between the ablated run's labels and the full run's."""
     stages = [s for s in run.stages_of("ablation") if run.complete(s["stage"])]

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.factory import add_engine_args
+from engine.factory import add_engine_args, positive_int
+from engine.cli_args import check_output_file
+from icqs.run import add_run_args
 
 
 def register(subparsers) -> None:
@@ -22,19 +24,18 @@ def register(subparsers) -> None:
 
     r = sub.add_parser("run", help="run (or resume) the audit loop on a JSONL file of (task, response) items")
     r.add_argument("items", help="JSONL items: response, answer (or label), optional id/match/split/group/...")
-    r.add_argument("--out", required=True, help="run folder (resumed if it exists)")
+    add_run_args(r)
     add_engine_args(r)
     r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file")
     r.add_argument("--memory", default=None, help="SQLite ICL memory (default: OUT/memory.sqlite)")
-    r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--rounds", type=positive_int, default=3)
     r.add_argument("--holdout", type=float, default=0.0, help="fraction of items only measured, never audited")
     r.add_argument("--review", action="store_true", help="new ICL examples wait for `icqs allure review`")
-    r.add_argument("--max-icl", type=int, default=None, help="show at most the newest N examples")
+    r.add_argument("--max-icl", type=positive_int, default=None, help="show at most the newest N examples")
     r.add_argument("--sweep", default="", help="comma-separated ICL example counts, e.g. 0,4,8,16 (Fig. 3)")
     r.add_argument("--failure-modes", action="store_true",
                    help="cluster the memory's examples (MiniLM, k-means, t-SNE) and ablate each cluster")
-    r.add_argument("--clusters", type=int, default=None, help="k for k-means (default: best silhouette)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--clusters", type=positive_int, default=None, help="k for k-means (default: best silhouette)")
     r.set_defaults(func=cmd_run)
 
     v = sub.add_parser("review", help="human audit of pending ICL examples")
@@ -53,9 +54,12 @@ def register(subparsers) -> None:
 
 def _ints(text: str, what: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise UserError(f"{what} must not be negative, got {text!r}")
+    return values
 
 
 def _settings(args, template, tasks: str) -> dict:
@@ -68,47 +72,50 @@ def _settings(args, template, tasks: str) -> dict:
 
 
 def cmd_run(args) -> int:
+    from engine.factory import engine_from_args
+    from icqs.run import MeteredEngine, format_stats
+
     from .ablation import cluster_ablation, icl_sweep
+    from .evaluator import Evaluator
     from .loop import iterate, shown_examples
     from .memory import Memory
     from .report import round_markdown, write_report
-    from .run_dir import RunDir
+    from .run_dir import AuditRun
     from .tasks import load_items
     from .template import load_template
 
-    if args.rounds < 1:
-        raise UserError(f"--rounds must be at least 1, got {args.rounds}")
     sizes = _ints(args.sweep, "--sweep")
     template = load_template(args.template)
     items = load_items(args.items, template, args.holdout, args.seed)
-    run = RunDir(args.out, items, _settings(args, template, args.items))
-    memory = Memory(run.settings["memory"])
-    try:
-        from engine.factory import engine_from_args
-        from .evaluator import Evaluator
-
-        engine = engine_from_args(args, keep_cache=True)
-        evaluator = Evaluator(engine, template)
-        provenance = dict(tasks=run.settings["tasks"], model=run.settings["model"], template=template.name)
-        outcome = iterate(run, evaluator, memory, args.rounds, args.review, args.max_icl, provenance)
-        print(outcome.message, file=sys.stderr)
-        if outcome.status != "review":
-            ids = shown_examples(memory, args.max_icl)
-            if sizes:
-                icl_sweep(run, evaluator, memory, ids, sizes, args.seed)
-            if args.failure_modes:
-                _failure_modes(run, evaluator, memory, ids, args.clusters, args.seed, cluster_ablation)
-        path, s = write_report(run, memory)
-        print(round_markdown(s["rounds"]))
-        print(f"report: {path}", file=sys.stderr)
-    finally:
-        memory.close()
-        run.close()
+    run = AuditRun(args.out, items, _settings(args, template, args.items))  # checked, nothing written
+    if args.memory and not Path(args.memory).is_file():  # made after the model loads (the default: in --out)
+        check_output_file(args.memory)
+    engine = MeteredEngine(engine_from_args(args, keep_cache=True))
+    evaluator = Evaluator(engine, template)
+    with run.start():
+        memory = Memory(run.settings["memory"])
+        try:
+            provenance = dict(tasks=run.settings["tasks"], model=run.settings["model"], template=template.name)
+            outcome = iterate(run, evaluator, memory, args.rounds, args.review, args.max_icl, provenance)
+            print(outcome.message, file=sys.stderr)
+            if outcome.status != "review":
+                ids = shown_examples(memory, args.max_icl)
+                if sizes:
+                    icl_sweep(run, evaluator, memory, ids, sizes, args.seed)
+                if args.failure_modes:
+                    _failure_modes(run, evaluator, memory, ids, args.clusters, args.seed, cluster_ablation)
+            run.add_stats("allure", engine.stats)
+            print(f"engine: {format_stats(engine.stats)}", file=sys.stderr)
+            path, s = write_report(run, memory)
+            print(round_markdown(s["rounds"]))
+            print(f"report: {path}", file=sys.stderr)
+        finally:
+            memory.close()
     return 0
 
 
 def _failure_modes(run, evaluator, memory, ids, k, seed, cluster_ablation) -> None:
-    from icqs.io import atomic_write
+    from icqs.io import atomic_write, strict_json
 
     from .failure_modes import MiniLM, failure_modes, tag_memory
     from .report import MODES_FILE, load_modes
@@ -119,7 +126,7 @@ def _failure_modes(run, evaluator, memory, ids, k, seed, cluster_ablation) -> No
     modes = load_modes(run)
     if modes is None or modes["ids"] != ids:
         modes = failure_modes(memory.examples(ids=ids), MiniLM(), k, seed)
-        atomic_write(run.path / MODES_FILE, json.dumps(modes, indent=1) + "\n")
+        atomic_write(run.path / MODES_FILE, json.dumps(strict_json(modes), indent=1) + "\n")
     tag_memory(memory, modes)
     cluster_ablation(run, evaluator, memory, ids, modes)
 
@@ -168,32 +175,33 @@ def _interactive(mem) -> None:
             mem.review(e.id, "accepted" if answer == "a" else "rejected")
 
 
-def open_run(run_dir):
-    """A finished or partial run folder, with its items re-read as the run read them."""
-    from .run_dir import RunDir, file_sha256
+def _reread_items(settings: dict) -> list[dict]:
+    """The items of a run, re-read as the run read them (the file must not have changed)."""
+    from .run_dir import file_sha256
     from .tasks import load_items
     from .template import template_from_dict
 
-    cfg = Path(run_dir) / "run.json"
-    if not cfg.is_file():
-        raise UserError("not an ALLURE run folder (no run.json)", str(run_dir))
-    settings = json.loads(cfg.read_text(encoding="utf-8"))
-    if not Path(settings["tasks"]).is_file() or file_sha256(settings["tasks"]) != settings["tasks_sha256"]:
-        raise UserError("the run's items file is gone or has changed since the run", settings["tasks"])
-    template = template_from_dict(settings["template"], str(cfg))
-    items = load_items(settings["tasks"], template, settings["holdout"], settings["seed"])
-    return RunDir(run_dir, items, settings)
+    try:
+        tasks, template, holdout, seed = (settings["tasks"], settings["template"], settings["holdout"],
+                                          settings["seed"])
+    except KeyError as e:
+        raise UserError(f"corrupt run.json (no {e})") from None
+    if not Path(tasks).is_file() or file_sha256(tasks) != settings.get("tasks_sha256"):
+        raise UserError("the run's items file is gone or has changed since the run", tasks)
+    return load_items(tasks, template_from_dict(template, "run.json"), holdout, seed)
 
 
 def cmd_report(args) -> int:
     from .memory import Memory
     from .report import write_report
+    from .run_dir import AuditRun
 
-    run = open_run(args.run_dir)
-    try:
-        with Memory(run.settings["memory"]) as mem:
-            path, _ = write_report(run, mem, Path(args.out) if args.out else None)
-    finally:
-        run.close()
+    run = AuditRun.load(args.run_dir, _reread_items)
+    if args.out:
+        check_output_file(args.out)
+    if not Path(run.settings.get("memory", "")).is_file():
+        raise UserError("the run's ICL memory is gone", run.settings.get("memory"))
+    with run.start(), Memory(run.settings["memory"]) as mem:
+        path, _ = write_report(run, mem, Path(args.out) if args.out else None)
     print(f"report: {path}", file=sys.stderr)
     return 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .audit import disagreements
 from .memory import Example, Memory
-from .run_dir import RunDir
+from .run_dir import AuditRun
 
 
 @dataclass
@@ -39,7 +39,7 @@ def turns_of(memory: Memory, ids: list[int]) -> list[tuple[str, str]]:
     return [found[i].turns for i in ids]
 
 
-def grow(run: RunDir, memory: Memory, template, rows: list[dict], round_no: int, review: bool,
+def grow(run: AuditRun, memory: Memory, template, rows: list[dict], round_no: int, review: bool,
          provenance: dict) -> int:
     """Add an ICL example for every audit-split error of a round; returns how many were new to the memory."""
     items = {it["id"]: it for it in run.items}
@@ -59,7 +59,7 @@ def grow(run: RunDir, memory: Memory, template, rows: list[dict], round_no: int,
     return added
 
 
-def iterate(run: RunDir, evaluator, memory: Memory, rounds: int, review: bool = False,
+def iterate(run: AuditRun, evaluator, memory: Memory, rounds: int, review: bool = False,
             max_icl: int | None = None, provenance: dict | None = None) -> Outcome:
     provenance = provenance or {}
     for r in range(1, rounds + 1):
@@ -79,7 +79,7 @@ def iterate(run: RunDir, evaluator, memory: Memory, rounds: int, review: bool = 
     return Outcome("done", rounds, f"{rounds} round(s) done")
 
 
-def round_table(run: RunDir, memory: Memory) -> list[dict]:
+def round_table(run: AuditRun, memory: Memory) -> list[dict]:
     """One row per completed round: ICL examples shown, examples the round's audit added, metrics per split."""
     out = []
     for st in run.stages_of("round"):

@@ -7,24 +7,24 @@ import json
 import math
 from pathlib import Path
 
-from icqs.io import atomic_write
+from icqs.io import atomic_write, strict_json
 
 from . import plots
 from .ablation import ablation_rows, sweep_rows
 from .loop import round_table
 from .memory import Memory
-from .run_dir import RunDir
+from .run_dir import AuditRun
 
 MODES_FILE = "failure_modes.json"
 METRICS = ("accuracy", "f1", "auc", "errors", "false_positives", "false_negatives")
 
 
-def load_modes(run: RunDir) -> dict | None:
+def load_modes(run: AuditRun) -> dict | None:
     path = run.path / MODES_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
-def summary(run: RunDir, memory: Memory) -> dict:
+def summary(run: AuditRun, memory: Memory) -> dict:
     modes = load_modes(run)
     return dict(settings=run.settings, rounds=round_table(run, memory), sweep=sweep_rows(run),
                 ablation=ablation_rows(run, modes), failure_modes=modes, memory=memory.counts())
@@ -104,10 +104,10 @@ def render_html(s: dict, examples: list) -> str:
             f"</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def write_report(run: RunDir, memory: Memory, out: Path | None = None) -> tuple[Path, dict]:
+def write_report(run: AuditRun, memory: Memory, out: Path | None = None) -> tuple[Path, dict]:
     """summary.json and report.html (or `out`) in the run folder, written atomically."""
     s = summary(run, memory)
-    atomic_write(run.path / "summary.json", json.dumps(s, indent=2, default=str) + "\n")
+    atomic_write(run.path / "summary.json", json.dumps(strict_json(s), indent=2, default=str) + "\n")
     ids = {i for st in run.stages.rows for i in st["icl_ids"]}
     examples = [e for e in memory.examples() if e.run_id == run.run_id or e.id in ids]
     out = out or run.path / "report.html"

@@ -1,6 +1,9 @@
-"""The state of one ALLURE run on disk, so that a killed run resumes where it stopped.
+"""The state of one ALLURE run on disk, so that a killed run resumes where it stopped: an icqs.run.RunDir (the
+run-directory convention of every evaluation command: run.json, a lock, nothing written before the run starts)
+with the audit's own logs.
 
-  run.json      the settings the run was started with (a resume with other items, template or model is refused)
+  run.json      the settings the run was started with (a resume with other items, template or model is refused),
+                its run_id, and the engine's stats
   stages.jsonl  one row per evaluation pass ("stage"): its name, kind (round, sweep, full, ablation) and the ids
                 of the memory's ICL examples shown to the evaluator, fixed when the stage starts
   evals.jsonl   one row per (stage, item): the audited truth, P(label = 1) and the evaluator's label
@@ -9,14 +12,12 @@ Metrics are recomputed from these rows; nothing else is kept.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
-from pathlib import Path
 
 from tqdm import tqdm
 
-from engine.errors import UserError
-from icqs.io import ResultWriter, atomic_write
+from icqs.io import ResultWriter
+from icqs.run import RunDir, read_run_json
 
 from .metrics import summarize
 
@@ -33,32 +34,41 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
-class RunDir:
+class AuditRun(RunDir):
     def __init__(self, out_dir, items: list[dict], settings: dict):
-        self.path = Path(out_dir)
+        """Checked, nothing written: `start()` creates the folder, run.json and the logs."""
+        settings = {k: v for k, v in settings.items() if k not in ("command", "run_id", "engine_stats")}
+        super().__init__(out_dir, "allure", settings, fixed=FIXED, created={"run_id": uuid.uuid4().hex[:12]})
         self.items = items
-        self.path.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.path / "run.json"
-        if cfg_path.exists():
-            try:
-                old = json.loads(cfg_path.read_text(encoding="utf-8"))
-            except ValueError as e:
-                raise UserError(f"unreadable run settings ({e})", str(cfg_path)) from None
-            changed = [k for k in FIXED if old.get(k) != settings.get(k)]
-            if changed:
-                raise UserError(f"this run was started with other {', '.join(changed)}; use a new output folder",
-                                str(cfg_path))
-            self.settings = {**old, **{k: v for k, v in settings.items() if k not in FIXED}}
-        else:
-            self.settings = {**settings, "run_id": uuid.uuid4().hex[:12]}
-        atomic_write(cfg_path, json.dumps(self.settings, indent=2, sort_keys=True) + "\n")
-        self.run_id = self.settings["run_id"]
-        self.stages = ResultWriter(self.path / "stages.jsonl", key="stage")
-        self.evals = ResultWriter(self.path / "evals.jsonl", key=("stage", "id"))
 
-    def close(self) -> None:
-        self.stages.close()
-        self.evals.close()
+    @classmethod
+    def load(cls, run_dir, load_items) -> "AuditRun":
+        """An existing run folder (for its report), its items re-read by `load_items(settings)` as the run read
+        them."""
+        settings = read_run_json(run_dir, "allure")
+        return cls(run_dir, load_items(settings), settings)
+
+    @property
+    def settings(self) -> dict:
+        return self.meta
+
+    @property
+    def run_id(self) -> str:
+        return self.meta["run_id"]
+
+    def start(self) -> "AuditRun":
+        opened = self._fd is not None
+        super().start()
+        if not opened:
+            self.stages = ResultWriter(self.path / "stages.jsonl", key="stage")
+            self.evals = ResultWriter(self.path / "evals.jsonl", key=("stage", "id"))
+        return self
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            self.stages.close()
+            self.evals.close()
+        super()._release()
 
     # ---- stages ----------------------------------------------------------------------------------------------
     def stage(self, name: str) -> dict | None:

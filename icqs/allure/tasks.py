@@ -22,17 +22,22 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
     """Read and check the items, add "truth" (the audited correctness) and "split" to each."""
     if not 0.0 <= holdout < 1.0:
         raise UserError(f"holdout fraction must be in [0, 1), got {holdout}")
-    rows = read_jsonl(path, required=("response",))
-    with open(path, encoding="utf-8") as f:  # read_jsonl skips blank lines: recover each row's line number
-        line_numbers = [n for n, text in enumerate(f.read().splitlines(), 1) if text.strip()]
+    numbered = read_jsonl(path, required=("response",), with_lines=True)
+    rows = [row for _, row in numbered]
     seen = {}
-    for number, row in zip(line_numbers, rows):
+    for number, row in numbered:
         where = (str(path), number)
         row.setdefault("id", f"{path}:{number}")
         row["id"] = str(row["id"])
         if row["id"] in seen:
             raise UserError(f"duplicate id {row['id']!r} (first at line {seen[row['id']]})", *where)
         seen[row["id"]] = number
+        if not isinstance(row["response"], str):
+            raise UserError("field 'response' must be text", *where)
+        if isinstance(row.get("answer"), (int, float)) and not isinstance(row["answer"], bool):
+            row["answer"] = str(row["answer"])  # "answer": 4 reads as "4"
+        elif "answer" in row and not isinstance(row["answer"], str):
+            raise UserError("field 'answer' must be text or a number", *where)
         try:
             spec = MatchSpec.parse(row["match"]) if "match" in row else template.match
             if spec.kind == "label":

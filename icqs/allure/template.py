@@ -113,6 +113,8 @@ def load_template(spec: str) -> Template:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise UserError(f"not valid YAML: {getattr(e, 'problem', e)}", spec, mark.line + 1 if mark else None) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read a template file here ({e.__class__.__name__}: {e})", spec) from None
     if not isinstance(d, dict):
         raise UserError("a template file must be a YAML mapping", spec)
     return template_from_dict({"name": path.stem, **d}, spec)

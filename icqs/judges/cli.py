@@ -1,8 +1,9 @@
 """`icqs judge` (single answer grading, zero- and many-shot) and `icqs pairwise` (four-variant comparison).
 
-As `icqs score`: JSONL input, a run directory --out holding run.json (the settings; a rerun with other settings is
-refused), append-only result rows (a killed run resumes where it stopped), tqdm progress, and the summary files
-written through a temporary file and a rename.
+As `icqs score`: JSONL input, a run directory --out (icqs.run.RunDir: run.json with the settings and the engine's
+stats, a lock, append-only result rows from which a killed run resumes), tqdm progress, and the summary files
+written through a temporary file and a rename. Inputs, options and prompt lengths are checked, and the model
+loaded, before anything is written.
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.factory import add_engine_args
+from engine.factory import add_engine_args, engine_from_args, positive_int
 
-from ..io import open_run
+from ..run import MeteredEngine, RunDir, add_run_args, format_stats, token_limit
 
 
 def register(subparsers) -> None:
@@ -28,13 +29,13 @@ def register(subparsers) -> None:
                    "what fits the model's context); K=0 is the zero-shot Prompt B")
     p.add_argument("--demos", help="JSONL pool of demo (question, response) rows; default: the input itself, the "
                    "graded item left out of its own demos")
-    p.add_argument("--demo-tokens", type=int, default=48, help="max tokens of a demo judgment's generated reason")
-    p.add_argument("--runs", type=int, default=1, help="independent demo draws (seed, seed+1, ...); with 2 or more "
+    p.add_argument("--demo-tokens", type=positive_int, default=48, help="max tokens of a demo judgment's generated reason")
+    p.add_argument("--runs", type=positive_int, default=1, help="independent demo draws (seed, seed+1, ...); with 2 or more "
                    "the summary has the consistency of runs 0 and 1 for every K")
     p.add_argument("--per-item-draws", action="store_true", help="draw demos for each item separately (the paper's "
                    "setting) instead of one draw shared by all items (whose prompts then share the demo block)")
     p.add_argument("--generate", action="store_true", help="also generate the judgment and parse its rating")
-    p.add_argument("--max-tokens", type=int, default=64, help="max generated tokens with --generate")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="max generated tokens with --generate")
     p.set_defaults(func=_run_judge)
 
     p = subparsers.add_parser("pairwise", help="compare two answers under four prompts (position x symbol swap)",
@@ -45,36 +46,35 @@ def register(subparsers) -> None:
                               "the Bradley-Terry leaderboard when every row names its two models.")
     _common(p)
     p.add_argument("--generate", action="store_true", help="also generate each variant's judgment and parse it")
-    p.add_argument("--max-tokens", type=int, default=256, help="max generated tokens with --generate")
-    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap rounds for the leaderboard's 95%% CIs")
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="max generated tokens with --generate")
+    p.add_argument("--bootstrap", type=positive_int, default=200, help="bootstrap rounds for the leaderboard's 95%% CIs")
     p.set_defaults(func=_run_pairwise)
 
 
 def _common(p) -> None:
     p.add_argument("input", help="input JSONL")
-    p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
+    add_run_args(p)
     add_engine_args(p)
-    p.add_argument("--batch", type=int, default=16, help="items per engine call (the unit of resumption)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--batch", type=positive_int, default=16, help="items per engine call (the unit of resumption)")
 
 
-def _items(path: str, fields: tuple[str, ...]) -> list[dict]:
+def _items(path: str, fields: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
+    """The rows of an input file, and the line of each row's id (for errors)."""
     from ..io import read_jsonl
 
-    rows = read_jsonl(path, required=fields)
-    seen = set()
-    for n, row in enumerate(rows):
+    rows, lines = [], {}
+    for n, (line, row) in enumerate(read_jsonl(path, required=fields, with_lines=True)):
         row["id"] = str(row.get("id", n))
         for f in fields:
             if not isinstance(row[f], str):
-                raise UserError(f"row {row['id']}: field {f!r} must be a string", path)
-        if row["id"] in seen:
-            raise UserError(f"duplicate id {row['id']!r}", path)
-        seen.add(row["id"])
+                raise UserError(f"field {f!r} must be a string", path, line)
+        if row["id"] in lines:
+            raise UserError(f"duplicate id {row['id']!r} (first on line {lines[row['id']]})", path, line)
+        lines[row["id"]] = line
+        rows.append(row)
     if not rows:
         raise UserError("no rows", path)
-    return rows
+    return rows, lines
 
 
 def _digest(rows: list[dict]) -> str:
@@ -82,18 +82,22 @@ def _digest(rows: list[dict]) -> str:
 
 
 def _write_json(path: Path, obj) -> Path:
-    from ..io import atomic_write
+    from ..io import atomic_write, strict_json
 
-    atomic_write(path, json.dumps(obj, indent=2) + "\n")
+    atomic_write(path, json.dumps(strict_json(obj), indent=2) + "\n")
     return path
 
 
-def _load_engine(args):
-    from engine.factory import engine_from_args
-
+def _load_engine(args) -> MeteredEngine:
     # keep_cache: prefixes computed in one engine call (a demo block, a prompt scored then generated from) are
-    # reused by the next ones
-    return engine_from_args(args, keep_cache=True)
+    # reused by the next ones; MeteredEngine: the run records the engine's work
+    return MeteredEngine(engine_from_args(args, keep_cache=True))
+
+
+def _finish(run: RunDir, part: str, eng: MeteredEngine, summary: dict) -> None:
+    """Record the engine's work of this run in run.json and the summary, and print it."""
+    summary["engine_stats"] = run.add_stats(part, eng.stats)
+    print(f"engine: {format_stats(eng.stats)}")
 
 
 def _run_judge(args) -> int:
@@ -104,12 +108,10 @@ def _run_judge(args) -> int:
     from .grading import build_prompts, fitting_shots, grade, prompt_tokens
     from .reinforced import demo_drawer, generate_demos
 
-    items = _items(args.input, ("question", "response"))
+    items, lines = _items(args.input, ("question", "response"))
     pool = items
     if args.demos:  # a separate pool: its ids must not be taken for graded items (a graded item skips its own demo)
-        pool = [{**row, "id": f"demo:{row['id']}"} for row in _items(args.demos, ("question", "response"))]
-    if args.runs < 1 or args.batch < 1:
-        raise UserError("--runs and --batch must be at least 1")
+        pool = [{**row, "id": f"demo:{row['id']}"} for row in _items(args.demos, ("question", "response"))[0]]
     auto = args.shots.strip() == "auto"
     try:
         ks = None if auto else sorted({int(k) for k in args.shots.split(",")})
@@ -117,45 +119,52 @@ def _run_judge(args) -> int:
         raise UserError(f"--shots must be comma-separated integers or 'auto', got {args.shots!r}") from None
     if ks is not None and min(ks) < 0:
         raise UserError("--shots must not be negative")
-    out = Path(args.out)
-    open_run(out, {"command": "judge", "input": _digest(items), "demos": _digest(pool), "model": args.model,
-                    "dtype": args.dtype, "method": args.method, "seed": args.seed, "demo_tokens": args.demo_tokens,
-                    "per_item_draws": args.per_item_draws, "max_tokens": args.max_tokens if args.generate else None})
-    eng = _load_engine(args)
-    needs_demos = auto or max(ks) > 0
-    demos = generate_demos(eng, pool, out / "demos.jsonl", args.demo_tokens,
-                           progress=not args.quiet) if needs_demos else {}
-    reserve = args.max_tokens if args.generate else 4
-    drawers = [demo_drawer(demos, args.seed + r, args.per_item_draws) for r in range(args.runs)]
-    limit = eng.config.max_position - reserve
-    if auto:
-        ks = fitting_shots(eng.tokenizer, items, drawers, args.method, limit, len(demos))
-    need = max(max(ks), 4 if args.method == "unsupervised" and max(ks) else 0)
-    if need > len(demos) - (0 if args.demos else 1):
-        raise UserError(f"{need} demos needed but the demo pool has {len(demos)} items"
+    need = 0 if auto else max(max(ks), 4 if args.method == "unsupervised" and max(ks) else 0)
+    if need > len(pool) - (0 if args.demos else 1):  # a graded item is never its own demo
+        raise UserError(f"{need} demos needed but the demo pool has {len(pool)} items"
                         f"{'' if args.demos else ' (one of them the graded item itself)'}; use fewer --shots or a "
                         f"larger --demos pool")
-    for drawer in drawers:
-        for it, k, prompt in build_prompts(items, drawer, [max(ks)], args.method):
+    run = RunDir(args.out, "judge", {
+        "input": _digest(items), "demos": _digest(pool), "model": args.model, "dtype": args.dtype,
+        "method": args.method, "seed": args.seed, "demo_tokens": args.demo_tokens,
+        "per_item_draws": args.per_item_draws, "max_tokens": args.max_tokens if args.generate else None})
+    eng = _load_engine(args)
+    reserve = args.max_tokens if args.generate else 4
+    limit = token_limit(eng) - reserve
+
+    def check(prompts, advice: str = "") -> None:
+        for it, k, prompt in prompts:
             if (n := prompt_tokens(eng.tokenizer, prompt)) > limit:
-                raise UserError(f"the {k}-shot prompt of item {it['id']} has {n} tokens, over the {limit} that fit "
-                                f"the model's context; use fewer --shots (or --shots auto)")
-    with ResultWriter(out / "grades.jsonl", key=("id", "k", "run")) as log:
-        for r, drawer in enumerate(drawers):
-            todo = [it for it in items if not all(log.done((it["id"], k, r)) for k in ks)]
-            for start in tqdm(range(0, len(todo), args.batch), desc=f"judge run {r}", disable=args.quiet):
-                jobs = build_prompts(todo[start:start + args.batch], drawer, ks, args.method)
-                for row in grade(eng, jobs, args.generate, args.max_tokens):
-                    if not log.done((row["id"], row["k"], r)):
-                        log.write({**row, "run": r, "seed": args.seed + r})
-        rows = [row for row in log.rows if row["k"] in ks and row["run"] < args.runs]
-    summary = {"method": args.method, "shots": ks, "demos": len(demos), "demo_pool": len(pool),
-               "per_item_draws": args.per_item_draws, "items": len(items), "by_k": _grading_by_k(rows, ks)}
-    if args.runs >= 2:
-        summary["consistency"] = consistency_by_k([r for r in rows if r["run"] == 0],
-                                                  [r for r in rows if r["run"] == 1])
-    print(json.dumps(summary["by_k"] + summary.get("consistency", []), indent=1))
-    print(f"summary: {_write_json(out / 'summary.json', summary)}")
+                raise UserError(f"item {it['id']!r}: its {k}-shot prompt has {n} tokens, over the {limit} that fit "
+                                f"the model's context{advice}", args.input, lines[it["id"]])
+
+    check(build_prompts(items, lambda it: [], [0], args.method))  # before anything is written
+    with run.start():
+        needs_demos = auto or max(ks) > 0
+        demos = generate_demos(eng, pool, run.path / "demos.jsonl", args.demo_tokens,
+                               progress=not args.quiet) if needs_demos else {}
+        drawers = [demo_drawer(demos, args.seed + r, args.per_item_draws) for r in range(args.runs)]
+        if auto:
+            ks = fitting_shots(eng.tokenizer, items, drawers, args.method, limit, len(demos))
+        for drawer in drawers:
+            check(build_prompts(items, drawer, [max(ks)], args.method), "; use fewer --shots (or --shots auto)")
+        with ResultWriter(run.path / "grades.jsonl", key=("id", "k", "run")) as log:
+            for r, drawer in enumerate(drawers):
+                todo = [it for it in items if not all(log.done((it["id"], k, r)) for k in ks)]
+                for start in tqdm(range(0, len(todo), args.batch), desc=f"judge run {r}", disable=args.quiet):
+                    jobs = build_prompts(todo[start:start + args.batch], drawer, ks, args.method)
+                    for row in grade(eng, jobs, args.generate, args.max_tokens):
+                        if not log.done((row["id"], row["k"], r)):
+                            log.write({**row, "run": r, "seed": args.seed + r})
+            rows = [row for row in log.rows if row["k"] in ks and row["run"] < args.runs]
+        summary = {"method": args.method, "shots": ks, "demos": len(demos), "demo_pool": len(pool),
+                   "per_item_draws": args.per_item_draws, "items": len(items), "by_k": _grading_by_k(rows, ks)}
+        if args.runs >= 2:
+            summary["consistency"] = consistency_by_k([r for r in rows if r["run"] == 0],
+                                                      [r for r in rows if r["run"] == 1])
+        print(json.dumps(summary["by_k"] + summary.get("consistency", []), indent=1))
+        _finish(run, "judge", eng, summary)
+        print(f"summary: {_write_json(run.path / 'summary.json', summary)}")
     return 0
 
 
@@ -175,18 +184,27 @@ def _run_pairwise(args) -> int:
     from tqdm import tqdm
 
     from ..io import ResultWriter
-    from .pairwise import pairwise_generated_verdicts, pairwise_logprob_verdicts, summarize_pairwise
+    from .pairwise import (VARIANTS, pairwise_generated_verdicts, pairwise_logprob_verdicts, summarize_pairwise,
+                           verdict_options)
+    from .prompts import VERDICT_PREFIX, chat_wrap
 
-    items = _items(args.input, ("question", "answer_a", "answer_b"))
+    items, lines = _items(args.input, ("question", "answer_a", "answer_b"))
     for it in items:
         if it.get("winner") not in (None, "model_a", "model_b", "tie"):
-            raise UserError(f"row {it['id']}: winner must be model_a, model_b or tie", args.input)
+            raise UserError("winner must be model_a, model_b or tie", args.input, lines[it["id"]])
         it["x"], it["y"] = it["answer_a"], it["answer_b"]
-    out = Path(args.out)
-    open_run(out, {"command": "pairwise", "input": _digest(items), "model": args.model, "dtype": args.dtype,
-                    "max_tokens": args.max_tokens if args.generate else None})
+    run = RunDir(args.out, "pairwise", {"input": _digest(items), "model": args.model, "dtype": args.dtype,
+                                        "max_tokens": args.max_tokens if args.generate else None})
     eng = _load_engine(args)
-    with ResultWriter(out / "verdicts.jsonl", key="id") as log:
+    limit = token_limit(eng) - (args.max_tokens if args.generate else 0)
+    longest_option = max(verdict_options(), key=len)
+    for it in items:  # before anything is written
+        for v in VARIANTS:
+            prompt = chat_wrap(eng.tokenizer, v.prompt(it["question"], it["x"], it["y"]), VERDICT_PREFIX)
+            if (n := len(eng.tokenizer.encode(prompt + longest_option))) > limit:
+                raise UserError(f"item {it['id']!r}: its {v.name} prompt has {n} tokens, over the {limit} that fit "
+                                f"the model's context", args.input, lines[it["id"]])
+    with run.start(), ResultWriter(run.path / "verdicts.jsonl", key="id") as log:
         todo = [it for it in items if not log.done(it["id"])]
         for start in tqdm(range(0, len(todo), args.batch), desc="pairwise", disable=args.quiet):
             part = todo[start:start + args.batch]
@@ -198,15 +216,16 @@ def _run_pairwise(args) -> int:
                 log.write({"id": it["id"], **{k: it[k] for k in ("model_a", "model_b", "winner") if k in it},
                            **res})
         done = {row["id"]: row for row in log.rows}
-    rows = [done[it["id"]] for it in items]
-    summary = summarize_pairwise(rows)
-    if all("model_a" in r and "model_b" in r for r in rows):
-        from .bradley_terry import format_leaderboard, leaderboard
+        rows = [done[it["id"]] for it in items]
+        summary = summarize_pairwise(rows)
+        if all("model_a" in r and "model_b" in r for r in rows):
+            from .bradley_terry import format_leaderboard, leaderboard
 
-        battles = [(r["model_a"], r["model_b"], r["verdict"]) for r in rows]
-        board = leaderboard(battles, rounds=args.bootstrap, seed=args.seed)
-        _write_json(out / "leaderboard.json", board)
-        print(format_leaderboard(board))
-    print(json.dumps(summary, indent=1))
-    print(f"summary: {_write_json(out / 'summary.json', summary)}")
+            battles = [(r["model_a"], r["model_b"], r["verdict"]) for r in rows]
+            board = leaderboard(battles, rounds=args.bootstrap, seed=args.seed)
+            _write_json(run.path / "leaderboard.json", board)
+            print(format_leaderboard(board))
+        print(json.dumps(summary, indent=1))
+        _finish(run, "pairwise", eng, summary)
+        print(f"summary: {_write_json(run.path / 'summary.json', summary)}")
     return 0

