@@ -46,6 +46,7 @@ class EngineOptions:
     page_size: int = 16
     token_budget: int = 1024  # new tokens per forward step
     keep_cache: bool = False  # online mode: keep computed prefixes across requests (LRU-evicted under pressure)
+    deterministic: bool = False  # batch-invariant ops: a request's scores do not depend on the rest of the job
 
     @classmethod
     def checked(cls, **options) -> "EngineOptions":
@@ -85,7 +86,7 @@ class Engine:
         self.config, self.tokenizer, self.device = config, tokenizer, torch.device(device)
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         self.options = EngineOptions.checked(**options)
-        self.model = LlamaModel(config, weights, self.dtype, self.device)
+        self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic)
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
         self.scheduler = Scheduler(self.kv, self.options.token_budget, self.options.keep_cache)
@@ -105,7 +106,8 @@ class Engine:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise UserError(f"threads must be a positive integer, got {threads!r}")
         opts = EngineOptions.checked(**options)  # before the (slow) model load
-        threads = threads or default_threads()
+        # deterministic mode: a fixed thread count, since the GEMM's split of a row tile changes with it
+        threads = threads or (1 if options.get("deterministic") else default_threads())
         torch.set_num_threads(threads)
         log.info("engine: %d CPU thread(s)", threads)
         config, weights, tokenizer = load_model_files(model)
@@ -190,7 +192,7 @@ class Engine:
             hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
             targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
             top_k = max(r[1].top_k for r in plan.score_rows)
-            out = kernels.target_logprobs(hidden, self.model.lm_head, targets, top_k=top_k)
+            out = self.model.target_logprobs(hidden, targets, top_k=top_k)
             if top_k:
                 lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
             else:

@@ -79,6 +79,8 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
                    help="CPU threads for the model (default: chosen by the engine)")
     g.add_argument("--token-budget", type=positive_int, default=1024, help="new tokens per forward step")
     g.add_argument("--kv-tokens", type=positive_int, default=65536, help="KV cache capacity in tokens")
+    g.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant ops: each score bitwise the same whatever else is in the job")
     g = p.add_argument_group("Ray (engine.distributed)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="score on a Ray cluster (no ADDRESS: start a local one)")
@@ -91,7 +93,7 @@ def engine_options(args) -> dict:
     """Engine.load keyword arguments from parsed engine options."""
     ray = getattr(args, "ray", None) is not None
     opts = dict(dtype=args.dtype, device=resolve_device(args.device, local=not ray), token_budget=args.token_budget,
-                kv_tokens=args.kv_tokens)
+                kv_tokens=args.kv_tokens, deterministic=args.deterministic)
     if args.threads is not None:
         opts["threads"] = args.threads
     elif ray and opts["device"] == "cpu":

@@ -2,7 +2,11 @@
 
 One forward step takes the new tokens of many sequences packed back to back (no padding) and an attention plan
 (`StepBatch`): where their K/V go in the paged cache and which cached segments each sequence attends to. Only the
-rows that are asked for leave the last layer (the LM head never runs on the others)."""
+rows that are asked for leave the last layer (the LM head never runs on the others).
+
+Deterministic mode (`deterministic=True`): every matmul, the attention and the target log-prob take their
+batch-invariant forms (kernels/batch_invariant.py), so a row's result is bitwise the same whatever else the step
+holds, however the prefix tree is cut and whatever the token budget."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels import batch_invariant
 
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -27,8 +32,10 @@ class StepBatch:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device,
+                 deterministic: bool = False):
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        self.deterministic = deterministic
         c = config
 
         def w(name):
@@ -57,22 +64,37 @@ class LlamaModel:
         c = self.config
         T = batch.token_ids.shape[0]
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        linear = batch_invariant.linear if self.deterministic else F.linear
+        if self.deterministic:
+            chunks = batch_invariant.chunk_segments(batch.cu_seqlens, batch.positions, batch.write_slots,
+                                                    batch.segments)
         h = F.embedding(batch.token_ids, self.embed)
         residual = None
         for i, L in enumerate(self.layers):
             x, residual = kernels.rms_norm(h, L["attn_norm"], c.rms_norm_eps, residual)
-            qkv = F.linear(x, L["qkv"], L["qkv_bias"])
+            qkv = linear(x, L["qkv"], L["qkv_bias"])
             q = qkv[:, :q_dim].reshape(T, c.num_heads, c.head_dim)
             k = qkv[:, q_dim:q_dim + kv_dim].reshape(T, c.num_kv_heads, c.head_dim)
             v = qkv[:, q_dim + kv_dim:].reshape(T, c.num_kv_heads, c.head_dim)
             q, k = q.contiguous(), k.contiguous()
             kernels.apply_rope(q, k, batch.positions, self.cos, self.sin)
             kernels.store_kv(k, v, kv.k[i], kv.v[i], batch.write_slots)
-            attn = kernels.cascade_attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments,
-                                             self.scale)
-            h = F.linear(attn.reshape(T, q_dim), L["o"])
+            if self.deterministic:  # every key from the cache (just stored), in fixed absolute chunks
+                attn = batch_invariant.cascade_attention(q, kv.k[i], kv.v[i], chunks, self.scale,
+                                                         kernels.segment_attention_merge)
+            else:
+                attn = kernels.cascade_attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments,
+                                                 self.scale)
+            h = linear(attn.reshape(T, q_dim), L["o"])
             x, residual = kernels.rms_norm(h, L["mlp_norm"], c.rms_norm_eps, residual)
-            h = F.linear(kernels.silu_and_mul(F.linear(x, L["gate_up"])), L["down"])
+            h = linear(kernels.silu_and_mul(linear(x, L["gate_up"])), L["down"])
         rows = batch.out_rows
         out, _ = kernels.rms_norm(h[rows], self.norm, c.rms_norm_eps, residual[rows])
         return out
+
+    def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0):
+        """log P(target) (fp32) and is_greedy of each final hidden row, and with top_k the k best tokens: the LM
+        head fused with the log-softmax, in vocabulary tiles (kernels.target_logprobs)."""
+        if self.deterministic:
+            return batch_invariant.target_logprobs(hidden, self.lm_head, targets, top_k)
+        return kernels.target_logprobs(hidden, self.lm_head, targets, top_k=top_k)

@@ -28,11 +28,23 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mas
     return out, lse.permute(1, 0, 2).reshape(R, H)
 
 
-def segment_attention_ref(q, k_cache, v_cache, slots, scale):
+def segment_attention_ref(q, k_cache, v_cache, slots, scale, limits=None):
     """Stacked queries q [R, H, D] of all sequences that share one cached segment attend to all of it.
 
-    k_cache, v_cache: [num_slots, Hkv, D] (one layer); slots: [S] int64, S > 0. Returns (out fp32, lse fp32)."""
-    return _attend(q, k_cache[slots], v_cache[slots], scale, None)
+    k_cache, v_cache: [num_slots, Hkv, D] (one layer); slots: [S] int64, S > 0; limits (optional) [R]: the last
+    index into slots each row may see. Returns (out fp32, lse fp32)."""
+    mask = None
+    if limits is not None:
+        mask = torch.arange(slots.numel(), device=q.device)[None, :] <= limits.to(q.device)[:, None]
+    return _attend(q, k_cache[slots], v_cache[slots], scale, mask)
+
+
+def segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
+    """Rows q[rows] attend to cache[slots] (each up to its limit, if given); merged into out[rows], lse[rows]."""
+    if rows.numel() == 0 or slots.numel() == 0:
+        return
+    o, l = segment_attention_ref(q[rows], k_cache, v_cache, slots, scale, limits)
+    out[rows], lse[rows] = merge_attention_ref(out[rows], lse[rows], o, l)
 
 
 def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale):
@@ -71,6 +83,5 @@ def cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segment
     of every sequence lying below that cached segment. Returns out [T, H, D] in q's dtype."""
     out, lse = varlen_causal_attention_ref(q, k_new, v_new, cu_seqlens, scale)
     for rows, slots in segments:
-        o, l = segment_attention_ref(q[rows], k_cache, v_cache, slots, scale)
-        out[rows], lse[rows] = merge_attention_ref(out[rows], lse[rows], o, l)
+        segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse)
     return out.to(q.dtype)

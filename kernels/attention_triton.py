@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from . import flash_attention
+from .aot import gpu_tiles
 
 LOG2E = 1.4426950408889634
 
@@ -80,9 +81,9 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
 
 
 @triton.jit
-def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, lse_ptr, R, S, qk_scale, H, Hkv, D,
-                          G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          PRECISION: tl.constexpr):
+def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, lse_ptr, lim_ptr, R, S, qk_scale, H,
+                          Hkv, D, G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, HAS_LIMITS: tl.constexpr):
     # one program: BLOCK_R // G of the stacked rows x the G query heads of KV head kh
     kh = tl.program_id(1)
     offs_r = tl.arange(0, BLOCK_R)
@@ -99,6 +100,10 @@ def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, l
     acc = tl.load(out_ptr + q_off, mask=q_mask, other=0.0)
     m_i = tl.load(lse_ptr + rows * H + head, mask=r_mask, other=float("-inf")) * 1.4426950408889634
     l_i = tl.where(r_mask, 1.0, 0.0)
+    if HAS_LIMITS:  # the last slot index each row sees; the keys after it are masked (exact zeros)
+        limit = tl.load(lim_ptr + i, mask=r_mask, other=-1)
+    else:
+        limit = tl.full([BLOCK_R], S - 1, dtype=tl.int64)
     for j0 in range(0, S, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < S
@@ -107,18 +112,21 @@ def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, l
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc, m_i, l_i = _online_update(q, k, v, n_mask[None, :], acc, m_i, l_i, qk_scale, PRECISION)
+        valid = n_mask[None, :] & (offs_n[None, :] <= limit[:, None])
+        acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(out_ptr + q_off, acc / l_safe[:, None], mask=q_mask)
     tl.store(lse_ptr + rows * H + head, (m_i + tl.log2(l_safe)) / 1.4426950408889634, mask=r_mask)
 
 
 def _blocks(q: torch.Tensor, group: int):
-    """(BLOCK_R, BLOCK_N, BLOCK_D, precision): small tiles under the CPU interpreter, flash-sized ones on a GPU;
-    BLOCK_R holds at least one token's group of heads. fp32 inputs are multiplied exactly (no TF32)."""
+    """(BLOCK_R, BLOCK_N, BLOCK_D, precision, num_warps): small tiles under the CPU interpreter, flash-sized ones
+    on a GPU; BLOCK_R holds at least one token's group of heads. fp32 inputs are multiplied exactly (no TF32), on
+    key tiles of 32: with 64, head_dim 128 needs 224 KiB of shared memory, over an A100's 163 (tests/
+    test_kernels_aot.py)."""
     bd = max(16, triton.next_power_of_2(q.shape[-1]))
-    br, bn = (128, 64) if q.is_cuda else (16, 16)
-    return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32"
+    br, bn, warps = (128, 64 if q.element_size() <= 2 else 32, 8) if gpu_tiles(q) else (16, 16, 4)
+    return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32", warps
 
 
 def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
@@ -126,7 +134,7 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
     """Contract of paged_attention.paged_prefill_attention_lse_ref: (out fp32 [T, H, D], lse fp32 [T, H])."""
     T, H, D = q.shape
     Hkv = k_new.shape[1]
-    br, bn, bd, prec = _blocks(q, H // Hkv)
+    br, bn, bd, prec, warps = _blocks(q, H // Hkv)
     tokens = br // (H // Hkv)
     cu = [int(c) for c in cu_seqlens]
     seq, start = [], []
@@ -144,7 +152,7 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
             torch.tensor(cu, device=dev), bt, torch.as_tensor(prefix_lens, device=dev).contiguous(),
             torch.tensor(seq, device=dev, dtype=torch.int32), torch.tensor(start, device=dev, dtype=torch.int32),
             bt.stride(0), page_size, scale * LOG2E, H, Hkv, D,
-            G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=8 if q.is_cuda else 4)
+            G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=warps)
     return out, lse
 
 
@@ -155,16 +163,18 @@ def paged_prefill_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache
     return out.to(q.dtype)
 
 
-def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse):
-    """Rows q[rows] attend to cache[slots]; the result is merged into out[rows], lse[rows] in place."""
+def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
+    """Rows q[rows] attend to cache[slots] (each up to its entry of limits, when given); the result is merged
+    into out[rows], lse[rows] in place."""
     R, S = rows.numel(), slots.numel()
     if R == 0 or S == 0:
         return
     H, Hkv, D = q.shape[1], k_cache.shape[1], q.shape[2]
-    br, bn, bd, prec = _blocks(q, H // Hkv)
+    br, bn, bd, prec, warps = _blocks(q, H // Hkv)
     _segment_merge_kernel[(triton.cdiv(R, br // (H // Hkv)), Hkv)](
-        q, rows, k_cache, v_cache, slots, out, lse, R, S, scale * LOG2E, H, Hkv, D,
-        G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=8 if q.is_cuda else 4)
+        q, rows, k_cache, v_cache, slots, out, lse, rows if limits is None else limits, R, S, scale * LOG2E, H,
+        Hkv, D, G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, HAS_LIMITS=limits is not None,
+        num_warps=warps)
 
 
 def cascade_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):

@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .aot import gpu_tiles
 from .dequant import BLOCK, BLOCK_BYTES
 
 
@@ -42,7 +43,7 @@ def dequantize_triton(raw: torch.Tensor, qtype: str, dtype: torch.dtype = torch.
         raise ValueError(f"{qtype} rows must hold whole {nbytes}-byte blocks, got {row_bytes} bytes")
     nblocks = raw.numel() // nbytes
     out = torch.empty(nblocks * BLOCK, dtype=dtype, device=raw.device)
-    blocks = 64 if raw.is_cuda else 16
+    blocks = 64 if gpu_tiles(raw) else 16
     if nblocks:
         _dequant_kernel[(triton.cdiv(nblocks, blocks),)](raw.contiguous(), out, nblocks, Q4_1=qtype == "Q4_1",
                                                          NBYTES=nbytes, BLOCKS=blocks)

@@ -42,17 +42,21 @@ IMPLS = {
     "cascade_attention": {"torch": "attention:cascade_attention_ref",
                           "triton": "attention_triton:cascade_attention_triton",
                           "native": "native_ops:cascade_attention_native"},
+    "segment_attention_merge": {"torch": "attention:segment_attention_merge_ref",
+                                "triton": "attention_triton:segment_attention_merge_triton",
+                                "native": "native_ops:segment_attention_merge_native"},
     "paged_prefill_attention": {"torch": "paged_attention:paged_prefill_attention_ref",
                                 "triton": "attention_triton:paged_prefill_attention_triton",
                                 "native": "native_ops:paged_prefill_attention_native"},
     "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
     "dequantize": {"torch": "dequant:dequantize_ref", "triton": "dequant_triton:dequantize_triton"},
 }
-ENGINE_OPS = ("rms_norm", "apply_rope", "silu_and_mul", "store_kv", "cascade_attention", "target_logprobs")
+ENGINE_OPS = ("rms_norm", "apply_rope", "silu_and_mul", "store_kv", "cascade_attention", "segment_attention_merge",
+              "target_logprobs")
 # Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
 # shapes). store_kv (one index_copy_ per tensor) and target_logprobs (matmul-bound) have no native version.
-CPU_NATIVE_OPS = frozenset({"cascade_attention", "paged_prefill_attention", "rms_norm", "apply_rope",
-                            "silu_and_mul"})
+CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "paged_prefill_attention", "rms_norm",
+                            "apply_rope", "silu_and_mul"})
 
 _state = {"backend": None}
 _chosen: dict[tuple[str, str, str], object] = {}
@@ -147,6 +151,12 @@ def store_kv(k, v, k_cache, v_cache, slots):
 
 def cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
     return resolve("cascade_attention", q.device)(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale)
+
+
+def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
+    """The deterministic mode's attention step (kernels/batch_invariant.py): rows attend to cached slots, each up
+    to its limit, merged into their running (out, lse) in place."""
+    return resolve("segment_attention_merge", q.device)(q, rows, k_cache, v_cache, slots, scale, out, lse, limits)
 
 
 def target_logprobs(hidden, weight, targets, top_k=0):

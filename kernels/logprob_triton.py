@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .aot import gpu_tiles
+
 
 @triton.jit
 def _target_logprob_kernel(h_ptr, w_ptr, t_ptr, m_ptr, l_ptr, tgt_ptr, topv_ptr, topi_ptr, N, V, Dm, v_per_split,
@@ -79,7 +81,7 @@ def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     N, Dm = hidden.shape
     V = weight.shape[0]
     k = min(top_k, V)
-    if hidden.is_cuda:
+    if gpu_tiles(hidden):
         bm, bv, bk = 64, 128, 64
     else:  # the interpreter pays per operation, not per element: few, large tiles (still several on small shapes)
         bm = 16
@@ -87,7 +89,7 @@ def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         bk = min(256, max(16, triton.next_power_of_2(Dm) // 2))
     row_blocks = triton.cdiv(N, bm)
     if splits is None:
-        splits = min(triton.cdiv(V, bv), triton.cdiv(512, row_blocks)) if hidden.is_cuda else 1
+        splits = min(triton.cdiv(V, bv), triton.cdiv(512, row_blocks)) if gpu_tiles(hidden) else 1
     v_per_split = triton.cdiv(triton.cdiv(V, splits), bv) * bv
     splits = triton.cdiv(V, v_per_split)
     kp = max(2, triton.next_power_of_2(k)) if k else 1

@@ -57,12 +57,18 @@ def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float):
                                               1, scale)
 
 
+def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
+    """Contract of attention.segment_attention_merge_ref (q contiguous; out, lse fp32, updated in place)."""
+    if rows.numel() and slots.numel():
+        _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse, limits)
+
+
 def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
     """Same contract as attention.cascade_attention_ref; segment K/V are read from the cache in place."""
     q = q.contiguous()
     out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale)
     for rows, slots in segments:
-        _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse)
+        segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse)
     return out.to(q.dtype)
 
 

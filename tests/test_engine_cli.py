@@ -162,7 +162,7 @@ def test_killed_run_keeps_its_rows_and_resumes(tiny_model_dir, tmp_path, capsys,
 
     monkeypatch.setattr(engine.cli, "CHUNK_ROWS", 3)
     pairs = pairs_file(tmp_path / "pairs.jsonl", 8)
-    args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--input", pairs]
+    args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--deterministic", "--input", pairs]
     assert score_main(capsys, *args, "--output", tmp_path / "full.jsonl")[0] == 0
     full = (tmp_path / "full.jsonl").read_text().splitlines()
 
@@ -222,7 +222,7 @@ def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tm
     import time
 
     pairs = pairs_file(tmp_path / "pairs.jsonl", 200)
-    args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--input", pairs]
+    args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--deterministic", "--input", pairs]
     code = ("import sys, engine.cli as c; c.CHUNK_ROWS = 2; "
             "sys.exit(c.main(['score', *sys.argv[1:]]))")
     out = tmp_path / "out.jsonl"

@@ -1,18 +1,23 @@
-"""Every Triton kernel under the Triton interpreter (fp32, small shapes) against its torch reference (<= 1e-5).
+"""Every Triton kernel against its torch reference on the device present: on a CUDA GPU the compiled kernels in
+fp32 (<= 1e-5) and bf16 (against the fp32 reference on the same bf16 inputs); without one, the Triton interpreter
+in fp32 (the bf16 cases skip).
 
 TRITON_INTERPRET must be on when the kernels are decorated, i.e. before kernels.*_triton is imported."""
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"
+import torch  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
 from kernels import attention_triton as AT  # noqa: E402
-from kernels.attention import cascade_attention_ref  # noqa: E402
+from kernels.attention import cascade_attention_ref, segment_attention_merge_ref  # noqa: E402
 from kernels.dequant import dequantize_ref  # noqa: E402
 from kernels.dequant_triton import dequantize_triton  # noqa: E402
 from kernels.kv_store import store_kv_ref  # noqa: E402
@@ -29,6 +34,35 @@ from kernels.swiglu import silu_and_mul_ref  # noqa: E402
 from kernels.swiglu_triton import silu_and_mul_triton  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
+BF16_TOL = dict(atol=2e-2, rtol=2e-2)
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not CUDA, reason="bf16: CUDA only"))]
+
+
+def on(dtype, *tensors):
+    """The tensors on the test device, floating ones in dtype."""
+    return [t.to(DEVICE, dtype) if t.is_floating_point() else t.to(DEVICE) for t in tensors]
+
+
+def close(got, want, dtype):
+    """A kernel result against the fp32 reference computed on the same (rounded) inputs."""
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), **(TOL if dtype == torch.float32 else BF16_TOL))
+
+
+def problem_on(p: dict, dtype) -> dict:
+    out = {}
+    for k, x in p.items():
+        if torch.is_tensor(x):
+            out[k] = x.to(DEVICE, dtype) if x.is_floating_point() else x.to(DEVICE)
+        elif k == "segments":
+            out[k] = [(r.to(DEVICE), sl.to(DEVICE)) for r, sl in x]
+        else:
+            out[k] = x
+    return out
+
+
+def fp32(p: dict) -> dict:
+    return {k: (x.float() if torch.is_tensor(x) and x.is_floating_point() else x) for k, x in p.items()}
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
 
@@ -37,37 +71,39 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm(with_residual):
-    x, w = randn(5, 37), randn(37, seed=1)
-    res = randn(5, 37, seed=2) if with_residual else None
+def test_rms_norm(with_residual, dtype):
+    x, w, res = on(dtype, randn(5, 37), randn(37, seed=1), randn(5, 37, seed=2))
+    res = res if with_residual else None
     out, new_res = rms_norm_triton(x, w, 1e-5, res)
     ref_out, ref_res = rms_norm_ref(x, w, 1e-5, res)
-    torch.testing.assert_close(out, ref_out, **TOL)
-    torch.testing.assert_close(new_res, ref_res, **TOL)
+    close(out, ref_out, dtype)
+    close(new_res, ref_res, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["default", "llama3"])
-def test_rope_in_place(scaling):
-    cos, sin = rope_cos_sin(20, 10000.0, scaling, 300)
-    q, k = randn(7, 6, 20), randn(7, 2, 20, seed=1)
-    positions = torch.tensor([0, 1, 2, 150, 299, 64, 5])
+def test_rope_in_place(scaling, dtype):
+    cos, sin = on(torch.float32, *rope_cos_sin(20, 10000.0, scaling, 300))
+    q, k, positions = on(dtype, randn(7, 6, 20), randn(7, 2, 20, seed=1), torch.tensor([0, 1, 2, 150, 299, 64, 5]))
     q_ref, k_ref = q.clone(), k.clone()
     apply_rope_ref(q_ref, k_ref, positions, cos, sin)
     apply_rope_triton(q, k, positions, cos, sin)
-    torch.testing.assert_close(q, q_ref, **TOL)
-    torch.testing.assert_close(k, k_ref, **TOL)
+    close(q, q_ref, dtype)
+    close(k, k_ref, dtype)
 
 
-def test_silu_and_mul():
-    gate_up = randn(3, 5, 2 * 23)
-    torch.testing.assert_close(silu_and_mul_triton(gate_up), silu_and_mul_ref(gate_up), **TOL)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    (gate_up,) = on(dtype, randn(3, 5, 2 * 23))
+    close(silu_and_mul_triton(gate_up), silu_and_mul_ref(gate_up), dtype)
 
 
-def test_store_kv_through_slots():
-    k, v = randn(6, 3, 8), randn(6, 3, 8, seed=1)
-    slots = torch.tensor([5, 0, 9, 3, 7, 11])
-    caches = [torch.zeros(12, 3, 8) for _ in range(4)]
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_through_slots(dtype):
+    k, v, slots = on(dtype, randn(6, 3, 8), randn(6, 3, 8, seed=1), torch.tensor([5, 0, 9, 3, 7, 11]))
+    caches = on(dtype, *[torch.zeros(12, 3, 8) for _ in range(4)])
     store_kv_ref(k, v, caches[0], caches[1], slots)
     store_kv_triton(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
@@ -77,38 +113,60 @@ def test_store_kv_through_slots():
 SEQ_LENS, PREFIX_LENS = [5, 1, 0, 19], [0, 17, 3, 40]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("ratio", [1, 3, 4])
-def test_paged_prefill_attention(ratio, page_size):
-    p = paged_problem(SEQ_LENS, PREFIX_LENS, H=ratio, Hkv=1, D=20, page_size=page_size, seed=ratio)
+def test_paged_prefill_attention(ratio, page_size, dtype):
+    p = problem_on(paged_problem(SEQ_LENS, PREFIX_LENS, H=ratio, Hkv=1, D=20, page_size=page_size, seed=ratio),
+                   dtype)
     out, lse = AT.paged_prefill_attention_lse_triton(**p)
-    ref_out, ref_lse = paged_prefill_attention_lse_ref(**p)
-    torch.testing.assert_close(out, ref_out, **TOL)
-    torch.testing.assert_close(lse, ref_lse, **TOL)
+    ref_out, ref_lse = paged_prefill_attention_lse_ref(**fp32(p))
+    close(out, ref_out, dtype)
+    close(lse, ref_lse, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ratio", [1, 3, 4])
-def test_cascade_attention(ratio):
-    p = cascade_problem([3, 18, 1], shared_len=21, own_lens=[0, 5, 33], H=ratio, Hkv=1, D=20, seed=ratio)
-    torch.testing.assert_close(AT.cascade_attention_triton(**p), cascade_attention_ref(**p), **TOL)
+def test_cascade_attention(ratio, dtype):
+    p = problem_on(cascade_problem([3, 18, 1], shared_len=21, own_lens=[0, 5, 33], H=ratio, Hkv=1, D=20,
+                                   seed=ratio), dtype)
+    close(AT.cascade_attention_triton(**p), cascade_attention_ref(**fp32(p)), dtype)
 
 
 def test_cascade_attention_without_cache():
-    p = cascade_problem([4, 7], shared_len=0, own_lens=[0, 0], H=2, Hkv=2, D=16)
+    p = problem_on(cascade_problem([4, 7], shared_len=0, own_lens=[0, 0], H=2, Hkv=2, D=16), torch.float32)
     assert p["segments"] == []
-    torch.testing.assert_close(AT.cascade_attention_triton(**p), cascade_attention_ref(**p), **TOL)
+    close(AT.cascade_attention_triton(**p), cascade_attention_ref(**p), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_segment_merge_with_row_limits(dtype):
+    """The deterministic mode's merge: each row sees the segment's keys up to its own limit."""
+    p = problem_on(cascade_problem([12], shared_len=40, own_lens=[0], H=4, Hkv=2, D=16), dtype)
+    rows, slots = p["segments"][0]
+    limits = torch.tensor([0, 3, 39, 17, 31, 32, 33, 5, 16, 15, 38, 1], device=DEVICE)
+    outs = []
+    for merge, args in ((AT.segment_attention_merge_triton, p), (segment_attention_merge_ref, fp32(p))):
+        out = torch.randn(12, 4, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        lse = torch.randn(12, 4, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+        merge(args["q"], rows, args["k_cache"], args["v_cache"], slots, p["scale"], out, lse, limits)
+        outs.append((out, lse))
+    close(outs[0][0], outs[1][0], dtype)
+    close(outs[0][1], outs[1][1], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("splits", [1, 3])
-def test_target_logprobs(splits):
+def test_target_logprobs(splits, dtype):
     hidden, weight = randn(19, 40), randn(301, 40, seed=1)
     targets = torch.randint(0, 301, (19,), generator=torch.Generator().manual_seed(2))
     targets[0] = 300  # last vocabulary entry (in the last, partial tile)
-    targets[1] = int((hidden[1] @ weight.T).argmax())  # one greedy row
+    hidden, weight, targets = on(dtype, hidden, weight, targets)
+    targets[1] = int((hidden[1].float() @ weight.float().T).argmax())  # one greedy row
     lp, greedy = target_logprobs_triton(hidden, weight, targets, splits=splits)
     ref_lp, ref_greedy = target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8)
-    torch.testing.assert_close(lp, ref_lp, **TOL)
-    assert torch.equal(greedy, ref_greedy) and bool(greedy[1])
+    close(lp, ref_lp, dtype)
+    assert torch.equal(greedy.cpu(), ref_greedy.cpu()) and bool(greedy[1])
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
@@ -119,4 +177,4 @@ def test_dequantize_matches_reference_and_gguf(qtype):
     raw = gguf.quants.quantize(x, kind)
     ref = dequantize_ref(torch.from_numpy(raw), qtype)
     np.testing.assert_array_equal(ref.numpy(), gguf.quants.dequantize(raw, kind))
-    torch.testing.assert_close(dequantize_triton(torch.from_numpy(raw), qtype), ref, atol=0, rtol=0)
+    torch.testing.assert_close(dequantize_triton(torch.from_numpy(raw).to(DEVICE), qtype).cpu(), ref, atol=0, rtol=0)

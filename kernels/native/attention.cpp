@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <vector>
 
 #include "vec16.h"
@@ -119,12 +120,15 @@ void tile_rows(State& s, int r0, int nb, const int* cnt) {
   }
 }
 
-// Sweeps all keys for all query vectors. limit[r] (optional): the last key index vector r may see (causal).
+// Sweeps all keys for all query vectors in tiles of kNB from key 0. limit[r] (optional): the last key index
+// vector r may see (causal). A vector's result depends only on its query, its keys and its limit: the keys it
+// does not see contribute exact zeros, so the other vectors of the work item never change it.
 template <typename T>
 void sweep(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const std::vector<int64_t>* limit) {
+  const int64_t last = limit ? *std::max_element(limit->begin(), limit->end()) : keys.n;
   for (int64_t j0 = 0; j0 < keys.n; j0 += kNB) {
     const int nb = int(std::min<int64_t>(kNB, keys.n - j0));
-    if (limit && (*limit)[s.M - 1] < j0) break;  // limits grow with r: nobody sees this tile or later ones
+    if (last < j0) break;  // nobody sees this tile or later ones
     pack_tile(s, keys, j0, nb, row_stride, kh);
     for (int r0 = 0; r0 < s.M; r0 += kMR) {
       int cnt[kMR];
@@ -192,7 +196,8 @@ void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tenso
 
 template <typename T>
 void segment_items(const at::Tensor& q, const int64_t* rp, int64_t R, const at::Tensor& k_cache,
-                   const at::Tensor& v_cache, const at::Tensor& sl, int64_t tb, double scale, float* op, float* lp) {
+                   const at::Tensor& v_cache, const at::Tensor& sl, const int64_t* lim, int64_t tb, double scale,
+                   float* op, float* lp) {
   const int64_t H = q.size(1), Hkv = k_cache.size(1), D = q.size(2), g = H / Hkv;
   const int64_t nblocks = (R + tb - 1) / tb;
   const T* qp = q.data_ptr<T>();
@@ -201,14 +206,16 @@ void segment_items(const at::Tensor& q, const int64_t* rp, int64_t R, const at::
   for (int64_t it = 0; it < nblocks * Hkv; ++it) {
     const int64_t i0 = (it / Hkv) * tb, kh = it % Hkv, i1 = std::min(R, i0 + tb);
     State s(int((i1 - i0) * g), int(D));
+    std::vector<int64_t> limit(lim ? s.M : 0);
     for (int r = 0; r < s.M; ++r) {  // start from the running state: m = lse, l = 1, acc = out
       const int64_t t = rp[i0 + r / g], h = kh * g + r % g;
       s.load_query(r, qp + (t * H + h) * D, float(scale));
       s.m[r] = lp[t * H + h] * kLog2e;
       s.l[r] = 1.f;
       std::copy(op + (t * H + h) * D, op + (t * H + h + 1) * D, &s.acc[size_t(r) * s.DP]);
+      if (lim) limit[r] = lim[i0 + r / g];
     }
-    sweep(s, keys, Hkv * D, kh, nullptr);
+    sweep(s, keys, Hkv * D, kh, lim ? &limit : nullptr);
     for (int r = 0; r < s.M; ++r) {
       const int64_t t = rp[i0 + r / g], h = kh * g + r % g;
       finish(s, r, op + (t * H + h) * D, lp + t * H + h);
@@ -255,9 +262,11 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   return {out, lse};
 }
 
+// limits (optional, [R]): the last index into `slots` each row may see (keys after it are masked).
 void segment_attention_merge_(const at::Tensor& q, const at::Tensor& rows, const at::Tensor& k_cache,
                               const at::Tensor& v_cache, const at::Tensor& slots, double scale,
-                              const at::Tensor& out, const at::Tensor& lse) {
+                              const at::Tensor& out, const at::Tensor& lse,
+                              const std::optional<at::Tensor>& limits) {
   check_qkv(q, k_cache, v_cache);
   TORCH_CHECK(out.scalar_type() == at::kFloat && lse.scalar_type() == at::kFloat, "out and lse must be fp32");
   TORCH_CHECK(out.is_contiguous() && lse.is_contiguous() && out.sizes() == q.sizes(), "out must be like q");
@@ -266,8 +275,14 @@ void segment_attention_merge_(const at::Tensor& q, const at::Tensor& rows, const
   const auto sl = slots.to(at::kLong).contiguous();
   const int64_t R = rw.numel();
   const int64_t tb = std::max<int64_t>(1, kRowsPerItem / g);
+  at::Tensor lm;
+  if (limits.has_value()) {
+    lm = limits->to(at::kLong).contiguous();
+    TORCH_CHECK(lm.numel() == R, "limits must hold one entry per row");
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "segment_attention_merge_", [&] {
-    segment_items<scalar_t>(q, rw.data_ptr<int64_t>(), R, k_cache, v_cache, sl, tb, scale, out.data_ptr<float>(),
+    segment_items<scalar_t>(q, rw.data_ptr<int64_t>(), R, k_cache, v_cache, sl,
+                            lm.defined() ? lm.data_ptr<int64_t>() : nullptr, tb, scale, out.data_ptr<float>(),
                             lse.data_ptr<float>());
   });
 }
@@ -279,7 +294,7 @@ TORCH_LIBRARY(icqs_native, m) {
   m.def("paged_prefill_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor cu_seqlens, Tensor k_cache, "
         "Tensor v_cache, Tensor block_table, Tensor prefix_lens, int page_size, float scale) -> (Tensor, Tensor)");
   m.def("segment_attention_merge_(Tensor q, Tensor rows, Tensor k_cache, Tensor v_cache, Tensor slots, "
-        "float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
+        "float scale, Tensor(a!) out, Tensor(b!) lse, Tensor? limits=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {

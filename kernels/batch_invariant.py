@@ -1,0 +1,125 @@
+"""Batch-invariant forms of the step's ops (the engine's deterministic mode): each row is computed with a
+reduction order that depends only on the row itself, never on the other rows of the step, their number, the
+row's place in the step, the prefix tree's node boundaries or the token budget.
+
+- Matmuls run on fixed-shape row tiles (`linear`): every GEMM call has the shape [ROW_TILE, K], so the library
+  picks the same kernel, K blocking and thread split whatever the step holds (measured on the CPU: the row results
+  of torch's fp32 GEMM change with M below 16 rows, and with 2 threads between M=64 and M=129).
+- Attention (`cascade_attention`) reads every key from the cache (the step's new K/V are stored before it runs)
+  in chunks at fixed absolute positions [c * KV_CHUNK, (c + 1) * KV_CHUNK), each chunk an online softmax in key
+  tiles from its first key, merged into the row's running (out, lse) in ascending chunk order. A chunk that lies
+  inside cached segments shared by many sequences is computed once for all their stacked rows (the cascade's
+  sharing), a chunk holding a sequence's new tokens per sequence with a causal limit per row. The segment merge is
+  row-invariant in the native CPU op and the Triton kernel (a masked key adds exact zeros); the torch reference
+  computes the same values but makes no invariance promise.
+- The target log-prob (`target_logprobs`) runs on fixed [LOGPROB_ROW_TILE x VOCAB_TILE] tiles (rows padded).
+RMSNorm, RoPE, SwiGLU and the KV store are row-wise already (one row's arithmetic never sees another row).
+
+The bits are those of one configuration: device, dtype, these tile sizes, and the CPU thread count (torch's fp32
+GEMM splits a [64, 1536] tile differently on 1 and 2 threads; Engine.load runs the deterministic mode on 1 thread
+unless `threads` is given)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .logprob import VOCAB_TILE, target_logprobs_ref
+
+ROW_TILE = {"cpu": 64, "cuda": 256}  # rows per GEMM call, per device type (a GPU wants larger GEMMs)
+KV_CHUNK = 256  # keys per attention chunk (a multiple of every kernel's key tile: 32 native, 64 Triton)
+LOGPROB_ROW_TILE = 64
+
+
+def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
+    pad = -x.shape[0] % tile
+    return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, tile: int | None = None):
+    """F.linear(x, weight, bias) on fixed [tile, K] row blocks (the last one zero-padded)."""
+    T = x.shape[0]
+    tile = tile or ROW_TILE.get(x.device.type, 64)
+    xp = _pad_rows(x, tile)
+    out = torch.empty(xp.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    for r in range(0, xp.shape[0], tile):
+        out[r:r + tile] = F.linear(xp[r:r + tile], weight, bias)
+    return out[:T]
+
+
+def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
+                    row_tile: int = LOGPROB_ROW_TILE, vocab_tile: int = VOCAB_TILE):
+    """Contract of logprob.target_logprobs_ref, on fixed [row_tile, vocab_tile] tiles (rows zero-padded). On a
+    GPU, the Triton kernel with one vocabulary split: each program walks the whole vocabulary for its rows, so no
+    cross-program merge depends on the number of rows."""
+    N = hidden.shape[0]
+    if hidden.is_cuda:
+        from .logprob_triton import target_logprobs_triton
+
+        return target_logprobs_triton(hidden, weight, targets, top_k, splits=1)
+    out = target_logprobs_ref(_pad_rows(hidden, row_tile), weight, _pad_rows(targets, row_tile), top_k=top_k,
+                              vocab_tile=vocab_tile, row_tile=row_tile)
+    return tuple(t[:N] for t in out)
+
+
+def chunk_segments(cu_seqlens: list[int], positions: torch.Tensor, write_slots: torch.Tensor,
+                   segments: list[tuple[torch.Tensor, torch.Tensor]], chunk: int = KV_CHUNK):
+    """The keys of every row of a step cut at fixed absolute positions, from the step's cascade description.
+
+    Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1], at positions[cu_seqlens[b]] onwards; its cached keys are
+    the slots of the segments holding its rows, in list order (ancestors root first, as engine/step.py builds
+    them), and its new keys are write_slots of its rows. Returns [(rows, slots, limits or None)] in ascending
+    chunk order: the rows attend to the slots, each row up to its limit (an index into slots)."""
+    dev = positions.device
+    B = len(cu_seqlens) - 1
+    cu_t = torch.tensor(cu_seqlens, device=dev)
+    seq_segs: list[list[int]] = [[] for _ in range(B)]
+    for s, (rows, _) in enumerate(segments):
+        for b in torch.unique(torch.bucketize(rows, cu_t, right=True) - 1).tolist():
+            seq_segs[b].append(s)
+    pos = positions.tolist()
+    shared: dict = {}  # (chunk, (segment, start) ...) -> [rows lists, slots]
+    own: list = []  # (chunk, rows, slots, limits)
+    for b in range(B):
+        lo, hi = cu_seqlens[b], cu_seqlens[b + 1]
+        if hi == lo:
+            continue
+        p0 = pos[lo]
+        pieces, start = [], 0  # (first position, slots) of every cached segment, then the new tokens
+        for s in seq_segs[b]:
+            pieces.append((start, s, segments[s][1]))
+            start += segments[s][1].numel()
+        if start != p0:
+            raise ValueError(f"sequence {b}: cached segments hold {start} keys, its first new position is {p0}")
+        pieces.append((p0, None, write_slots[lo:hi]))
+        end = p0 + (hi - lo)
+        for c0 in range(0, end, chunk):
+            c1 = min(c0 + chunk, end)
+            parts, key = [], [c0]
+            for first, s, sl in pieces:
+                a, z = max(c0, first), min(c1, first + sl.numel())
+                if a < z:
+                    parts.append(sl[a - first:z - first])
+                    key.append(s)
+            if c1 <= p0:  # cached keys only, seen whole by every row of the sequence: shared across sequences
+                entry = shared.setdefault(tuple(key), [[], parts])
+                entry[0].append(torch.arange(lo, hi, device=dev))
+            else:
+                first_row = max(lo, lo + c0 - p0)  # rows at positions before c0 do not see this chunk
+                limits = torch.tensor(pos[first_row:hi], device=dev) - c0
+                own.append((c0, torch.arange(first_row, hi, device=dev), torch.cat(parts), limits))
+    out = [(c0, torch.cat(rows), torch.cat(parts), None) for (c0, *_), (rows, parts) in shared.items()]
+    out += own
+    out.sort(key=lambda e: e[0])  # stable: ascending chunk order per row is all that matters
+    return [(rows, slots, limits) for _, rows, slots, limits in out]
+
+
+def cascade_attention(q, k_cache, v_cache, chunks, scale, merge):
+    """Attention of every row over its chunks (chunk_segments), merged in order by `merge` (the dispatched
+    segment_attention_merge). Returns out [T, H, D] in q's dtype."""
+    q = q.contiguous()
+    T, H, D = q.shape
+    out = torch.zeros(T, H, D, dtype=torch.float32, device=q.device)
+    lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
+    for rows, slots, limits in chunks:
+        merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits)
+    return out.to(q.dtype)

@@ -1,0 +1,171 @@
+"""Deterministic mode: a request's log-probs are bitwise the same (max diff 0.0) whatever else the job holds.
+
+The same 20 requests are scored alone, mixed into 200 others, shuffled, with prefix sharing off, under token
+budgets 5 / 37 / 1024, from a warm online cache and from a cold one, and in the engine loop arriving a few at a
+time between steps beside other scoring requests and greedy generations, in bf16 and fp32. Contexts are long enough
+(up to ~420 tokens) to cross the attention's fixed KV chunks, and requests share demo prefixes of different lengths
+so node boundaries fall inside chunks. The kernel-level tests check each batch-invariant op on its own."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine import Engine
+from engine.loader import load_model_files
+from kernels import batch_invariant, native_ops
+from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
+from kernels.problems import cascade_problem
+
+pytestmark = pytest.mark.skipif(not native_ops.load(), reason="the batch-invariant CPU attention is the native op")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model_files(str(tiny_model_dir))
+
+
+def jobs(vocab: int, seed: int = 0):
+    """(targets, others): ICQS-shaped requests, demo set x question x answer, demo sets sharing a first part."""
+    rng = random.Random(seed)
+    toks = lambda n: [rng.randrange(4, vocab) for _ in range(n)]  # noqa: E731
+    common = toks(140)
+    demos = [common + toks(rng.randrange(20, 260)) for _ in range(6)]
+    reqs = []
+    for d in demos:
+        for _ in range(10):
+            q = toks(rng.randrange(3, 12))
+            reqs += [(d + q, toks(rng.randrange(1, 5))) for _ in range(rng.randrange(3, 6))]
+    rng.shuffle(reqs)
+    return reqs[:20], reqs[20:220]
+
+
+def engine(tiny, dtype, **opts):
+    config, weights, tok = tiny
+    return Engine(config, weights, tok, dtype=dtype, deterministic=True, **{"kv_tokens": 16384, **opts})
+
+
+def token_logprobs(results):
+    return [r.token_logprobs for r in results]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_scores_bitwise_independent_of_the_job(tiny, dtype):
+    targets, others = jobs(tiny[0].vocab_size)
+    assert len(others) == 200
+    alone = token_logprobs(engine(tiny, dtype).score(targets))
+    mixed = targets + others
+    order = list(range(len(mixed)))
+    random.Random(1).shuffle(order)
+    cases = {}
+    for budget in (5, 37, 1024):
+        got = engine(tiny, dtype, token_budget=budget).score([mixed[i] for i in order])
+        back = {i: got[pos] for pos, i in enumerate(order)}
+        cases[f"mixed, shuffled, budget {budget}"] = token_logprobs([back[i] for i in range(20)])
+    cases["mixed, sharing off"] = token_logprobs(engine(tiny, dtype).score(mixed, share_prefix=False)[:20])
+    warm = engine(tiny, dtype, keep_cache=True, token_budget=37)
+    warm.score(others)
+    cases["warm online cache"] = token_logprobs(warm.score(targets))
+    assert warm.last_stats["cache_hit_tokens"] > 0
+    cases["same engine again (cache hits on every request)"] = token_logprobs(warm.score(targets[::-1]))[::-1]
+    cases["engine loop, interleaved arrivals with generations"] = interleaved(tiny, dtype, targets, others)
+    for name, got in cases.items():
+        diff = max(abs(a - b) for x, y in zip(got, alone) for a, b in zip(x, y))
+        assert got == alone, f"{name}: max diff {diff}"
+
+
+def interleaved(tiny, dtype, targets, others):
+    """Engine.add_score / add_generate / step: requests arrive 0-4 at a time between steps, greedy generations
+    from prompts sharing the demo prefixes mixed in; returns the targets' token log-probs."""
+    eng = engine(tiny, dtype, token_budget=53)
+    rng = random.Random(4)
+    items = [("score", i, r) for i, r in enumerate(targets)] + [("score", None, r) for r in others[:120]]
+    items += [("generate", None, (ctx, None)) for ctx, _ in others[120:140]]
+    rng.shuffle(items)
+    handles = {}
+    while items or eng.has_pending():
+        for _ in range(rng.randrange(0, 5)):
+            if items:
+                kind, i, (ctx, cont) = items.pop()
+                h = eng.add_score(ctx, cont) if kind == "score" else eng.add_generate(ctx, max_tokens=6)
+                if i is not None:
+                    handles[i] = h
+        eng.step()
+    return token_logprobs([handles[i].result() for i in range(len(targets))])
+
+
+def test_deterministic_mode_matches_the_default_engine(tiny):
+    """The batch-invariant ops compute the same function (fp32, 1e-5)."""
+    targets, _ = jobs(tiny[0].vocab_size, seed=3)
+    config, weights, tok = tiny
+    default = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=16384).score(targets)
+    det = engine(tiny, torch.float32).score(targets)
+    assert [r.logprob for r in det] == pytest.approx([r.logprob for r in default], abs=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_linear_row_tiles_are_batch_invariant(dtype):
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(96, 80, generator=g).to(dtype), torch.randn(300, 80, generator=g).to(dtype)
+    full = batch_invariant.linear(x, w)
+    for lo, hi in ((0, 1), (5, 6), (3, 20), (7, 70), (0, 129), (100, 300)):
+        assert torch.equal(batch_invariant.linear(x[lo:hi], w), full[lo:hi]), (lo, hi)
+    torch.testing.assert_close(full.float(), torch.nn.functional.linear(x, w).float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_target_logprobs_row_tiles_are_batch_invariant(dtype):
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(150, 32, generator=g).to(dtype), torch.randn(500, 32, generator=g).to(dtype)
+    t = torch.randint(0, 500, (150,), generator=g)
+    full, greedy = batch_invariant.target_logprobs(h, w, t, vocab_tile=128)
+    for lo, hi in ((0, 1), (9, 10), (3, 40), (64, 150)):
+        lp, gr = batch_invariant.target_logprobs(h[lo:hi], w, t[lo:hi], vocab_tile=128)
+        assert torch.equal(lp, full[lo:hi]) and torch.equal(gr, greedy[lo:hi])
+
+
+def _chunked_attention(p, rows_of_interest, chunk):
+    """Rows of one problem through chunk_segments + the native merge, the new K/V stored first."""
+    q, T, N = p["q"], p["q"].shape[0], p["k_cache"].shape[0]
+    k_cache, v_cache = torch.cat([p["k_cache"], p["k_new"]]), torch.cat([p["v_cache"], p["v_new"]])
+    write = torch.arange(N, N + T)  # the step's new K/V, stored in fresh slots before attention
+    cu = p["cu_seqlens"]
+    cached = [sum(s.numel() for r, s in p["segments"] if bool((r == cu[b]).any())) for b in range(len(cu) - 1)]
+    positions = torch.cat([torch.arange(cached[b], cached[b] + cu[b + 1] - cu[b]) for b in range(len(cu) - 1)])
+    chunks = batch_invariant.chunk_segments(cu, positions, write, p["segments"], chunk)
+    out = batch_invariant.cascade_attention(q, k_cache, v_cache, chunks, p["scale"],
+                                            native_ops.segment_attention_merge_native)
+    ref = batch_invariant.cascade_attention(q, k_cache, v_cache, chunks, p["scale"], segment_attention_merge_ref)
+    return out[rows_of_interest], ref[rows_of_interest]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_chunked_attention_is_batch_invariant_and_exact(dtype):
+    """One sequence's rows alone, beside other sequences, and with its cache cut at other node boundaries."""
+    kw = dict(H=6, Hkv=2, D=32, dtype=dtype)
+    # sequence 0 below a shared segment of 50 and its own cached 30: 80 cached keys, 25 new tokens
+    base = cascade_problem([25], shared_len=50, own_lens=[30], seed=1, **kw)
+    slots = torch.cat([s for _, s in base["segments"]])
+    variants = []
+    for cut in (50, 17, 64, 79):  # the same 80 cached keys split into two segments at another boundary
+        p = dict(base, segments=[(torch.arange(25), slots[:cut]), (torch.arange(25), slots[cut:])])
+        variants.append(_chunked_attention(p, torch.arange(25), chunk=32)[0])
+    more = cascade_problem([25, 9, 40], shared_len=50, own_lens=[30, 3, 70], seed=1, **kw)  # same first sequence
+    for name in ("q", "k_new", "v_new"):
+        more[name][:25] = base[name][:25]
+    pad = torch.arange(base["k_cache"].shape[0], base["k_cache"].shape[0] + 73)  # the other sequences' caches
+    more["k_cache"] = torch.cat([base["k_cache"], torch.randn(73, 2, 32).to(dtype)])
+    more["v_cache"] = torch.cat([base["v_cache"], torch.randn(73, 2, 32).to(dtype)])
+    more["segments"] = [(torch.arange(74), slots[:50]), (torch.arange(25), slots[50:]),
+                        (torch.arange(25, 34), pad[:3]), (torch.arange(34, 74), pad[3:73])]
+    got, ref = _chunked_attention(more, torch.arange(25), chunk=32)
+    variants.append(got)
+    for v in variants[1:]:
+        assert torch.equal(v, variants[0])
+    want = cascade_attention_ref(**{k: (x.float() if torch.is_tensor(x) and x.is_floating_point() else x)
+                                    for k, x in base.items()})
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(variants[0].float(), want, **tol)
+    torch.testing.assert_close(ref.float(), want, **tol)
