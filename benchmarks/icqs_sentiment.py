@@ -122,15 +122,20 @@ def sampler_effects(out: Path, task: Task, cands: list[Candidate], sampler: str)
             "auc_expected": float(np.mean([roc_auc_score(truth, expected[:, l]) for l in range(task.L)]))}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--test", type=int, default=40, help="held-out sentences (half positive)")
-    p.add_argument("--pool", type=int, default=24, help="examples in each of Z_g and Z_b")
+def add_task_args(p: argparse.ArgumentParser, test: int = 40, pool: int = 24, L: int = 3) -> None:
+    """The options `build` reads: the sentences, the pools and the ICQS grid."""
+    p.add_argument("--test", type=int, default=test, help="held-out sentences (half positive)")
+    p.add_argument("--pool", type=int, default=pool, help="examples in each of Z_g and Z_b")
     p.add_argument("--max-words", type=int, default=15, help="use sentences of at most this many words (cost)")
     p.add_argument("--M", type=int, default=4)
     p.add_argument("--N", type=int, default=8)
-    p.add_argument("--L", type=int, default=3)
+    p.add_argument("--L", type=int, default=L)
     p.add_argument("--seed", type=int, default=0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_task_args(p)
     p.add_argument("--model", default=None)
     p.add_argument("--out", default="runs/icqs_sentiment")
     p.add_argument("--grid", type=int, default=0, metavar="SEEDS", help="run the comparison grid over SEEDS seeds")

@@ -21,7 +21,7 @@ from bench_deterministic import compare_demo_runs
 from icqs.candidates import candidate_row
 from icqs.cli import main as icqs_main
 from icqs.demo import task_yaml
-from icqs_sentiment import build
+from icqs_sentiment import add_task_args, build
 
 RUNS = {"bf16": ["--dtype", "bfloat16"], "fp32": ["--dtype", "float32"],
         "bf16-deterministic": ["--dtype", "bfloat16", "--deterministic"],
@@ -30,13 +30,7 @@ RUNS = {"bf16": ["--dtype", "bfloat16"], "fp32": ["--dtype", "float32"],
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--test", type=int, default=16, help="held-out sentences (half positive)")
-    p.add_argument("--pool", type=int, default=20, help="examples in each of Z_g and Z_b")
-    p.add_argument("--max-words", type=int, default=15)
-    p.add_argument("--M", type=int, default=4)
-    p.add_argument("--N", type=int, default=8)
-    p.add_argument("--L", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    add_task_args(p, test=16, pool=20, L=2)
     p.add_argument("--threads", type=int, default=1, help="the same for every run (deterministic mode pins it)")
     p.add_argument("--out", type=Path, default=Path("runs/sentiment_precision"))
     args = p.parse_args()
