@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from bench_icqs_workload import QUESTIONS, build_job
+from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from common import load_average, machine
 from engine import Engine
 from engine.loader import load_model_files
@@ -49,11 +49,7 @@ def compare_demo_runs(runs: dict[str, str]) -> None:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--demo-runs", nargs="+", metavar="NAME=DIR", help="compare finished `icqs demo` runs")
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--scale", type=float, default=0.1, help="fraction of the 50 questions")
-    ap.add_argument("--ratios", type=int, default=11)
-    ap.add_argument("--demos", type=int, default=16)
-    ap.add_argument("--demo-sets", type=int, default=4)
+    add_job_args(ap, scale=0.1)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--token-budget", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=2, help="timed runs of each mode, interleaved")

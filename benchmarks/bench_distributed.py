@@ -20,7 +20,7 @@ import time
 import ray
 
 from common import load_average
-from bench_icqs_workload import QUESTIONS, build_job
+from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from engine import Engine
 from engine import distributed
 from engine.distributed import Cluster, DistributedEngine, plan_shards
@@ -29,11 +29,7 @@ from engine.requests import encode_pairs
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: the embedded SmolLM2)")
-    ap.add_argument("--scale", type=float, default=0.1, help="fraction of the 50 questions")
-    ap.add_argument("--ratios", type=int, default=6)
-    ap.add_argument("--demos", type=int, default=8, help="demos per demo set")
-    ap.add_argument("--demo-sets", type=int, default=2, help="demo sets per ratio")
+    add_job_args(ap, scale=0.1, ratios=6, demos=8, demo_sets=2)
     ap.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
     ap.add_argument("--skip-plan", action="store_true", help="skip the planner-only table for the whole job")
     ap.add_argument("--plan-only", action="store_true", help="only the planner-only table (no model runs)")

@@ -107,13 +107,19 @@ class Run:
     scores: list[float] | None  # log-probs of the sample (None: the whole job)
 
 
+def add_job_args(ap: argparse.ArgumentParser, scale: float = 1.0, ratios: int = 11, demos: int = 16,
+                 demo_sets: int = 4) -> None:
+    """The model and the shape of the ICQS-shaped job (build_job), for every benchmark that runs it."""
+    ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: the embedded SmolLM2)")
+    ap.add_argument("--scale", type=float, default=scale, help="fraction of the 50 questions")
+    ap.add_argument("--ratios", type=int, default=ratios)
+    ap.add_argument("--demos", type=int, default=demos, help="demos per demo set")
+    ap.add_argument("--demo-sets", type=int, default=demo_sets, help="demo sets per ratio")
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: the embedded SmolLM2)")
-    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the 50 questions (smoke tests)")
-    ap.add_argument("--ratios", type=int, default=11)
-    ap.add_argument("--demos", type=int, default=16, help="demos per demo set")
-    ap.add_argument("--demo-sets", type=int, default=4, help="demo sets per ratio")
+    add_job_args(ap)
     ap.add_argument("--sample", type=int, default=40, help="requests the baselines are timed on")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-hf", action="store_true")

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from bench_icqs_workload import QUESTIONS, build_job
+from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from common import ROOT, load_average, machine, table, timed
 from engine import Engine
 from engine.client import Client
@@ -33,11 +33,7 @@ from engine.requests import encode_pairs
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: the embedded SmolLM2)")
-    ap.add_argument("--scale", type=float, default=0.1, help="fraction of the 50 questions")
-    ap.add_argument("--ratios", type=int, default=11)
-    ap.add_argument("--demos", type=int, default=16)
-    ap.add_argument("--demo-sets", type=int, default=4)
+    add_job_args(ap, scale=0.1)
     ap.add_argument("--clients", type=int, default=32, help="concurrent clients")
     ap.add_argument("--per-call", type=int, default=20, help="pairs per /v1/score call")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))

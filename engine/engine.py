@@ -27,7 +27,7 @@ from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
 from .requests import (GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status, TokenEvent,
-                       check_token_ids, encode_pairs)
+                       check_token_ids, encode_pairs, start_token, with_bos)
 from .sampling import new_generator, sample
 from .scheduler import Scheduler, new_stats
 from .step import build_step
@@ -291,13 +291,11 @@ class Engine:
         """A generation prompt's token ids (text: encoded, BOS as the model asks; ids: range-checked)."""
         tok = self.tokenizer
         if isinstance(prompt, str):
-            ids = tok.encode(prompt)
+            ids = with_bos(tok, tok.encode(prompt))
         else:
             ids = [int(t) for t in prompt]
             check_token_ids(ids, self.config.vocab_size, label)
-        if (isinstance(prompt, str) and tok.add_bos and tok.bos_id is not None) or not ids:
-            ids = [tok.bos_id if tok.bos_id is not None else tok.eos_id] + ids
-        return ids
+        return ids or [start_token(tok)]
 
     def _check_generate(self, ids, max_tokens, temperature, top_p, label):
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:

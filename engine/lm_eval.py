@@ -31,7 +31,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from .engine import Engine, EngineOptions, new_stats
 from .errors import UserError
 from .factory import resolve_device
-from .requests import encode_pairs, with_bos
+from .requests import encode_pairs, start_token, with_bos
 
 NAME = "icqs-engine"
 log = logging.getLogger("lm_eval.icqs_engine")  # under lm-eval's logger, so its command line shows these lines
@@ -105,12 +105,12 @@ class EngineLM(LM):
             if add_bos_token and tok.bos_id is None:
                 raise UserError(f"{NAME}: add_bos_token=True: this model's tokenizer has no BOS token")
             tok.add_bos = add_bos_token
-        self.limit = min(self.engine.config.max_position, self.engine.options.kv_tokens)
+        self.limit = self.engine.max_request_tokens
         self.max_length = max_length or self.limit
         if self.max_length > self.limit:
             raise UserError(f"{NAME}: max_length={self.max_length}: more than {self.limit} (the model's maximum "
                             "and kv_tokens)")
-        default_prefix = tok.bos_id if tok.bos_id is not None else tok.eos_id
+        default_prefix = start_token(tok)
         self.custom_prefix = prefix_token_id is not None
         self.prefix_token_id = prefix_token_id if self.custom_prefix else default_prefix
         if self.prefix_token_id >= tok.vocab_size:

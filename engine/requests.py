@@ -26,6 +26,11 @@ def with_bos(tok: Tokenizer, ids: list[int]) -> list[int]:
     return [tok.bos_id] + ids if tok.add_bos and tok.bos_id is not None else ids
 
 
+def start_token(tok: Tokenizer) -> int:
+    """The token that stands for an empty context (lm-evaluation-harness's prefix token): BOS, or EOS without one."""
+    return tok.bos_id if tok.bos_id is not None else tok.eos_id
+
+
 def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[int]]:
     return encode_pairs(tok, [(context, continuation)])[0]
 
@@ -40,7 +45,7 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
         pairs.append((context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation))
     texts = list(dict.fromkeys(t for c, x in pairs if isinstance(c, str) for t in (c, c + x)))
     ids = dict(zip(texts, tok.encode_batch(texts))) if texts else {}
-    start = tok.bos_id if tok.bos_id is not None else tok.eos_id
+    start = start_token(tok)
     out = []
     for i, (context, continuation) in enumerate(pairs):
         if isinstance(context, str):
