@@ -16,7 +16,6 @@ from collections import deque
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 import kernels
@@ -224,7 +223,7 @@ class Engine:
         if plan.sample_rows:
             reqs = [r for _, r in plan.sample_rows]
             slots = torch.tensor([s for s, _ in plan.sample_rows], device=self.device)
-            logits = F.linear(self.kv.hidden[slots], self.model.lm_head).float()
+            logits = self.model.logits(self.kv.hidden[slots])
             tokens, lps = sample(logits, [r.temperature for r in reqs], [r.top_p for r in reqs],
                                  [r.generator for r in reqs])
             sample_out = (tokens.tolist(), lps.tolist())
