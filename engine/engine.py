@@ -75,7 +75,7 @@ def _cpu_busy_seconds() -> float | None:
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def default_threads(window: float = 0.3) -> int:
+def default_threads(window: float = 0.2) -> int:
     """CPU threads for torch when the caller names none: the cores that OTHER processes are not keeping busy, at
     least 1. Busy = the larger of the processes runnable right now (other than this one) and the cores the rest of
     the machine used during a short sample (`window` seconds of /proc/stat, less this process's own CPU time).
