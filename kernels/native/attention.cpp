@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -158,7 +159,9 @@ void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh,
   if (n <= 0) return;
   const int64_t np = (n + kLanes - 1) / kLanes * kLanes;
   thread_local std::vector<float> p;  // [M][np]: scores, then probabilities
+  thread_local std::vector<char> nan;  // rows with a NaN score: their output is NaN (a corrupt input shows)
   p.assign(size_t(s.M) * np, kNegInf);
+  nan.assign(s.M, 0);
   float* row = s.kt.data();  // one key or value row in fp32, zero padded to DP
   std::fill(row, row + s.DP, 0.f);
   for (int64_t j = 0; j < n; ++j) {
@@ -168,7 +171,9 @@ void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh,
       const float* q = &s.q[size_t(r) * s.DP];
       V16 dot = V16::zero();
       for (int d = 0; d < s.DP; d += kLanes) dot = fma(V16::load(q + d), V16::load(row + d), dot);
-      p[size_t(r) * np + j] = dot.sum();
+      const float score = dot.sum();
+      nan[r] |= score != score;
+      p[size_t(r) * np + j] = score;
     }
   }
   thread_local std::vector<float> corr;
@@ -201,6 +206,8 @@ void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh,
       for (int d = 0; d < s.DP; d += kLanes) fma(V16::set1(pj), V16::load(row + d), V16::load(acc + d)).store(acc + d);
     }
   }
+  for (int r = 0; r < s.M; ++r)
+    if (nan[r]) std::fill(&s.acc[size_t(r) * s.DP], &s.acc[size_t(r + 1) * s.DP], std::numeric_limits<float>::quiet_NaN());
 }
 
 template <typename T>
