@@ -151,8 +151,10 @@ def main(argv=None):
     wall0 = (wall_a + wall_b) / 2
     rows.append(["in-process Engine.score (closed job), mean of before/after", 1, f"{wall_a:.2f} / {wall_b:.2f}",
                  len(requests) / wall0, 1.0, "-", "-", 0, f"{np.max(np.abs(np.subtract(want, want_b))):.3g}"])
+    out = {}
     for path, (scores, lat, errors, wall) in got.items():
         diff = np.nanmax(np.abs(np.subtract(scores, want))) if not np.all(np.isnan(scores)) else float("nan")
+        out[path] = dict(errors=len(errors), max_abs_diff=float(diff), rate=len(requests) / wall)
         rows.append([f"server {path}", args.clients, f"{wall:.2f}", len(requests) / wall, wall0 / wall,
                      f"{np.percentile(lat, 50) * 1e3:.0f}", f"{np.percentile(lat, 99) * 1e3:.0f}", len(errors),
                      f"{diff:.3g}"])
@@ -161,6 +163,7 @@ def main(argv=None):
     print(table(["runner", "clients", "wall s", "candidate-scores/s", "vs in-process", "p50 ms", "p99 ms",
                  "errors", "max abs diff vs in-process"], rows))
     print(f"load average at the end: {load_average()}")
+    return out
 
 
 if __name__ == "__main__":
