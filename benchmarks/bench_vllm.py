@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -114,7 +115,7 @@ def run_vllm(args, runs: dict, warmup: dict, read_cache: bool) -> dict:
 def continuation_sum(logprobs: list, n_ctx: int) -> float:
     """log P(continuation | context) from a prompt's per-position log-probs (NaN where a position has none)."""
     part = logprobs[n_ctx:]
-    return float("nan") if any(v is None for v in part) else float(np.sum(part))
+    return float("nan") if any(v is None or not math.isfinite(v) for v in part) else float(np.sum(part))
 
 
 def main(argv=None):
@@ -182,10 +183,12 @@ def main(argv=None):
                       + (f" ({len(theirs) - len(both)} came back from vLLM without log-probs)"
                          if len(both) < len(theirs) else ""))
             echoes = [echo_logprobs(r) for r in ours[f"{w} /v1/completions"][0]]
-            positions = [(a, b) for i, v in zip(timed_, lp) if echoes[i] for a, b in zip(echoes[i][1:], v[1:])
-                         if b is not None]
+            pairs = [(a, b) for i, v in zip(timed_, lp) if echoes[i] for a, b in zip(echoes[i][1:], v[1:])]
+            positions = [(a, b) for a, b in pairs if b is not None and math.isfinite(b)]
             print(f"{w}, every prompt position, ours /v1/completions (echo) vs vLLM ({mode}): max abs diff over "
-                  f"{len(positions)} positions: {max_abs_diff(*zip(*positions)):.2g} nats")
+                  f"{len(positions)} positions: {max_abs_diff(*zip(*positions)):.2g} nats" +
+                  (f" ({len(pairs) - len(positions)} came back from vLLM without a finite log-prob)"
+                   if len(positions) < len(pairs) else ""))
     print(f"load average at the end: {load_average()}")
 
 
