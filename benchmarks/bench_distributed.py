@@ -61,11 +61,11 @@ def main(argv=None):
         for name, workers, naive in (("ray, 1 worker", 1, False), ("ray, 2 workers", 2, False),
                                      ("ray, 2 workers, naive", 2, True)):
             threads = max(1, cores // workers)
-            d = DistributedEngine(Cluster(args.model, {"dtype": args.dtype, "threads": threads, "keep_cache": True},
-                                          workers=workers, naive=naive))
-            t = time.perf_counter()
-            got = d.score(requests)
-            wall = time.perf_counter() - t
+            with DistributedEngine(Cluster(args.model, {"dtype": args.dtype, "threads": threads, "keep_cache": True},
+                                           workers=workers, naive=naive)) as d:
+                t = time.perf_counter()
+                got = d.score(requests)  # the first call: starts the workers (each loads the model)
+                wall = time.perf_counter() - t
             s = d.last_stats
             diff = max(abs(a.logprob - b.logprob) for a, b in zip(got, local))
             rows.append((name, threads, s["tokens_computed"], sum(d.last_plan.shard_tokens), wall,

@@ -253,7 +253,7 @@ class DistributedEngine:
         """Stop the workers (a later call starts new ones). Dropping the DistributedEngine stops them too."""
         import ray
 
-        for worker in self._workers or ():
+        for worker in (self._workers or ()) if ray.is_initialized() else ():
             ray.kill(worker, no_restart=True)
         self._workers = None
 
