@@ -126,6 +126,9 @@ class EngineWorker:
         self.engine = Engine.load(model, **engine_options)
         self.worker = f"{os.uname().nodename}:{os.getpid()}"
 
+    def name(self) -> str:
+        return self.worker
+
     def run(self, batch, op: str = "score", options: dict | None = None):
         import time
 
@@ -236,6 +239,14 @@ class DistributedEngine:
             self._workers = self._start_workers()
         pool = ActorPool(self._workers)  # a fresh pool per call: an aborted call leaves no submission behind
         return pool.map_unordered(lambda worker, table: worker.run.remote(table, op, options), tables)
+
+    def start(self) -> list[str]:
+        """Start the workers now (else the first call does) and wait until each has loaded its model; returns their
+        names (host:pid)."""
+        import ray
+
+        self._run_blocks([])
+        return ray.get([worker.name.remote() for worker in self._workers])
 
     def _start_workers(self) -> list:
         """One EngineWorker actor per worker. Ray restarts an actor whose process dies, and retries the call it was

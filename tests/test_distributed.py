@@ -248,8 +248,10 @@ def test_workers_are_started_once_and_kept_across_calls(cluster, tiny_model_dir,
     start = DistributedEngine._start_workers
     monkeypatch.setattr(DistributedEngine, "_start_workers", lambda self: starts.append(1) or start(self))
     with DistributedEngine(Cluster(str(tiny_model_dir), {"dtype": "float32", "threads": 1, "keep_cache": True})) as eng:
+        names = eng.start()  # started and ready: each has loaded the model
         first = eng.score(reqs)
         workers = set(eng.last_stats["busy_seconds"])
+        assert workers == set(names)
         again = eng.score(reqs[::-1])
         assert set(eng.last_stats["busy_seconds"]) <= workers  # the same processes
         assert eng.last_stats["tokens_computed"] < eng.last_stats["tokens_requested"]  # their caches were kept
