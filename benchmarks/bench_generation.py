@@ -51,13 +51,13 @@ def prompts(tok, n: int) -> list[list[int]]:
     return out
 
 
-def engine_generate(engine, ids, new_tokens) -> tuple[float, int, list[list[int]]]:
+def engine_generate(engine, ids, new_tokens) -> tuple[float, float, int, list[list[int]]]:
     with timed() as t:
         out = engine.generate(ids, max_tokens=new_tokens)
-    return t.wall, sum(len(g.token_ids) for g in out), [g.token_ids for g in out]
+    return t.wall, t.cpu, sum(len(g.token_ids) for g in out), [g.token_ids for g in out]
 
 
-def hf_generate(model, tok, ids, new_tokens) -> tuple[float, int, list[list[int]]]:
+def hf_generate(model, tok, ids, new_tokens) -> tuple[float, float, int, list[list[int]]]:
     """transformers generate, batch = all prompts, left padding, greedy."""
     pad = tok.eos_id
     width = max(map(len, ids))
@@ -71,7 +71,7 @@ def hf_generate(model, tok, ids, new_tokens) -> tuple[float, int, list[list[int]
     for row in out[:, width:].tolist():
         cut = next((i for i, t_ in enumerate(row) if t_ in eos), len(row))
         seqs.append(row[:cut])
-    return t.wall, sum(map(len, seqs)), seqs
+    return t.wall, t.cpu, sum(map(len, seqs)), seqs
 
 
 # run by another checkout's interpreter, with only that checkout on its path: the same job, given as token ids
@@ -84,21 +84,21 @@ torch.set_num_threads(job["threads"])
 config, weights, tok = load_model_files(job["model"])
 engine = Engine(config, weights, tok, dtype=DTYPES[job["dtype"]])
 engine.generate(job["ids"][:2], max_tokens=2)
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 out = engine.generate(job["ids"], max_tokens=job["new_tokens"])
-seconds = time.perf_counter() - t
-print(json.dumps(dict(seconds=seconds, tokens=sum(len(g.token_ids) for g in out), seqs=[g.token_ids for g in out])))
+seconds, cpu = time.perf_counter() - t, time.process_time() - c
+print(json.dumps(dict(seconds=seconds, cpu=cpu, tokens=sum(len(g.token_ids) for g in out), seqs=[g.token_ids for g in out])))
 """
 
 
-def base_generate(tree: str, args, ids) -> tuple[float, int, list[list[int]]]:
+def base_generate(tree: str, args, ids) -> tuple[float, float, int, list[list[int]]]:
     """The same generation job with another checkout of the engine (a subprocess with that tree on its path)."""
     job = dict(ids=ids, new_tokens=args.new_tokens, dtype=args.dtype, model=args.model,
                threads=torch.get_num_threads())
     out = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(job), env=dict(os.environ, PYTHONPATH=tree),
                          cwd=tree, capture_output=True, text=True, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return r["seconds"], r["tokens"], r["seqs"]
+    return r["seconds"], r["cpu"], r["tokens"], r["seqs"]
 
 
 def part_gen(args, config, weights, tok) -> dict:
@@ -115,17 +115,18 @@ def part_gen(args, config, weights, tok) -> dict:
     for _ in range(args.repeat):
         for name, fn in runners:
             results[name].append(fn())
-    best = {name: min(r, key=lambda x: x[0] / max(x[1], 1)) for name, r in results.items()}
+    best = {name: min(r, key=lambda x: x[0] / max(x[2], 1)) for name, r in results.items()}
     mine = best["engine (this tree)"]
     rows = []
-    for name, (sec, toks, seqs) in best.items():
-        same = sum(a == b for a, b in zip(seqs, mine[2]))
-        rows.append([name, sec, toks, toks / sec, (mine[1] / mine[0]) / (toks / sec), f"{same}/{len(seqs)}"])
+    for name, (sec, cpu, toks, seqs) in best.items():
+        same = sum(a == b for a, b in zip(seqs, mine[3]))
+        rows.append([name, sec, cpu, toks, toks / sec, (mine[2] / mine[0]) / (toks / sec),
+                     (mine[2] / mine[1]) / (toks / cpu), f"{same}/{len(seqs)}"])
     print(f"\n## generation: {len(ids)} prompts x {args.new_tokens} new tokens, greedy, {args.dtype} "
           f"(best of {args.repeat}; load average {load_average()})\n")
-    print(table(["runner", "wall s", "tokens generated", "tokens/s", "engine speedup",
-                 "sequences equal to the engine's"], rows))
-    return {name: dict(seconds=s, tokens=t) for name, (s, t, _) in best.items()}
+    print(table(["runner", "wall s", "CPU s", "tokens generated", "tokens/s", "engine speedup (wall)",
+                 "engine speedup (CPU s per token)", "sequences equal to the engine's"], rows))
+    return {name: dict(seconds=s, cpu=c, tokens=t) for name, (s, c, t, _) in best.items()}
 
 
 def part_judge(args, config, weights, tok) -> dict:

@@ -16,7 +16,6 @@ from collections import deque
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 import kernels
@@ -65,19 +64,42 @@ class EngineOptions:
         return opts
 
 
-def default_threads() -> int:
-    """CPU threads for torch when the caller names none: the cores that other processes are not keeping busy, at
-    least 1. Busy = the larger of the 1-minute load average and the processes runnable right now (other than
-    this one). OpenMP workers that spin on cores other jobs hold ran 2.5-4x slower than one thread here, while on
-    a quiet machine every core helps (benchmarks/RESULTS.md, threads)."""
+def _cpu_busy_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot (/proc/stat), or None where there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def default_threads(window: float = 0.2) -> int:
+    """CPU threads for torch when the caller names none: the cores that OTHER processes are not keeping busy, at
+    least 1. Busy = the larger of the processes runnable right now (other than this one) and the cores the rest of
+    the machine used during a short sample (`window` seconds of /proc/stat, less this process's own CPU time).
+    The 1-minute load average is not used: it counts this process's own recent work, so a program that had just
+    been computing would see a busy machine. OpenMP workers that spin on cores other jobs hold ran 2.5-4x slower
+    than one thread here, while on a quiet machine 2 threads ran 1.77x faster than 1 (benchmarks/RESULTS.md)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    busy = 0.0
+    before, own_before, t0 = _cpu_busy_seconds(), time.process_time(), time.perf_counter()
+    if before is not None:
+        time.sleep(window)
+        after = _cpu_busy_seconds()
+        own = time.process_time() - own_before
+        busy = max(0.0, (after - before - own) / (time.perf_counter() - t0))
+    return max(1, min(cores, int(cores - max(busy, _runnable_others()) + 0.5)))
+
+
+def _runnable_others() -> int:
+    """Tasks runnable right now other than this one (/proc/loadavg), 0 where unknown."""
     try:
         with open("/proc/loadavg") as f:
-            busy = max(busy, int(f.read().split()[3].split("/")[0]) - 1)
+            return max(0, int(f.read().split()[3].split("/")[0]) - 1)
     except (OSError, ValueError, IndexError):
-        pass
-    return max(1, min(cores, int(cores - busy + 0.5)))
+        return 0
 
 
 class Engine:
@@ -201,7 +223,7 @@ class Engine:
         if plan.sample_rows:
             reqs = [r for _, r in plan.sample_rows]
             slots = torch.tensor([s for s, _ in plan.sample_rows], device=self.device)
-            logits = F.linear(self.kv.hidden[slots], self.model.lm_head).float()
+            logits = self.model.logits(self.kv.hidden[slots])
             tokens, lps = sample(logits, [r.temperature for r in reqs], [r.top_p for r in reqs],
                                  [r.generator for r in reqs])
             sample_out = (tokens.tolist(), lps.tolist())

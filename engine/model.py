@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import batch_invariant
+from kernels.linear import linear as packed_linear, prepack
 
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -54,6 +55,12 @@ class LlamaModel:
                 o=w(p + "self_attn.o_proj.weight"), mlp_norm=w(p + "post_attention_layernorm.weight"),
                 gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
                 down=w(p + "mlp.down_proj.weight")))
+        if not deterministic:  # bf16 on the CPU: oneDNN's blocked layout once, not per call (kernels/linear.py)
+            for L in self.layers:
+                for name in ("qkv", "o", "gate_up", "down"):
+                    L[name] = prepack(L[name])
+        # the generation logits' copy of the LM head (the fused target log-prob reads the plain one in tiles)
+        self.logits_head = self.lm_head if deterministic else prepack(self.lm_head)
         self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position,
                                                   self.device)
         self.scale = c.head_dim ** -0.5
@@ -64,7 +71,7 @@ class LlamaModel:
         c = self.config
         T = batch.token_ids.shape[0]
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        linear = batch_invariant.linear if self.deterministic else F.linear
+        linear = batch_invariant.linear if self.deterministic else packed_linear
         if self.deterministic:
             chunks = batch_invariant.chunk_segments(batch.cu_seqlens, batch.positions, batch.write_slots,
                                                     batch.segments)
@@ -91,6 +98,10 @@ class LlamaModel:
         rows = batch.out_rows
         out, _ = kernels.rms_norm(h[rows], self.norm, c.rms_norm_eps, residual[rows])
         return out
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits (fp32) of a few final hidden rows: the rows that sample a token."""
+        return packed_linear(hidden, self.logits_head).float()
 
     def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0):
         """log P(target) (fp32) and is_greedy of each final hidden row, and with top_k the k best tokens: the LM

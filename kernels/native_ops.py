@@ -63,12 +63,43 @@ def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out,
         _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse, limits)
 
 
+def segment_waves(segments, n_rows: int) -> list[tuple[torch.Tensor, ...]]:
+    """Groups the segments into waves in which no two share a query row, keeping each row's segments in list
+    order (segment i goes to the wave after the last one holding any of its rows). A wave is (rows_cat, row_off,
+    slots_cat, slot_off), one native call: a decode step of 32 sequences has ~65 small segments per layer but
+    2-3 waves."""
+    level = [0] * n_rows  # per row: the wave after its latest segment's
+    waves: list[list] = []
+    for rows, slots in segments:
+        if rows.numel() == 0 or slots.numel() == 0:
+            continue
+        rows_list = rows.tolist()
+        w = max(level[r] for r in rows_list)
+        for r in rows_list:
+            level[r] = w + 1
+        if w == len(waves):
+            waves.append([])
+        waves[w].append((rows, slots))
+    out = []
+    for wave in waves:
+        offsets = [torch.tensor([0] + [len(x[i]) for x in wave]).cumsum(0) for i in (0, 1)]
+        out.append((torch.cat([r for r, _ in wave]), offsets[0], torch.cat([s for _, s in wave]), offsets[1]))
+    return out
+
+
+_waves_memo: tuple = (None, None)  # (the segments list, its waves): every layer of a step passes the same list
+
+
 def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
-    """Same contract as attention.cascade_attention_ref; segment K/V are read from the cache in place."""
+    """Same contract as attention.cascade_attention_ref; segment K/V are read from the cache in place, the
+    segments of a wave (segment_waves) in one parallel call."""
+    global _waves_memo
     q = q.contiguous()
     out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale)
-    for rows, slots in segments:
-        segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse)
+    if _waves_memo[0] is not segments:
+        _waves_memo = (segments, segment_waves(segments, q.shape[0]))
+    for rows, row_off, slots, slot_off in _waves_memo[1]:
+        _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse)
     return out.to(q.dtype)
 
 

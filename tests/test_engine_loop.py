@@ -314,3 +314,24 @@ def test_scored_tokens_are_remembered_beside_the_cache(tiny):
     wider = eng.score([(ctx, cont)], top_k=5)[0]  # more alternatives than remembered: computed again
     assert eng.last_stats["memo_hits"] == 0
     assert wider.token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-6)
+
+
+def test_default_threads_counts_other_processes_not_this_one(monkeypatch):
+    """default_threads: cores less what the rest of the machine keeps busy; this process's own CPU time is not
+    counted (a program that has just been computing still gets every free core)."""
+    import engine.engine as ee
+    monkeypatch.setattr(ee.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(ee, "_runnable_others", lambda: 0)
+    busy = iter([100.0, 100.0 + 0.3])  # the machine busy for 0.3 s during a 0.3 s window
+    monkeypatch.setattr(ee, "_cpu_busy_seconds", lambda: next(busy))
+    clock = iter([0.0, 0.3])
+    monkeypatch.setattr(ee.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(ee.time, "sleep", lambda s: None)
+    own = iter([5.0, 5.3])  # ... and all of it was this process
+    monkeypatch.setattr(ee.time, "process_time", lambda: next(own))
+    assert ee.default_threads() == 2
+    busy, clock, own = iter([100.0, 100.6]), iter([0.0, 0.3]), iter([5.0, 5.0])  # another process held one core
+    assert ee.default_threads() == 1
+    busy, clock, own = iter([100.0, 100.0]), iter([0.0, 0.3]), iter([5.0, 5.0])  # quiet, but 2 tasks runnable now
+    monkeypatch.setattr(ee, "_runnable_others", lambda: 2)
+    assert ee.default_threads() == 1

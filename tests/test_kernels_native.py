@@ -127,3 +127,29 @@ def test_silu_and_mul(dtype):
     gate_up = randn(3, 5, 2 * 23, dtype=dtype) * 4
     torch.testing.assert_close(native_ops.silu_and_mul_native(gate_up), silu_and_mul_ref(gate_up),
                                **DTYPE_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segment_waves_match_reference(dtype):
+    """cascade_attention_native merges the segments of a wave (no shared rows) in one call, the one-token rows
+    key by key (sweep_direct): against the reference, with a tree three levels deep (a shared root, two branches,
+    own segments) as a decode step of many sequences has."""
+    assert native_ops.load()
+    p = cascade_problem([1, 1, 3, 1, 2, 1], shared_len=40, own_lens=[5, 0, 9, 1, 33, 2], H=6, Hkv=2, D=32,
+                        dtype=dtype, seed=7)
+    root, own = p["segments"][0], p["segments"][1:]
+    branch = [(torch.arange(0, 4), torch.randperm(p["k_cache"].shape[0])[:11]),
+              (torch.arange(5, 9), torch.randperm(p["k_cache"].shape[0])[:17])]
+    segments = [root] + branch + own
+    waves = native_ops.segment_waves(segments, 9)
+    assert len(waves) == 3
+    seen = []  # per row, the waves of its segments, in segment order
+    for w, (rows, row_off, slots, slot_off) in enumerate(waves):
+        assert len(set(rows.tolist())) == rows.numel()  # no row twice in one wave
+        assert row_off[-1] == rows.numel() and slot_off[-1] == slots.numel()
+        seen += [(r, w) for r in rows.tolist()]
+    for r in range(9):
+        assert [w for row, w in seen if row == r] == sorted(w for row, w in seen if row == r)
+    got = native_ops.cascade_attention_native(**dict(p, segments=segments))
+    torch.testing.assert_close(got.float(), cascade_attention_ref(**upcast(dict(p, segments=segments))).float(),
+                               **(TOL if dtype == torch.float32 else BF16_TOL))

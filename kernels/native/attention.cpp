@@ -42,17 +42,21 @@ struct Keys {
 
 // Online-softmax state of M query vectors padded to DP lanes: Q pre-scaled, running max m (log2 domain),
 // running sum l, unnormalised accumulator acc; and the fp32 tile buffers.
+// One per thread, reused by every work item (reset() keeps the buffers' capacity: no allocation per item, which
+// dominated decode steps of many one-token sequences).
 struct State {
-  int M, D, DP;
+  int M = 0, D = 0, DP = 0;
   std::vector<float> q, acc, m, l, kt, vt;
-  State(int M_, int D_) : M(M_), D(D_), DP((D_ + kLanes - 1) / kLanes * kLanes) {
+  void reset(int M_, int D_) {
+    M = M_, D = D_, DP = (D_ + kLanes - 1) / kLanes * kLanes;
     const int Mp = (M + kMR - 1) / kMR * kMR;
     q.assign(size_t(Mp) * DP, 0.f);
     acc.assign(size_t(Mp) * DP, 0.f);
     m.assign(Mp, kNegInf);
     l.assign(Mp, 0.f);
-    kt.assign(size_t(DP) * kNB, 0.f);
-    vt.assign(size_t(kNB) * DP, 0.f);
+    kt.resize(size_t(DP) * kNB);  // pack_tile writes every entry tile_rows reads (zeros past the tile's keys)
+    if (DP == D) vt.resize(size_t(kNB) * DP);
+    else vt.assign(size_t(kNB) * DP, 0.f);  // the padding columns past D stay zero
   }
   template <typename T>
   void load_query(int r, const T* src, float scale) {
@@ -145,6 +149,42 @@ void sweep(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const 
   }
 }
 
+// The same sweep key by key, for items of few query vectors (kMR or fewer: a decode step's token): packing
+// 32-key tiles to fp32 costs more than such an item's arithmetic.
+template <typename T>
+void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const std::vector<int64_t>* limit) {
+  const int64_t last = limit ? *std::max_element(limit->begin(), limit->end()) : keys.n - 1;
+  float* kr = s.kt.data();  // one key and one value row in fp32, zero padded to DP
+  float* vr = s.vt.data();
+  std::fill(kr, kr + s.DP, 0.f);
+  std::fill(vr, vr + s.DP, 0.f);
+  for (int64_t j = 0; j < keys.n && j <= last; ++j) {
+    const int64_t off = (keys.idx ? keys.idx[j] : keys.base + j) * row_stride + kh * s.D;
+    to_float(keys.k + off, kr, s.D);
+    to_float(keys.v + off, vr, s.D);
+    for (int r = 0; r < s.M; ++r) {
+      if (limit && j > (*limit)[r]) continue;
+      const float* q = &s.q[size_t(r) * s.DP];
+      V16 dot = V16::zero();
+      for (int d = 0; d < s.DP; d += kLanes) dot = fma(V16::load(q + d), V16::load(kr + d), dot);
+      const float score = dot.sum(), mnew = std::max(s.m[r], score);
+      const float corr = std::exp2(s.m[r] - mnew), p = std::exp2(score - mnew);
+      s.m[r] = mnew;
+      s.l[r] = s.l[r] * corr + p;
+      float* acc = &s.acc[size_t(r) * s.DP];
+      for (int d = 0; d < s.DP; d += kLanes)
+        fma(V16::set1(p), V16::load(vr + d), V16::load(acc + d) * V16::set1(corr)).store(acc + d);
+    }
+  }
+}
+
+template <typename T>
+void sweep_any(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const std::vector<int64_t>* limit,
+               bool direct) {
+  if (direct && s.M <= kMR) sweep_direct(s, keys, row_stride, kh, limit);
+  else sweep(s, keys, row_stride, kh, limit);
+}
+
 // Writes vector r's normalised output (fp32, D values) and natural-log lse.
 void finish(const State& s, int r, float* out, float* lse) {
   const float inv = s.l[r] > 0.f ? 1.f / s.l[r] : 0.f;
@@ -176,17 +216,19 @@ void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tenso
   for (int64_t it = 0; it < int64_t(items.size()); ++it) {
     const auto [b, t0, kh] = items[it];
     const int64_t t1 = std::min(cup[b + 1], t0 + tb);
-    State s(int((t1 - t0) * g), int(D));
-    std::vector<int64_t> limit(s.M);
+    thread_local State s;
+    thread_local std::vector<int64_t> limit;
+    s.reset(int((t1 - t0) * g), int(D));
+    limit.resize(s.M);
     for (int r = 0; r < s.M; ++r) {
       const int64_t t = t0 + r / g, h = kh * g + r % g;
       s.load_query(r, qp + (t * H + h) * D, float(scale));
       limit[r] = t - cup[b];
     }
     const Keys<T> prefix{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), slots.data() + slot_off[b], 0, pl[b]};
-    sweep(s, prefix, Hkv * D, kh, nullptr);
+    sweep_any(s, prefix, Hkv * D, kh, nullptr, true);
     const Keys<T> own{k_new.data_ptr<T>(), v_new.data_ptr<T>(), nullptr, cup[b], t1 - cup[b]};
-    sweep(s, own, Hkv * D, kh, &limit);
+    sweep_any(s, own, Hkv * D, kh, &limit, true);
     for (int r = 0; r < s.M; ++r) {
       const int64_t t = t0 + r / g, h = kh * g + r % g;
       finish(s, r, op + (t * H + h) * D, lp + t * H + h);
@@ -194,32 +236,49 @@ void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tenso
   }
 }
 
+// One work item of a segment: rows rp[i0..i1) (query vectors of KV head kh) attend to the segment's keys,
+// starting from and merged into their running (out, lse) state.
 template <typename T>
-void segment_items(const at::Tensor& q, const int64_t* rp, int64_t R, const at::Tensor& k_cache,
-                   const at::Tensor& v_cache, const at::Tensor& sl, const int64_t* lim, int64_t tb, double scale,
-                   float* op, float* lp) {
-  const int64_t H = q.size(1), Hkv = k_cache.size(1), D = q.size(2), g = H / Hkv;
-  const int64_t nblocks = (R + tb - 1) / tb;
+void segment_item(const at::Tensor& q, int64_t Hkv, const int64_t* rp, int64_t i0, int64_t i1, int64_t kh,
+                  const Keys<T>& keys, const int64_t* lim, double scale, float* op, float* lp, bool direct) {
+  const int64_t H = q.size(1), D = q.size(2), g = H / Hkv;
   const T* qp = q.data_ptr<T>();
-  const Keys<T> keys{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), sl.data_ptr<int64_t>(), 0, sl.numel()};
+  thread_local State s;
+  thread_local std::vector<int64_t> limit;
+  s.reset(int((i1 - i0) * g), int(D));
+  limit.resize(lim ? s.M : 0);
+  for (int r = 0; r < s.M; ++r) {  // start from the running state: m = lse, l = 1, acc = out
+    const int64_t t = rp[i0 + r / g], h = kh * g + r % g;
+    s.load_query(r, qp + (t * H + h) * D, float(scale));
+    s.m[r] = lp[t * H + h] * kLog2e;
+    s.l[r] = 1.f;
+    std::copy(op + (t * H + h) * D, op + (t * H + h + 1) * D, &s.acc[size_t(r) * s.DP]);
+    if (lim) limit[r] = lim[i0 + r / g];
+  }
+  sweep_any(s, keys, Hkv * D, kh, lim ? &limit : nullptr, direct);
+  for (int r = 0; r < s.M; ++r) {
+    const int64_t t = rp[i0 + r / g], h = kh * g + r % g;
+    finish(s, r, op + (t * H + h) * D, lp + t * H + h);
+  }
+}
+
+// Segments whose row sets are disjoint, all in one parallel loop over (segment, row block, KV head) items:
+// segment i is rows rp[ro[i]..ro[i+1]) and slots sp[so[i]..so[i+1]).
+template <typename T>
+void segments_items(const at::Tensor& q, const int64_t* rp, const int64_t* ro, const at::Tensor& k_cache,
+                    const at::Tensor& v_cache, const int64_t* sp, const int64_t* so, int64_t nseg,
+                    const int64_t* lim, int64_t tb, double scale, float* op, float* lp, bool direct) {
+  const int64_t Hkv = k_cache.size(1);
+  std::vector<Item> items;  // (segment, first row, kv head)
+  for (int64_t i = 0; i < nseg; ++i)
+    if (so[i + 1] > so[i])
+      for (int64_t r0 = ro[i]; r0 < ro[i + 1]; r0 += tb)
+        for (int64_t kh = 0; kh < Hkv; ++kh) items.push_back({i, r0, kh});
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t it = 0; it < nblocks * Hkv; ++it) {
-    const int64_t i0 = (it / Hkv) * tb, kh = it % Hkv, i1 = std::min(R, i0 + tb);
-    State s(int((i1 - i0) * g), int(D));
-    std::vector<int64_t> limit(lim ? s.M : 0);
-    for (int r = 0; r < s.M; ++r) {  // start from the running state: m = lse, l = 1, acc = out
-      const int64_t t = rp[i0 + r / g], h = kh * g + r % g;
-      s.load_query(r, qp + (t * H + h) * D, float(scale));
-      s.m[r] = lp[t * H + h] * kLog2e;
-      s.l[r] = 1.f;
-      std::copy(op + (t * H + h) * D, op + (t * H + h + 1) * D, &s.acc[size_t(r) * s.DP]);
-      if (lim) limit[r] = lim[i0 + r / g];
-    }
-    sweep(s, keys, Hkv * D, kh, lim ? &limit : nullptr);
-    for (int r = 0; r < s.M; ++r) {
-      const int64_t t = rp[i0 + r / g], h = kh * g + r % g;
-      finish(s, r, op + (t * H + h) * D, lp + t * H + h);
-    }
+  for (int64_t it = 0; it < int64_t(items.size()); ++it) {
+    const auto [i, r0, kh] = items[it];
+    const Keys<T> keys{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), sp + so[i], 0, so[i + 1] - so[i]};
+    segment_item<T>(q, Hkv, rp, r0, std::min(ro[i + 1], r0 + tb), kh, keys, lim, scale, op, lp, direct);
   }
 }
 
@@ -280,10 +339,33 @@ void segment_attention_merge_(const at::Tensor& q, const at::Tensor& rows, const
     lm = limits->to(at::kLong).contiguous();
     TORCH_CHECK(lm.numel() == R, "limits must hold one entry per row");
   }
+  const int64_t ro[2] = {0, R}, so[2] = {0, sl.numel()};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "segment_attention_merge_", [&] {
-    segment_items<scalar_t>(q, rw.data_ptr<int64_t>(), R, k_cache, v_cache, sl,
-                            lm.defined() ? lm.data_ptr<int64_t>() : nullptr, tb, scale, out.data_ptr<float>(),
-                            lse.data_ptr<float>());
+    segments_items<scalar_t>(q, rw.data_ptr<int64_t>(), ro, k_cache, v_cache, sl.data_ptr<int64_t>(), so, 1,
+                             lm.defined() ? lm.data_ptr<int64_t>() : nullptr, tb, scale, out.data_ptr<float>(),
+                             lse.data_ptr<float>(), /*direct=*/false);
+  });
+}
+
+// Many segments in one call (a wave of the cascade): rows_cat/row_off and slots_cat/slot_off hold segment i's
+// rows and slots; no two segments of one call may share a row (each row's merges stay in its caller's order).
+void segments_attention_merge_(const at::Tensor& q, const at::Tensor& rows_cat, const at::Tensor& row_off,
+                               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots_cat,
+                               const at::Tensor& slot_off, double scale, const at::Tensor& out, const at::Tensor& lse) {
+  check_qkv(q, k_cache, v_cache);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && lse.scalar_type() == at::kFloat, "out and lse must be fp32");
+  TORCH_CHECK(out.is_contiguous() && lse.is_contiguous() && out.sizes() == q.sizes(), "out must be like q");
+  const auto rw = rows_cat.to(at::kLong).contiguous(), ro = row_off.to(at::kLong).contiguous();
+  const auto sl = slots_cat.to(at::kLong).contiguous(), so = slot_off.to(at::kLong).contiguous();
+  const int64_t nseg = ro.numel() - 1;
+  TORCH_CHECK(nseg >= 0 && so.numel() == nseg + 1, "row_off and slot_off must both hold one entry per segment + 1");
+  TORCH_CHECK(ro[nseg].item<int64_t>() == rw.numel() && so[nseg].item<int64_t>() == sl.numel(),
+              "offsets do not end at the concatenated lengths");
+  const int64_t tb = std::max<int64_t>(1, kRowsPerItem / (q.size(1) / k_cache.size(1)));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "segments_attention_merge_", [&] {
+    segments_items<scalar_t>(q, rw.data_ptr<int64_t>(), ro.data_ptr<int64_t>(), k_cache, v_cache,
+                             sl.data_ptr<int64_t>(), so.data_ptr<int64_t>(), nseg, nullptr, tb, scale,
+                             out.data_ptr<float>(), lse.data_ptr<float>(), /*direct=*/true);
   });
 }
 
@@ -295,9 +377,12 @@ TORCH_LIBRARY(icqs_native, m) {
         "Tensor v_cache, Tensor block_table, Tensor prefix_lens, int page_size, float scale) -> (Tensor, Tensor)");
   m.def("segment_attention_merge_(Tensor q, Tensor rows, Tensor k_cache, Tensor v_cache, Tensor slots, "
         "float scale, Tensor(a!) out, Tensor(b!) lse, Tensor? limits=None) -> ()");
+  m.def("segments_attention_merge_(Tensor q, Tensor rows_cat, Tensor row_off, Tensor k_cache, Tensor v_cache, "
+        "Tensor slots_cat, Tensor slot_off, float scale, Tensor(a!) out, Tensor(b!) lse) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
   m.impl("paged_prefill_attention", &icqs::paged_prefill_attention);
   m.impl("segment_attention_merge_", &icqs::segment_attention_merge_);
+  m.impl("segments_attention_merge_", &icqs::segments_attention_merge_);
 }

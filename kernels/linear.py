@@ -1,0 +1,48 @@
+"""Linear layers with weights prepacked once at load (CPU, bf16).
+
+`F.linear` on bf16 CPU tensors hands oneDNN a plain [out, in] weight, which it reorders into its blocked layout
+on every call. `prepack` does that reorder once; `linear(x, w)` then runs the same oneDNN kernel on the blocked
+copy: the results are bitwise those of `F.linear` (tests/test_kernels_linear.py), 10-40% faster for the few rows
+of a decode step (benchmarks/RESULTS.md), the same for long prefill chunks. Other dtypes and devices keep the
+plain weight: the reference `linear_ref` (= F.linear) runs for them.
+
+A packed weight is an opaque oneDNN tensor: only `linear` may use it (no slicing, no .T). The model keeps plain
+copies where other code reads the weight (the LM head in the fused target log-prob, the deterministic mode).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+linear_ref = F.linear
+
+
+class Packed:
+    """A weight in oneDNN's blocked layout, usable only by linear()."""
+    __slots__ = ("blocked", "shape")
+
+    def __init__(self, blocked: torch.Tensor, shape: torch.Size):
+        self.blocked, self.shape = blocked, shape
+
+
+def prepack(weight: torch.Tensor, rows_hint: int = 32):
+    """A Packed copy of `weight` where oneDNN runs it (bf16 on the CPU) and it reproduces F.linear bitwise on a
+    probe; else the weight unchanged. linear() takes either."""
+    if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return weight
+    try:
+        packed = Packed(torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint), weight.shape)
+        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+        if torch.equal(linear(probe, packed), F.linear(probe, weight)):
+            return packed
+    except RuntimeError:
+        pass
+    return weight
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for a plain or a Packed weight."""
+    if isinstance(weight, Packed):
+        return torch.ops.mkldnn._linear_pointwise(x, weight.blocked, bias, "none", [], "")
+    return F.linear(x, weight, bias)
