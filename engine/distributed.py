@@ -315,7 +315,7 @@ class DistributedEngine:
                     bar.update(1)
         bar.close()
         missing = [i for i in todo if results[i] is None]
-        if missing:  # Ray Data gave up on a task: say so rather than write a hole
+        if missing:  # cannot happen while Ray retries: say so rather than write a hole
             raise RuntimeError(f"{len(missing)} requests came back without a result (first: {missing[0]})")
         return results
 
