@@ -63,6 +63,8 @@ def cmd_score(args) -> int:
 
     from .factory import engine_from_args
 
+    if args.ray is not None and args.no_share:
+        raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
     rows, schema = tables.read_rows(args.input, ("context", "continuation"), _check_pair)
     if not rows:
         raise UserError("no rows to score", args.input)

@@ -346,8 +346,6 @@ def score_rows(args, engine: DistributedEngine, todo: list[tuple[int | str, dict
     before it are there, so the output resumes exactly as the local path's does. The workers stop at the end."""
     import sys
 
-    if args.no_share:
-        raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
     ready, written = {}, 0
     with engine:
         def on_result(i, result, worker):

@@ -326,3 +326,13 @@ def test_bad_parquet_same_error_before_any_worker(case, cluster, tiny_model_dir,
                                 *extra]) == 2
             assert capsys.readouterr().err.splitlines() == [f"error: {src}:{error}"]
             assert not out.exists()
+
+
+def test_no_share_is_refused_on_ray_before_anything_is_written(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    src, out = write_jsonl(tmp_path / "in.jsonl", rows_of(1, 2)), tmp_path / "o.jsonl"
+    no_workers(monkeypatch)
+    assert engine_main(["score", "--input", str(src), "--output", str(out), "--ray", "--no-share",
+                        *engine_args(tiny_model_dir)]) == 2
+    assert capsys.readouterr().err.splitlines() == \
+        ["error: --ray always shares prefixes (--no-share is for single-process comparisons)"]
+    assert not out.exists()
