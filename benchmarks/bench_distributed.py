@@ -74,6 +74,8 @@ def main(argv=None):
             diff = max(abs(a.logprob - b.logprob) for a, b in zip(got, local))
             rows.append((name, threads, s["tokens_computed"], sum(d.last_plan.shard_tokens), start_s, wall,
                          max(s["busy_seconds"].values()), diff))
+            print(f"{name}: seconds inside Engine.score per worker: "
+                  f"{', '.join(f'{v:.1f}' for v in sorted(s['busy_seconds'].values()))}")
     finally:
         ray.shutdown()
 
