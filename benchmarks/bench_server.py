@@ -62,6 +62,31 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the server did not start")
 
 
+def score_calls(requests, per_call: int) -> list[dict]:
+    """/v1/score bodies: `per_call` consecutive (context, continuation) pairs each."""
+    return [{"pairs": [list(p) for p in requests[i:i + per_call]]} for i in range(0, len(requests), per_call)]
+
+
+def echo_calls(prompts) -> list[dict]:
+    """/v1/completions bodies as lm-evaluation-harness's local-completions sends a loglikelihood request: token
+    ids (here context + continuation), echo, logprobs 1, max_tokens 1, temperature 0; one prompt a call."""
+    return [{"prompt": ctx + cont, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+            for ctx, cont in prompts]
+
+
+def echo_logprobs(result: dict | None) -> list | None:
+    """The prompt's per-position log-probs of an echo answer (position 0: None), the generated token left out."""
+    return result["choices"][0]["logprobs"]["token_logprobs"][:-1] if result else None
+
+
+def candidate_scores(path: str, results, calls, encoded) -> list[float]:
+    """Each request's log P(continuation | context) from the answers of `path` (NaN where a call failed)."""
+    if path == "/v1/score":
+        return [d["logprob"] if r else np.nan for r, call in zip(results, calls)
+                for d in (r["data"] if r else [None] * len(call["pairs"]))]
+    return [float(np.sum(echo_logprobs(r)[len(ctx):])) if r else np.nan for r, (ctx, _) in zip(results, encoded)]
+
+
 async def run_clients(url: str, calls: list[dict], path: str, clients: int):
     """Send every call (a JSON body) with `clients` concurrent clients; (responses, latencies, errors, wall s)."""
     import httpx
@@ -106,26 +131,18 @@ def main(argv=None):
 
     want, wall_a = in_process()
     proc, url = start_server(args)
-    rows, diffs = [], {}
+    rows = []
     try:
         client = Client(url)
         encoded = encode_pairs(client.tokenizer, requests)
         client.score(requests[:2])  # warm-up
-        runs = {"/v1/score": [{"pairs": [list(p) for p in requests[i:i + args.per_call]]}
-                              for i in range(0, len(requests), args.per_call)]}
+        runs = {"/v1/score": score_calls(requests, args.per_call)}
         if not args.skip_completions:
-            runs["/v1/completions"] = [{"prompt": ctx + cont, "echo": True, "logprobs": 1, "max_tokens": 1,
-                                        "temperature": 0} for ctx, cont in encoded]
+            runs["/v1/completions"] = echo_calls(encoded)
         got = {}
         for path, calls in runs.items():
             results, lat, errors, wall = asyncio.run(run_clients(url, calls, path, args.clients))
-            if path == "/v1/score":
-                scores = [d["logprob"] if r else np.nan for r, call in zip(results, calls)
-                          for d in (r["data"] if r else [None] * len(call["pairs"]))]
-            else:
-                scores = [float(np.sum(r["choices"][0]["logprobs"]["token_logprobs"][len(ctx):-1])) if r else np.nan
-                          for r, (ctx, _) in zip(results, encoded)]
-            got[path] = (scores, lat, errors, wall)
+            got[path] = (candidate_scores(path, results, calls, encoded), lat, errors, wall)
         client.close()
     finally:
         proc.terminate()
@@ -134,8 +151,10 @@ def main(argv=None):
     wall0 = (wall_a + wall_b) / 2
     rows.append(["in-process Engine.score (closed job), mean of before/after", 1, f"{wall_a:.2f} / {wall_b:.2f}",
                  len(requests) / wall0, 1.0, "-", "-", 0, f"{np.max(np.abs(np.subtract(want, want_b))):.3g}"])
+    out = {}
     for path, (scores, lat, errors, wall) in got.items():
         diff = np.nanmax(np.abs(np.subtract(scores, want))) if not np.all(np.isnan(scores)) else float("nan")
+        out[path] = dict(errors=len(errors), max_abs_diff=float(diff), rate=len(requests) / wall)
         rows.append([f"server {path}", args.clients, f"{wall:.2f}", len(requests) / wall, wall0 / wall,
                      f"{np.percentile(lat, 50) * 1e3:.0f}", f"{np.percentile(lat, 99) * 1e3:.0f}", len(errors),
                      f"{diff:.3g}"])
@@ -144,6 +163,7 @@ def main(argv=None):
     print(table(["runner", "clients", "wall s", "candidate-scores/s", "vs in-process", "p50 ms", "p99 ms",
                  "errors", "max abs diff vs in-process"], rows))
     print(f"load average at the end: {load_average()}")
+    return out
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ import threading
 from collections.abc import AsyncIterator
 
 from .engine import Engine, Generation, ScoreResult, TokenEvent
-from .errors import UserError
-from .requests import Request, Status, encode_pairs
+from .errors import EngineFailure
+from .requests import Request, ScoreRequest, Status, encode_pairs
 
 log = logging.getLogger("engine")
 
@@ -31,6 +31,7 @@ class AsyncEngine:
         self._in_flight = 0  # requests submitted and not done
         self._stopping = False
         self._error: BaseException | None = None
+        self._retry: list | None = None  # score requests to run again alone, while a failed step is handled
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -54,14 +55,33 @@ class AsyncEngine:
             if self.engine.has_pending():
                 try:
                     self.engine.step()
-                except BaseException as e:  # an engine bug: fail every request in flight rather than hang them
-                    log.exception("engine step failed")
-                    self._error = e
-                    for req in list(self.engine.scheduler.active.values()):
-                        self.engine.scheduler.drop(req, Status.FAILED, UserError(f"{req.label}: engine failure: {e}"))
-                    self.engine.scheduler.finished.clear()
+                except BaseException as e:  # an engine bug: fail the requests in flight rather than hang them
+                    self._step_failed(e)
             elif self._stopping:
                 return
+
+    def _step_failed(self, error: BaseException):
+        """A step raised. Which request caused it is unknown, so every request in flight leaves the engine; each
+        score request (pure: nothing was sent for it yet) is then run again alone, and fails with EngineFailure
+        only if it fails alone too. Generations fail with EngineFailure (their tokens may have been streamed)."""
+        log.exception("engine step failed")
+        self._error, self._retry = error, []
+        for req in list(self.engine.scheduler.active.values()):
+            self.engine.scheduler.drop(req, Status.FAILED, EngineFailure(
+                f"{req.label}: internal engine failure: {type(error).__name__}: {error}"))
+        self.engine.scheduler.finished.clear()
+        retry, self._retry = self._retry, None
+        for handles, i, on_done in retry:  # _track put them here instead of reporting them done
+            old = handles[i]
+            new = handles[i] = self.engine._add_score_ids(old.context, old.continuation, old.top_k, True, old.label)
+            new.add_done_callback(on_done)
+            try:
+                self.engine.run([new])
+            except Exception as e:  # fails alone too: this is the request that fails
+                log.exception("engine step failed for %s alone", old.label)
+                self.engine.scheduler.drop(new, Status.FAILED, EngineFailure(
+                    f"{old.label}: internal engine failure: {type(e).__name__}: {e}"))
+                self.engine.scheduler.finished.clear()
 
     def _call(self, fn):
         """Run fn() in the worker thread; an awaitable for its return value (or exception)."""
@@ -92,7 +112,10 @@ class AsyncEngine:
         left = [len(handles)]
         lock = threading.Lock()
 
-        def one(_req):
+        def one(req):
+            if self._retry is not None and isinstance(req, ScoreRequest) and not req.abort_requested:
+                self._retry.append((handles, handles.index(req), one))
+                return
             with self._lock:
                 self._in_flight -= 1
             with lock:
@@ -106,7 +129,8 @@ class AsyncEngine:
 
     # ---- the API ------------------------------------------------------------------------------------------------
     async def score(self, requests, top_k: int = 0) -> list[ScoreResult]:
-        """ScoreResults for (context, continuation) pairs, as Engine.score; raises the first request's UserError."""
+        """ScoreResults for (context, continuation) pairs, as Engine.score; raises the first failed request's error
+        (UserError: bad input; EngineFailure: an internal failure)."""
         encoded = encode_pairs(self.engine.tokenizer, list(requests))
         self._admit(len(encoded))
         loop = asyncio.get_running_loop()
@@ -146,7 +170,7 @@ class AsyncEngine:
 
     async def stream(self, prompt, **params) -> AsyncIterator[TokenEvent]:
         """TokenEvents of one generation as they come; the last one has finish_reason set. Closing the iterator
-        early (or cancelling the task reading it) aborts the request; a failed request raises its UserError."""
+        early (or cancelling the task reading it) aborts the request; a failed request raises its error."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         handle, done = await self._start_generate(

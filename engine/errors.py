@@ -8,3 +8,8 @@ class UserError(Exception):
         where = f"{path}:{line}: " if path is not None and line is not None else f"{path}: " if path else ""
         super().__init__(f"{where}{message}")
         self.path, self.line = path, line
+
+
+class EngineFailure(RuntimeError):
+    """An internal failure (an engine bug, not the caller's input): the requests it hit fail with it, and a server
+    answers 500."""

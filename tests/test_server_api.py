@@ -4,6 +4,7 @@ Retry-After), client disconnects, tokenizer endpoints and metrics."""
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -261,3 +262,46 @@ def test_client_disconnect_cancels_its_requests(engine):
         _wait_for(lambda: gate.cancelled == 3 and state.in_flight == 0)
         text = httpx.get(url + "/metrics").text
         assert 'http_requests_total{endpoint="/v1/generate",status="499"} 1.0' in text
+
+
+# ---- an internal failure is a 500 and spares the other requests of its step -------------------------------------
+
+def test_engine_failure_is_500_and_other_requests_in_the_step_complete(tiny_model_dir, reference, monkeypatch):
+    """A step that raises (an injected bug, set off by one request's token) answers that request's call with a
+    500 `internal_error`; a concurrent good call, scored in the very same step, still gets its right answer."""
+    from engine.async_engine import AsyncEngine
+
+    engine = Engine.load(str(tiny_model_dir), dtype="float32", keep_cache=True)
+    poison, steps = 7, []
+    real = engine.model.target_logprobs
+
+    def faulty(hidden, targets, top_k=0):
+        steps.append(set(targets.tolist()))
+        if poison in steps[-1]:
+            raise RuntimeError("injected fault")
+        return real(hidden, targets, top_k=top_k)
+
+    monkeypatch.setattr(engine.model, "target_logprobs", faulty)
+    aengine = AsyncEngine(engine)
+    app = create_app(aengine, model_name="tiny")
+    good = {"pairs": [[[1, 11, 12, 13], [14, 15]], [[1, 11, 12], [16]]]}
+    bad = {"pairs": [[[1, 11, 12, 13], [20, poison]]]}
+    echo = {"prompt": [1, 11, 12, 13, 17], "echo": True, "logprobs": 1, "max_tokens": 0}
+    with live_server(app) as url:
+        aengine._inbox.put(lambda: time.sleep(1.0))  # hold the loop so that the three calls share one step
+        with ThreadPoolExecutor(3) as pool:
+            calls = [pool.submit(httpx.post, url + path, json=body, timeout=60)
+                     for path, body in (("/v1/score", good), ("/v1/score", bad), ("/v1/completions", echo))]
+            r_good, r_bad, r_echo = (c.result() for c in calls)
+        err = error_of(r_bad, 500)
+        assert err["type"] == "internal_error" and "injected fault" in err["message"]
+        assert r_good.status_code == 200 and r_echo.status_code == 200, (r_good.text, r_echo.text)
+        failed = next(s for s in steps if poison in s)
+        assert failed & {14, 15, 16, 17}  # a good request's rows were in the step that failed
+        want = reference.score([tuple(p) for p in good["pairs"]])
+        assert [d["logprob"] for d in r_good.json()["data"]] == pytest.approx([w.logprob for w in want], abs=TOL)
+        got = r_echo.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
+        assert got == pytest.approx(reference.score([([1], [11, 12, 13, 17])])[0].token_logprobs, abs=TOL)
+        # bad input is still a 400, and the server goes on serving
+        assert error_of(httpx.post(url + "/v1/score", json={"pairs": [[[1], [10 ** 9]]]}), 400)["param"] == "pairs[0]"
+        assert httpx.post(url + "/v1/score", json=good).status_code == 200

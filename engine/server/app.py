@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import AsyncEngine, QueueFull
-from ..errors import UserError
+from ..errors import EngineFailure, UserError
 from . import completions as openai_api
 from . import native
 from .metrics import Metrics
@@ -132,6 +132,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UserError)
     async def user_error(request, e: UserError):
         return JSONResponse(APIError(400, str(e)).body(), status_code=400)
+
+    @app.exception_handler(EngineFailure)
+    async def engine_failure(request, e: EngineFailure):
+        return JSONResponse(APIError(500, str(e)).body(), status_code=500)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, e: Exception):  # a bug in a handler (logged by uvicorn): still JSON
+        return JSONResponse(APIError(500, f"internal server error: {type(e).__name__}: {e}").body(), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):

@@ -215,7 +215,8 @@ def _stream(state: ServerState, ticket, prompts, req, max_tokens: int, rid: str,
             while open_streams:
                 k, event, error = await queue.get()
                 if error is not None:
-                    yield f"data: {json.dumps({'error': {'message': str(error), 'type': 'server_error'}})}\n\n"
+                    kind = "invalid_request_error" if isinstance(error, UserError) else "internal_error"
+                    yield f"data: {json.dumps({'error': {'message': str(error), 'type': kind}})}\n\n"
                 elif event is None:
                     open_streams -= 1
                 else:

@@ -25,6 +25,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
         self.type = type or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                             500: "internal_error",
                              503: "overloaded_error"}.get(status, "server_error")
 
     def body(self) -> dict:
