@@ -1,7 +1,9 @@
 """`python -m engine score --model PATH --input pairs.jsonl --output out.jsonl`
 
 Each input row has `context` and `continuation` (text); other fields pass through to the output row, which adds
-`logprob`, `token_logprobs`, `num_tokens` and `is_greedy`.
+`logprob`, `token_logprobs`, `num_tokens` and `is_greedy`. Input and output are JSONL, or Parquet when the name ends
+in `.parquet` (engine/tables.py: a Parquet row is named `file:row N` in errors; a Parquet output is a folder of
+part files).
 
 Everything is checked before any work: the input (readable UTF-8 JSONL, every row valid), the output (its folder
 exists and is writable, it is not a folder), the options, then, once the model is loaded, every request's length,
@@ -14,10 +16,10 @@ import logging
 import re
 import sys
 
-from .cli_args import ArgumentParser, check_output_file
+from . import tables
+from .cli_args import ArgumentParser
 from .errors import UserError
 from .factory import add_engine_args
-from .jsonl import ResultWriter, read_jsonl, read_results
 from .requests import encode_pairs
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
@@ -37,7 +39,7 @@ def _same_request(done: dict, row: dict) -> bool:
 def _finished_rows(output: str, rows: list[tuple[int, dict]], input_path: str) -> int:
     """How many rows a previous run of this job already wrote to `output` (0 if it does not exist); a different
     job's output is refused."""
-    done = read_results(output)
+    done = tables.read_results(output)
     if len(done) > len(rows):
         raise UserError(f"holds {len(done)} rows but the input has {len(rows)}; it is another job's output "
                         "(use another --output, or delete it)", output)
@@ -61,10 +63,12 @@ def cmd_score(args) -> int:
 
     from .factory import engine_from_args
 
-    check_output_file(args.output, (args.input,))
-    rows = read_jsonl(args.input, validate=_check_pair, with_lines=True)
+    if args.ray is not None and args.no_share:
+        raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
+    rows, schema = tables.read_rows(args.input, ("context", "continuation"), _check_pair)
     if not rows:
         raise UserError("no rows to score", args.input)
+    out_schema = tables.check_output(args.output, args.input, rows, schema)
     skip = _finished_rows(args.output, rows, args.input)
     if skip == len(rows):
         print(f"{args.output} already holds all {len(rows)} rows; nothing to do", file=sys.stderr)
@@ -84,9 +88,10 @@ def cmd_score(args) -> int:
         print(f"resuming: {skip} rows already in {args.output}", file=sys.stderr)
     if args.ray is not None:  # the same checks, then the shards on a Ray cluster: engine/distributed.py
         from .distributed import score_rows
-        return score_rows(args, eng, todo, encoded)
+        with tables.open_results(args.output, out_schema) as out:
+            return score_rows(args, eng, todo, encoded, out)
     totals = dict(tokens_computed=0, tokens_requested=0, forward_steps=0, peak_kv_pages=0)
-    with ResultWriter(args.output, key=lambda row: None) as out, \
+    with tables.open_results(args.output, out_schema) as out, \
             tqdm(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
         for start in range(0, len(todo), CHUNK_ROWS):
             part, ids = todo[start:start + CHUNK_ROWS], encoded[start:start + CHUNK_ROWS]
@@ -113,8 +118,9 @@ def cmd_score(args) -> int:
 
 def add_score_parser(sub) -> None:
     s = sub.add_parser("score", help="score (context, continuation) pairs from a JSONL file")
-    s.add_argument("--input", required=True, help="JSONL rows with context and continuation (text)")
-    s.add_argument("--output", required=True, help="JSONL results (a killed run resumes from it)")
+    s.add_argument("--input", required=True, help="JSONL (or .parquet) rows with context and continuation (text)")
+    s.add_argument("--output", required=True, help="JSONL (or .parquet: a folder of parts) results; a killed run "
+                   "resumes from it")
     add_engine_args(s)
     s.add_argument("--no-share", action="store_true", help="turn prefix sharing off (for comparisons)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -10,13 +10,15 @@ and `icqs ... --ray` (engine.factory.engine_from_args returns a DistributedEngin
    shards, and the only tokens computed twice are the prefixes that neighbouring shards share at a cut.
    `naive=True` deals the requests round-robin instead (what a key-blind split does): every shard then recomputes
    nearly every prefix.
-3. Ray Data carries one block per shard (`ray.data.from_arrow`); `map_batches` with an actor pool
-   (ActorPoolStrategy, one `EngineWorker` = one Engine per actor, `num_gpus=1` per actor on GPUs) scores a block
-   with one `Engine.score` call on token ids. Each actor keeps its cache across calls, so two shards of one
-   subtree on the same actor share their prefix too.
-4. The driver streams the results back in any order and keeps each request's first result. Ray Data restarts a
-   killed actor and retries its tasks (max_restarts / max_task_retries = -1, its defaults for actor pools): a
-   task's output is only seen once it has finished, so no request is lost, and none is duplicated.
+3. The workers are Ray actors, one `EngineWorker` (one Engine) each, `num_gpus=1` per actor on GPUs, else
+   `--threads` CPUs: started on a DistributedEngine's first call and kept until `close()` (or the end of a `with`
+   block), so a job of many calls (`icqs score --ray` makes one per chunk of candidates) loads the model once per
+   worker. A `ray.util.ActorPool` feeds them the shards, one in flight per actor, the next shard to the first actor
+   that is free; each actor keeps its cache across shards and calls, so two shards of one subtree on the same actor
+   share their prefix too.
+4. The driver takes the results in any order and keeps each request's first result. A killed actor is restarted
+   and the shard it was scoring is retried on it (max_restarts / max_task_retries = -1): a shard's result is only
+   seen once it has finished, so no request is lost, and none is duplicated.
 
 `score_rows` (the CLI, after engine/cli.py's checks) appends each result to the output in input order as soon as
 the rows before it are done, with every input field passed through: the local path's output, and its resumption
@@ -118,13 +120,16 @@ def plan_shards(encoded: list[tuple[list[int], list[int]]], shards: int, page_si
 
 # ---- the workers ------------------------------------------------------------------------------------------------
 class EngineWorker:
-    """One Engine per Ray actor; scores (or generates for) one block of requests per call."""
+    """One Engine per Ray actor; `run` scores (or generates for) one block of requests per call."""
 
     def __init__(self, model, engine_options: dict):
         self.engine = Engine.load(model, **engine_options)
         self.worker = f"{os.uname().nodename}:{os.getpid()}"
 
-    def __call__(self, batch, op: str = "score", options: dict | None = None):
+    def name(self) -> str:
+        return self.worker
+
+    def run(self, batch, op: str = "score", options: dict | None = None):
         import time
 
         import pyarrow as pa
@@ -173,30 +178,11 @@ def connect(address: str | None, workers: int, threads: int, gpus: bool):
                 ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UserError(f"--ray {address}: cannot connect to a Ray cluster: {e}".splitlines()[0]) from None
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
     available = ray.cluster_resources().get("GPU" if gpus else "CPU", 0)
     need = workers * (1 if gpus else threads)
     if available < need:
         what = "GPUs" if gpus else "CPUs"
         raise UserError(f"--workers {workers}: the Ray cluster has {available:g} {what}, {need} are needed")
-
-
-def run_blocks(tables, model, engine_options: dict, workers: int, threads: int, op: str = "score",
-               options: dict | None = None):
-    """Yield each block's result table (columns of the worker's output) as the actor pool finishes it."""
-    import ray
-
-    gpus = str(engine_options.get("device", "cpu")).startswith("cuda")
-    ds = ray.data.from_arrow(tables)
-    # on GPUs Ray Data wants a batch size: the smallest block's size keeps each block in one task on one actor
-    batch_size = min(t.num_rows for t in tables) if gpus else None
-    ds = ds.map_batches(EngineWorker, fn_constructor_kwargs=dict(model=model, engine_options=engine_options),
-                        fn_kwargs=dict(op=op, options=options), batch_size=batch_size, batch_format="pyarrow",
-                        compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
-                        num_cpus=1 if gpus else threads, num_gpus=1 if gpus else None)
-    yield from ds.iter_batches(batch_size=None, batch_format="pyarrow")
 
 
 @dataclass
@@ -214,9 +200,9 @@ class Cluster:
 
 
 class DistributedEngine:
-    """The Engine's scoring interface over a Ray actor pool: `score`, `generate`, `last_stats`, `tokenizer`,
+    """The Engine's scoring interface over a pool of Ray actors: `score`, `generate`, `last_stats`, `tokenizer`,
     `config`. The driver holds the tokenizer (and loads the model files once, to check them before any worker
-    starts); the workers hold the engines."""
+    starts); the workers hold the engines, from the first call to `close()` (also a context manager)."""
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
@@ -227,7 +213,8 @@ class DistributedEngine:
         self.kv = SimpleNamespace(num_pages=-(-o.kv_tokens // o.page_size), page_size=o.page_size)  # for the checks
         self.last_stats = new_stats()
         self.last_plan: Plan | None = None
-        self._connected = False
+        self._gpus = str(cluster.engine_options.get("device")).startswith("cuda")
+        self._workers = None  # the Ray actors, once started
 
     def encode(self, requests) -> list[tuple[list[int], list[int]]]:
         """Token ids of every request, checked as Engine.score checks them (same errors as the local path)."""
@@ -240,11 +227,52 @@ class DistributedEngine:
     # the Engine's own checks, on the workers' cache shape (self.kv)
     _check_score, max_request_tokens, _limit_text = Engine._check_score, Engine.max_request_tokens, Engine._limit_text
 
-    def _connect(self):
-        if not self._connected:
+    def _run_blocks(self, tables, op: str = "score", options: dict | None = None):
+        """An iterator of each block's result table (the worker's output columns) as the workers finish them: one
+        block in flight per worker, the next block to the first worker that is free. The workers are started on the
+        first call (after the cluster's resources are checked: before this returns) and kept for the next ones."""
+        from ray.util import ActorPool
+
+        if self._workers is None:
             c = self.cluster
-            connect(c.address, c.workers, c.threads, str(c.engine_options.get("device")).startswith("cuda"))
-            self._connected = True
+            connect(c.address, c.workers, c.threads, self._gpus)
+            self._workers = self._start_workers()
+        pool = ActorPool(self._workers)  # a fresh pool per call: an aborted call leaves no submission behind
+        return pool.map_unordered(lambda worker, table: worker.run.remote(table, op, options), tables)
+
+    def start(self) -> list[str]:
+        """Start the workers now (else the first call does) and wait until each has loaded its model; returns their
+        names (host:pid)."""
+        import ray
+
+        self._run_blocks([])
+        return ray.get([worker.name.remote() for worker in self._workers])
+
+    def _start_workers(self) -> list:
+        """One EngineWorker actor per worker. Ray restarts an actor whose process dies, and retries the call it was
+        running on the restarted one (max_restarts / max_task_retries = -1); an error raised by the model is not
+        retried."""
+        import ray
+
+        c = self.cluster
+        actor = ray.remote(EngineWorker).options(num_cpus=1 if self._gpus else c.threads,
+                                                 num_gpus=1 if self._gpus else 0, max_restarts=-1,
+                                                 max_task_retries=-1)
+        return [actor.remote(c.model, c.engine_options) for _ in range(c.workers)]
+
+    def close(self) -> None:
+        """Stop the workers (a later call starts new ones). Dropping the DistributedEngine stops them too."""
+        import ray
+
+        for worker in (self._workers or ()) if ray.is_initialized() else ():
+            ray.kill(worker, no_restart=True)
+        self._workers = None
+
+    def __enter__(self) -> "DistributedEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def score(self, requests, share_prefix: bool = True, progress: bool = False, done=(), on_result=None
               ) -> list[ScoreResult | None]:
@@ -270,9 +298,9 @@ class DistributedEngine:
             members[s].append(i)
         tables = [pa.table({"_row": pa.array(m, pa.int64()), "context": [encoded[i][0] for i in m],
                             "continuation": [encoded[i][1] for i in m]}) for m in members if m]
-        self._connect()
+        blocks = self._run_blocks(tables)
         bar = tqdm(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress)
-        for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads):
+        for table in blocks:
             for name in STATS:
                 stats[name] += sum(table.column(f"_{name}").to_pylist())
             worker = table.column("_worker")[0].as_py()
@@ -287,7 +315,7 @@ class DistributedEngine:
                     bar.update(1)
         bar.close()
         missing = [i for i in todo if results[i] is None]
-        if missing:  # Ray Data gave up on a task: say so rather than write a hole
+        if missing:  # cannot happen while Ray retries: say so rather than write a hole
             raise RuntimeError(f"{len(missing)} requests came back without a result (first: {missing[0]})")
         return results
 
@@ -303,28 +331,23 @@ class DistributedEngine:
         n = c.workers * SHARDS_PER_WORKER
         parts = [order[k * len(order) // n:(k + 1) * len(order) // n] for k in range(n)]
         tables = [pa.table({"_row": pa.array(p, pa.int64()), "prompt": [prompts[i] for i in p]}) for p in parts if p]
-        self._connect()
         out = [None] * len(prompts)
-        for table in run_blocks(tables, c.model, c.engine_options, c.workers, c.threads, "generate", options):
+        for table in self._run_blocks(tables, "generate", options):
             for row in table.to_pylist():
                 out[row["_row"]] = out[row["_row"]] or Generation(**{f.name: row[f.name] for f in fields(Generation)})
         return out
 
 
 # ---- the CLI ----------------------------------------------------------------------------------------------------
-def score_rows(args, engine: DistributedEngine, todo: list[tuple[int, dict]], encoded) -> int:
+def score_rows(args, engine: DistributedEngine, todo: list[tuple[int | str, dict]], encoded, out) -> int:
     """`python -m engine score --ray`, once engine/cli.py has checked everything (the same checks and errors as the
-    local path) and found the rows to do (`todo`: (line, row) after those a previous run wrote). Results arrive in
-    any order; each is appended to the output, in input order, as soon as the rows before it are there, so the output
-    resumes exactly as the local path's does."""
+    local path) and found the rows to do (`todo`: (where, row) after those a previous run wrote). Results arrive in
+    any order; each is appended to `out` (engine.tables: JSONL or Parquet), in input order, as soon as the rows
+    before it are there, so the output resumes exactly as the local path's does. The workers stop at the end."""
     import sys
 
-    from .jsonl import ResultWriter
-
-    if args.no_share:
-        raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
     ready, written = {}, 0
-    with ResultWriter(args.output, key=lambda row: None) as out:
+    with engine:
         def on_result(i, result, worker):
             nonlocal written
             ready[i] = result

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,11 @@ def time_limit():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
+
+
+def no_workers(monkeypatch):
+    """Starting a worker fails the test: what is checked here must be refused before."""
+    monkeypatch.setattr(DistributedEngine, "_start_workers", lambda self: pytest.fail("a worker was started"))
 
 
 def engine_args(model, *extra):
@@ -157,7 +163,6 @@ def test_a_killed_worker_loses_no_request_and_duplicates_none(cluster, tiny_mode
     reqs = [(r["context"], r["continuation"]) for r in rows]
     expected = Engine.load(str(tiny_model_dir), dtype="float32").score(reqs)
     monkeypatch.setattr(distributed, "SHARDS_PER_WORKER", 6)  # 12 shards: the pool is busy when the kill lands
-    eng = DistributedEngine(Cluster(str(tiny_model_dir), {"dtype": "float32", "threads": 1, "keep_cache": True}))
     seen, killed = [], []
 
     def on_result(i, result, worker):
@@ -166,7 +171,8 @@ def test_a_killed_worker_loses_no_request_and_duplicates_none(cluster, tiny_mode
             killed.append(int(worker.rsplit(":", 1)[1]))
             os.kill(killed[0], signal.SIGKILL)
 
-    results = eng.score(reqs, on_result=on_result)
+    with DistributedEngine(Cluster(str(tiny_model_dir), {"dtype": "float32", "threads": 1, "keep_cache": True})) as eng:
+        results = eng.score(reqs, on_result=on_result)
     assert killed and sorted(i for i, _ in seen) == list(range(len(reqs)))  # every request exactly once
     with pytest.raises(ProcessLookupError):
         os.kill(killed[0], 0)
@@ -210,7 +216,7 @@ BAD = {
 def test_bad_input_same_error_before_any_worker(case, cluster, tiny_model_dir, tmp_path, capsys, monkeypatch):
     src = tmp_path / "in.jsonl"
     src.write_text(BAD[case])
-    monkeypatch.setattr(distributed, "run_blocks", lambda *a, **k: pytest.fail("a worker was started"))
+    no_workers(monkeypatch)
     errors = []
     for extra in ([], ["--ray", "--workers", "2"]):
         out = tmp_path / f"out{len(extra)}.jsonl"
@@ -227,8 +233,118 @@ def test_bad_input_same_error_before_any_worker(case, cluster, tiny_model_dir, t
 
 def test_more_gpus_asked_than_the_cluster_has(cluster, tiny_model_dir, tmp_path, capsys, monkeypatch):
     src = write_jsonl(tmp_path / "in.jsonl", rows_of(1, 2))
-    monkeypatch.setattr(distributed, "run_blocks", lambda *a, **k: pytest.fail("a worker was started"))
+    no_workers(monkeypatch)
     assert engine_main(["score", "--input", str(src), "--output", str(tmp_path / "o.jsonl"), "--ray", "--device",
                         "cuda", "--workers", "2", *engine_args(tiny_model_dir)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
         "error: --workers 2: the Ray cluster has 0 GPUs, 2 are needed"
+
+
+def test_workers_are_started_once_and_kept_across_calls(cluster, tiny_model_dir, monkeypatch):
+    """One DistributedEngine loads the model once per worker, however many calls it serves (an `icqs score --ray`
+    run makes one per chunk); close() stops them."""
+    rows = rows_of(demo_sets=2, questions=3)
+    reqs = [(r["context"], r["continuation"]) for r in rows]
+    starts = []
+    start = DistributedEngine._start_workers
+    monkeypatch.setattr(DistributedEngine, "_start_workers", lambda self: starts.append(1) or start(self))
+    with DistributedEngine(Cluster(str(tiny_model_dir), {"dtype": "float32", "threads": 1, "keep_cache": True})) as eng:
+        names = eng.start()  # started and ready: each has loaded the model
+        first = eng.score(reqs)
+        workers = set(eng.last_stats["busy_seconds"])
+        assert workers == set(names)
+        again = eng.score(reqs[::-1])
+        assert set(eng.last_stats["busy_seconds"]) <= workers  # the same processes
+        assert eng.last_stats["tokens_computed"] < eng.last_stats["tokens_requested"]  # their caches were kept
+        texts = eng.generate(["Q: one?\nA:", "Q: two?\nA:"], max_tokens=2)
+    assert len(starts) == 1 and len(workers) == 2 and all(t.text is not None for t in texts)
+    assert all(abs(a.logprob - b.logprob) <= 1e-5 for a, b in zip(first, again[::-1]))
+    assert eng._workers is None
+    pids = [int(name.rsplit(":", 1)[1]) for name in names]
+    deadline = time.monotonic() + 60
+    while pids and time.monotonic() < deadline:  # ray.kill is asynchronous: the processes end soon after
+        pids = [p for p in pids if alive(p)]
+        time.sleep(0.2)
+    assert not pids  # stopped, not restarted
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ---- Parquet ----------------------------------------------------------------------------------------------------
+def write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.Table.from_pylist(rows)
+    table = table.append_column("weight", pa.array([0.5 * i for i in range(len(rows))], pa.float32()))
+    pq.write_table(table, path)
+    return table
+
+
+def test_parquet_in_parquet_out_equals_jsonl_and_resumes(cluster, tiny_model_dir, tmp_path, capsys):
+    """Parquet in -> Parquet out on Ray: every input column passed through with its type, scores as the JSONL run's.
+    The first 7 rows are scored by the local path first (Parquet too): the Ray run resumes after them."""
+    import pyarrow.parquet as pq
+    rows = rows_of()
+    src, out = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    table = write_parquet(src, rows)
+    write_parquet(tmp_path / "first7.parquet", rows[:7])
+    assert engine_main(["score", "--input", str(write_jsonl(tmp_path / "in.jsonl", rows)), "--output",
+                        str(tmp_path / "local.jsonl"), *engine_args(tiny_model_dir)]) == 0
+    assert engine_main(["score", "--input", str(tmp_path / "first7.parquet"), "--output", str(out), "--quiet",
+                        *engine_args(tiny_model_dir)]) == 0
+    capsys.readouterr()
+    assert engine_main(["score", "--input", str(src), "--output", str(out), "--ray", "--workers", "2", "--quiet",
+                        *engine_args(tiny_model_dir)]) == 0
+    assert "resuming: 7 rows" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["part-000000.parquet", "part-000001.parquet"]
+    got = pq.read_table(out)
+    assert got.schema.names == table.schema.names + ["logprob", "token_logprobs", "num_tokens", "is_greedy"]
+    assert got.select(table.schema.names).equals(table)  # every input column, its values and types
+    for a, b in zip(read_jsonl(tmp_path / "local.jsonl"), got.to_pylist()):
+        assert abs(a["logprob"] - b["logprob"]) <= 1e-5
+        assert max(abs(x - y) for x, y in zip(a["token_logprobs"], b["token_logprobs"])) <= 1e-5
+        assert (a["num_tokens"], a["is_greedy"]) == (b["num_tokens"], b["is_greedy"])
+    assert engine_main(["score", "--input", str(src), "--output", str(out), "--ray", *engine_args(tiny_model_dir)]) == 0
+    assert "already holds all 18 rows" in capsys.readouterr().err
+
+
+BAD_PARQUET = {  # rows -> the error after the file name
+    "missing column": ([{"context": "a"}], " missing column 'continuation' (columns: context)"),
+    "wrong type": ([{"context": "a", "continuation": 3}], " column 'continuation' is of type int64, expected string"),
+    "empty continuation": ([{"context": "a", "continuation": " b"}, {"context": "a", "continuation": ""}],
+                           "row 2: empty continuation: nothing to score"),
+    "null": ([{"context": "a", "continuation": " b"}, {"context": None, "continuation": " b"}],
+             "row 2: missing or non-text field 'context'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PARQUET))
+def test_bad_parquet_same_error_before_any_worker(case, cluster, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows, error = BAD_PARQUET[case]
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    no_workers(monkeypatch)
+    for extra in ([], ["--ray", "--workers", "2"]):
+        for out in (tmp_path / "out.parquet", tmp_path / "out.jsonl"):
+            assert engine_main(["score", "--input", str(src), "--output", str(out), *engine_args(tiny_model_dir),
+                                *extra]) == 2
+            assert capsys.readouterr().err.splitlines() == [f"error: {src}:{error}"]
+            assert not out.exists()
+
+
+def test_no_share_is_refused_on_ray_before_anything_is_written(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    src, out = write_jsonl(tmp_path / "in.jsonl", rows_of(1, 2)), tmp_path / "o.jsonl"
+    no_workers(monkeypatch)
+    assert engine_main(["score", "--input", str(src), "--output", str(out), "--ray", "--no-share",
+                        *engine_args(tiny_model_dir)]) == 2
+    assert capsys.readouterr().err.splitlines() == \
+        ["error: --ray always shares prefixes (--no-share is for single-process comparisons)"]
+    assert not out.exists()
