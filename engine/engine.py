@@ -199,6 +199,33 @@ class Engine:
     def has_pending(self) -> bool:
         return self.scheduler.has_pending()
 
+    def _score(self, plan) -> tuple[list, list, list, list]:
+        """The step's score rows through the fused LM head + log-softmax: (log-probs, is_greedy, top ids, top
+        log-probs) per row. Rows asking the same (one position's hidden state, one target: requests that arrived
+        before their shared prefix was computed) go through it once."""
+        cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
+        slots = torch.tensor([r[0] for r in plan.score_rows[cached:]], dtype=torch.long, device=self.device)
+        hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
+        targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
+        top_k = max(r[1].top_k for r in plan.score_rows)
+        first: dict[tuple[int, int], int] = {}  # (slot, target) -> its row in the LM head's batch
+        pick, inverse = [], []  # the rows that go through it; each score row's row there
+        for i, r in enumerate(plan.score_rows):
+            if (r[0], r[3]) not in first:
+                first[r[0], r[3]] = len(pick)
+                pick.append(i)
+            inverse.append(first[r[0], r[3]])
+        if len(pick) < len(inverse):
+            idx = torch.tensor(pick, device=self.device)
+            hidden, targets = hidden[idx], targets[idx]
+        self.scheduler.stats["lm_head_rows"] += len(pick)
+        out = self.model.target_logprobs(hidden, targets, top_k=top_k)
+        if top_k:
+            lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
+        else:
+            (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(pick), [None] * len(pick)
+        return tuple([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps))
+
     @torch.inference_mode()
     def step(self) -> list[Request]:
         """Run one step of the loop; returns the requests that finished (or failed, or were aborted) in it."""
@@ -209,17 +236,7 @@ class Engine:
             self.kv.hidden[batch.write_slots] = self.model.forward(batch, self.kv)
         score_out = sample_out = None
         if plan.score_rows:
-            cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
-            slots = torch.tensor([r[0] for r in plan.score_rows[cached:]], dtype=torch.long, device=self.device)
-            hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
-            targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
-            top_k = max(r[1].top_k for r in plan.score_rows)
-            out = self.model.target_logprobs(hidden, targets, top_k=top_k)
-            if top_k:
-                lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
-            else:
-                (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(targets), [None] * len(targets)
-            score_out = (lp, greedy, top_ids, top_lps)
+            score_out = self._score(plan)
         if plan.sample_rows:
             reqs = [r for _, r in plan.sample_rows]
             slots = torch.tensor([s for s, _ in plan.sample_rows], device=self.device)

@@ -44,10 +44,11 @@ class StepPlan:
 
 def new_stats() -> dict:
     """Engine counters. kv_waits: times a chunk waited for pages; memo_hits: scored tokens answered from the memo
-    (kv_cache.py) without the LM head; unique_tokens and peak_kv_pages are set per job by the wrappers."""
+    (kv_cache.py) without the LM head; lm_head_rows: rows that went through the LM head (scored tokens asked by
+    several requests in one step count once); unique_tokens and peak_kv_pages are set per job by the wrappers."""
     return dict(requests=0, tokens_requested=0, tokens_computed=0, unique_tokens=0, cache_hit_tokens=0,
                 peak_kv_pages=0, forward_steps=0, preemptions=0, evicted_nodes=0, kv_waits=0, memo_hits=0,
-                generated_tokens=0, scored_tokens=0)
+                generated_tokens=0, scored_tokens=0, lm_head_rows=0)
 
 
 class Scheduler:

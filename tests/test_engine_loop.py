@@ -335,3 +335,21 @@ def test_default_threads_counts_other_processes_not_this_one(monkeypatch):
     busy, clock, own = iter([100.0, 100.0]), iter([0.0, 0.3]), iter([5.0, 5.0])  # quiet, but 2 tasks runnable now
     monkeypatch.setattr(ee, "_runnable_others", lambda: 2)
     assert ee.default_threads() == 1
+
+
+def test_rows_asked_by_several_requests_go_through_the_lm_head_once(tiny):
+    """Requests that arrive before their shared prefix is computed each ask for its positions (echo-style scoring
+    of one context by many clients): the step runs each (position, target) through the LM head once and gives
+    every request the numbers it would get alone."""
+    context, conts = list(range(5, 45)), [[50, 51, 52], [50, 51, 60], [70]]
+    eng = engine(tiny)
+    handles = [eng.add_score(context, c, top_k=2) for c in conts * 3]  # 9 requests, 3 distinct
+    eng.run()
+    rows = sum(len(c) for c in conts) * 3
+    assert eng.stats["scored_tokens"] == rows
+    assert eng.stats["lm_head_rows"] == 5  # 50 (x2 conts), 51 after 50, 52, 60, 70: positions x targets
+    for h, c in zip(handles, conts * 3):
+        alone = engine(tiny).score([(context, c)], top_k=2)[0]
+        assert h.result().token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-5)
+        assert h.result().greedy_tokens == alone.greedy_tokens
+        assert [t[0][0] for t in h.result().top_logprobs] == [t[0][0] for t in alone.top_logprobs]
