@@ -100,13 +100,7 @@ def cmd_score(args) -> int:
             except UserError as e:  # e.g. a non-finite log-prob; the chunks before it are kept
                 raise _at_line(e, part, args.input) from None
             for (line, row), res in zip(part, results):
-                result = {**row, "logprob": res.logprob, "token_logprobs": res.token_logprobs,
-                          "num_tokens": res.num_tokens, "is_greedy": res.is_greedy}
-                try:
-                    out.write(result)
-                except ValueError:  # strict JSON: a NaN or infinite log-prob is never written
-                    raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it "
-                                    "are kept", args.input, line) from None
+                tables.write_result(out, row, res, args.input, line)
             for key in totals:
                 value = eng.last_stats.get(key) or 0  # an engine may not count everything
                 totals[key] = max(totals[key], value) if key == "peak_kv_pages" else totals[key] + value

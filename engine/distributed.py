@@ -35,10 +35,10 @@ from .errors import UserError
 from .loader import load_model_files
 from .requests import Generation, ScoreResult, encode_pairs
 from .scheduler import new_stats
+from .tables import write_result
 
 SHARDS_PER_WORKER = 2
 STATS = ("tokens_requested", "tokens_computed", "forward_steps")
-OUTPUT_FIELDS = ("logprob", "token_logprobs", "num_tokens", "is_greedy")  # what `python -m engine score` writes
 
 
 # ---- planning: shards along the prefix tree ---------------------------------------------------------------------
@@ -354,11 +354,7 @@ def score_rows(args, engine: DistributedEngine, todo: list[tuple[int | str, dict
             while written in ready:
                 line, row = todo[written]
                 res = ready.pop(written)
-                try:
-                    out.write({**row, **{k: getattr(res, k) for k in OUTPUT_FIELDS}})
-                except ValueError:  # strict JSON: a NaN or infinite log-prob is never written
-                    raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it "
-                                    "are kept", args.input, line) from None
+                write_result(out, row, res, args.input, line)
                 written += 1
 
         engine.score(encoded, progress=not args.quiet, on_result=on_result)  # token ids: used as they are

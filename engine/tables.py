@@ -29,12 +29,25 @@ PART = re.compile(r"part-(\d{6,})\.parquet")
 ROWS_PER_PART = 256
 
 
+RESULT_FIELDS = ("logprob", "token_logprobs", "num_tokens", "is_greedy")  # what `python -m engine score` adds
+
+
 def result_types():
-    """The fields `python -m engine score` adds to each row, with their Parquet types."""
+    """RESULT_FIELDS with their Parquet types."""
     import pyarrow as pa
 
-    return {"logprob": pa.float64(), "token_logprobs": pa.list_(pa.float64()), "num_tokens": pa.int64(),
-            "is_greedy": pa.bool_()}
+    types = (pa.float64(), pa.list_(pa.float64()), pa.int64(), pa.bool_())
+    return dict(zip(RESULT_FIELDS, types))
+
+
+def write_result(out, row: dict, res, input_path: str, where) -> None:
+    """Appends an input row with its ScoreResult's RESULT_FIELDS to `out`. A NaN or infinite log-prob is never
+    written (strict JSON): a UserError at the input row, the rows before it kept."""
+    try:
+        out.write({**row, **{k: getattr(res, k) for k in RESULT_FIELDS}})
+    except ValueError:
+        raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it are kept",
+                        input_path, where) from None
 
 
 def is_parquet(path) -> bool:

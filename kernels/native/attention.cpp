@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <array>
-#include <limits>
 #include <optional>
 #include <vector>
 
@@ -150,64 +149,33 @@ void sweep(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const 
   }
 }
 
-// The same sweep for items of few query vectors (kMR or fewer: a decode step's token), where packing 32-key
-// tiles to fp32 costs more than the item's arithmetic: each key and value row is converted once, in three
-// passes (all scores, their exp2 in 16-lane vectors against the new max, then P.V).
+// The same sweep key by key, for items of few query vectors (kMR or fewer: a decode step's token): packing
+// 32-key tiles to fp32 costs more than such an item's arithmetic.
 template <typename T>
 void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const std::vector<int64_t>* limit) {
-  const int64_t n = std::min<int64_t>(keys.n, limit ? *std::max_element(limit->begin(), limit->end()) + 1 : keys.n);
-  if (n <= 0) return;
-  const int64_t np = (n + kLanes - 1) / kLanes * kLanes;
-  thread_local std::vector<float> p;  // [M][np]: scores, then probabilities
-  thread_local std::vector<char> nan;  // rows with a NaN score: their output is NaN (a corrupt input shows)
-  p.assign(size_t(s.M) * np, kNegInf);
-  nan.assign(s.M, 0);
-  float* row = s.kt.data();  // one key or value row in fp32, zero padded to DP
-  std::fill(row, row + s.DP, 0.f);
-  for (int64_t j = 0; j < n; ++j) {
-    to_float(keys.k + (keys.idx ? keys.idx[j] : keys.base + j) * row_stride + kh * s.D, row, s.D);
+  const int64_t last = limit ? *std::max_element(limit->begin(), limit->end()) : keys.n - 1;
+  float* kr = s.kt.data();  // one key and one value row in fp32, zero padded to DP
+  float* vr = s.vt.data();
+  std::fill(kr, kr + s.DP, 0.f);
+  std::fill(vr, vr + s.DP, 0.f);
+  for (int64_t j = 0; j < keys.n && j <= last; ++j) {
+    const int64_t off = (keys.idx ? keys.idx[j] : keys.base + j) * row_stride + kh * s.D;
+    to_float(keys.k + off, kr, s.D);
+    to_float(keys.v + off, vr, s.D);
     for (int r = 0; r < s.M; ++r) {
       if (limit && j > (*limit)[r]) continue;
       const float* q = &s.q[size_t(r) * s.DP];
       V16 dot = V16::zero();
-      for (int d = 0; d < s.DP; d += kLanes) dot = fma(V16::load(q + d), V16::load(row + d), dot);
-      const float score = dot.sum();
-      nan[r] |= score != score;
-      p[size_t(r) * np + j] = score;
-    }
-  }
-  thread_local std::vector<float> corr;
-  corr.assign(s.M, 1.f);
-  for (int r = 0; r < s.M; ++r) {
-    float* pr = &p[size_t(r) * np];
-    V16 mx = V16::set1(s.m[r]);
-    for (int64_t j = 0; j < np; j += kLanes) mx = mx.max(V16::load(pr + j));
-    const float mnew = mx.max();
-    if (mnew == kNegInf) continue;  // sees no key yet
-    V16 sum = V16::zero();
-    for (int64_t j = 0; j < np; j += kLanes) {
-      const V16 e = (V16::load(pr + j) - V16::set1(mnew)).exp2();
-      e.store(pr + j);
-      sum = sum + e;
-    }
-    corr[r] = std::exp2(s.m[r] - mnew);
-    s.m[r] = mnew;
-    s.l[r] = s.l[r] * corr[r] + sum.sum();
-  }
-  for (int r = 0; r < s.M; ++r)
-    for (int d = 0; d < s.DP; d += kLanes)
-      (V16::load(&s.acc[size_t(r) * s.DP + d]) * V16::set1(corr[r])).store(&s.acc[size_t(r) * s.DP + d]);
-  for (int64_t j = 0; j < n; ++j) {
-    to_float(keys.v + (keys.idx ? keys.idx[j] : keys.base + j) * row_stride + kh * s.D, row, s.D);
-    for (int r = 0; r < s.M; ++r) {
-      const float pj = p[size_t(r) * np + j];
-      if (pj == 0.f) continue;
+      for (int d = 0; d < s.DP; d += kLanes) dot = fma(V16::load(q + d), V16::load(kr + d), dot);
+      const float score = dot.sum(), mnew = std::max(s.m[r], score);
+      const float corr = std::exp2(s.m[r] - mnew), p = std::exp2(score - mnew);
+      s.m[r] = mnew;
+      s.l[r] = s.l[r] * corr + p;
       float* acc = &s.acc[size_t(r) * s.DP];
-      for (int d = 0; d < s.DP; d += kLanes) fma(V16::set1(pj), V16::load(row + d), V16::load(acc + d)).store(acc + d);
+      for (int d = 0; d < s.DP; d += kLanes)
+        fma(V16::set1(p), V16::load(vr + d), V16::load(acc + d) * V16::set1(corr)).store(acc + d);
     }
   }
-  for (int r = 0; r < s.M; ++r)
-    if (nan[r]) std::fill(&s.acc[size_t(r) * s.DP], &s.acc[size_t(r + 1) * s.DP], std::numeric_limits<float>::quiet_NaN());
 }
 
 template <typename T>
@@ -391,7 +359,7 @@ void segments_attention_merge_(const at::Tensor& q, const at::Tensor& rows_cat, 
   const auto sl = slots_cat.to(at::kLong).contiguous(), so = slot_off.to(at::kLong).contiguous();
   const int64_t nseg = ro.numel() - 1;
   TORCH_CHECK(nseg >= 0 && so.numel() == nseg + 1, "row_off and slot_off must both hold one entry per segment + 1");
-  TORCH_CHECK(ro[nseg].item<int64_t>() == rw.numel() && so[nseg].item<int64_t>() == sl.numel(),
+  TORCH_CHECK(ro.data_ptr<int64_t>()[nseg] == rw.numel() && so.data_ptr<int64_t>()[nseg] == sl.numel(),
               "offsets do not end at the concatenated lengths");
   const int64_t tb = std::max<int64_t>(1, kRowsPerItem / (q.size(1) / k_cache.size(1)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "segments_attention_merge_", [&] {
