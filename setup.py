@@ -40,7 +40,8 @@ setup(
     name="icqs-engine",
     version="0.1.0",
     description="Prefix-sharing Llama inference engine for continuation log-probs, and the ICQS evaluation toolkit",
-    packages=find_packages(include=["engine", "engine.*", "kernels", "kernels.*", "icqs", "icqs.*"]),
+    packages=find_packages(include=["engine", "engine.*", "kernels", "kernels.*", "commands", "commands.*", "icqs",
+                                    "icqs.*"]),
     python_requires=">=3.10",
     install_requires=[
         "torch==2.13.0",
@@ -68,5 +69,7 @@ setup(
     },
     ext_modules=NATIVE,
     cmdclass={"build_ext": CMakeBuild},
-    entry_points={"console_scripts": ["icqs=icqs.cli:main"]},
+    entry_points={"console_scripts": ["icqs=icqs.cli:main"],
+                  # model names (`--model qwen2.5-0.5b`) resolved above the engine: engine.loader.named_model
+                  "icqs_engine.model_names": ["registry=commands.fetch:resolve_model_name"]},
 )

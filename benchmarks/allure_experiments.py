@@ -27,7 +27,7 @@ import numpy as np
 
 from icqs.allure.report import round_markdown
 from icqs.cli import main as icqs_main
-from icqs.fetch import fetch_package_file
+from commands.fetch import fetch_package_file
 from icqs.io import ResultWriter, atomic_write, read_jsonl
 
 SECTION = "## ALLURE"

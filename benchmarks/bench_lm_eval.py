@@ -30,7 +30,7 @@ from common import load_average, machine  # noqa: E402  (puts the repository and
 
 from engine.loader import load_model_files  # noqa: E402
 from engine.requests import encode_pairs  # noqa: E402
-from icqs.fetch import cache_dir  # noqa: E402
+from commands.fetch import cache_dir  # noqa: E402
 
 TASK = "icqs_bench_dates"
 SECTION = "## lm-evaluation-harness backend: icqs-engine vs hf"

@@ -41,7 +41,7 @@ from bench_server import (candidate_scores, echo_calls, echo_logprobs, run_clien
 from common import ROOT, load_average, machine, max_abs_diff, table
 from engine.loader import load_model_files
 from engine.requests import encode_pairs
-from icqs.fetch import cache_dir
+from commands.fetch import cache_dir
 
 VLLM_PYTHON = "/work/venvs/vllm/bin/python"
 

@@ -31,7 +31,7 @@ from icqs.aggregate import leaderboard
 from icqs.candidates import Candidate
 from icqs.run import MeteredEngine
 from icqs.score_run import score_run
-from icqs.fetch import fetch_package_file
+from commands.fetch import fetch_package_file
 from icqs.io import atomic_write, read_results
 from icqs.scoring import loglik_table
 from icqs.task import Example, Task

@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import Engine  # noqa: E402
-from icqs.fetch import fetch_package_file  # noqa: E402
+from commands.fetch import fetch_package_file  # noqa: E402
 from icqs.io import atomic_write  # noqa: E402
 from icqs.task import Example, Task  # noqa: E402
 

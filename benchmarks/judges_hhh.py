@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from engine import Engine
-from icqs.fetch import fetch_package_file
+from commands.fetch import fetch_package_file
 from icqs.io import ResultWriter, atomic_write
 from icqs.judges.consistency import consistency_by_k
 from icqs.judges.grading import build_prompts, fitting_shots, grade, prompt_tokens

@@ -1,7 +1,7 @@
 """Scoring on a Ray cluster with the prefix sharing kept: `python -m engine score --ray [ADDRESS] --workers N`
-and `icqs ... --ray` (engine.factory.engine_from_args returns a DistributedEngine: the Engine's `score`).
+and `icqs ... --ray` (commands.factory.engine_from_args returns a DistributedEngine: the Engine's `score`).
 
-1. The driver reads and validates the job (for the CLI: engine/cli.py's own checks, so the same one-line
+1. The driver reads and validates the job (for the CLI: commands/engine_cli.py's own checks, so the same one-line
    `file:line` errors, exit 2, before any worker starts), tokenizes it and checks every request's length.
 2. It plans shards along the prefix tree. A request's key is its top prefix: the first `depth` tokens of its context
    (for an ICQS job: the demo set), `depth` the multiple of a KV page that gives the smallest largest shard.
@@ -20,7 +20,7 @@ and `icqs ... --ray` (engine.factory.engine_from_args returns a DistributedEngin
    and the shard it was scoring is retried on it (max_restarts / max_task_retries = -1): a shard's result is only
    seen once it has finished, so no request is lost, and none is duplicated.
 
-`score_rows` (the CLI, after engine/cli.py's checks) appends each result to the output in input order as soon as
+`score_rows` (the CLI, after commands/engine_cli.py's checks) appends each result to the output in input order as soon as
 the rows before it are done, with every input field passed through: the local path's output, and its resumption
 (a rerun skips the rows already written).
 """
@@ -35,7 +35,6 @@ from .errors import UserError
 from .loader import load_model_files
 from .requests import Generation, ScoreResult, encode_pairs
 from .scheduler import new_stats
-from .tables import write_result
 
 SHARDS_PER_WORKER = 2
 STATS = ("tokens_requested", "tokens_computed", "forward_steps")
@@ -336,29 +335,3 @@ class DistributedEngine:
             for row in table.to_pylist():
                 out[row["_row"]] = out[row["_row"]] or Generation(**{f.name: row[f.name] for f in fields(Generation)})
         return out
-
-
-# ---- the CLI ----------------------------------------------------------------------------------------------------
-def score_rows(args, engine: DistributedEngine, todo: list[tuple[int | str, dict]], encoded, out) -> int:
-    """`python -m engine score --ray`, once engine/cli.py has checked everything (the same checks and errors as the
-    local path) and found the rows to do (`todo`: (where, row) after those a previous run wrote). Results arrive in
-    any order; each is appended to `out` (engine.tables: JSONL or Parquet), in input order, as soon as the rows
-    before it are there, so the output resumes exactly as the local path's does. The workers stop at the end."""
-    import sys
-
-    ready, written = {}, 0
-    with engine:
-        def on_result(i, result, worker):
-            nonlocal written
-            ready[i] = result
-            while written in ready:
-                line, row = todo[written]
-                res = ready.pop(written)
-                write_result(out, row, res, args.input, line)
-                written += 1
-
-        engine.score(encoded, progress=not args.quiet, on_result=on_result)  # token ids: used as they are
-    s, plan = engine.last_stats, engine.last_plan
-    print(f"scored {len(todo)} requests on {args.workers} Ray workers, {plan.shards} shards of {plan.keys} prefix "
-          f"keys: {s['tokens_computed']} tokens computed of {s['tokens_requested']} requested", file=sys.stderr)
-    return 0

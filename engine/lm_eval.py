@@ -30,7 +30,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from .engine import Engine, EngineOptions, new_stats
 from .errors import UserError
-from .factory import resolve_device
+from .device import resolve_device
 from .requests import encode_pairs, start_token, with_bos
 
 NAME = "icqs-engine"

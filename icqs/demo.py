@@ -74,7 +74,7 @@ def task_yaml(task: Task) -> str:
 
 def run_demo(out, args=None, progress: bool = True) -> str:
     """Score the demo, print the leaderboard (true ranking beside it) and write the report; returns the text."""
-    from engine.factory import add_engine_args, engine_from_args, model_label
+    from commands.factory import add_engine_args, engine_from_args, model_label
 
     from .methods import METHODS
     from .report import write_report

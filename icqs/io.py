@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 # re-exported: the icqs layer reads its inputs and keeps its result logs with these
-from engine.jsonl import ResultWriter, read_jsonl, read_results  # noqa: F401
+from commands.jsonl import ResultWriter, read_jsonl, read_results  # noqa: F401
 
 TMP_SUFFIX = ".tmp"
 

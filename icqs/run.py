@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.factory import non_negative_int
+from commands.factory import non_negative_int
 
 from .io import TMP_SUFFIX, atomic_write, strict_json
 

@@ -13,10 +13,10 @@ import pytest
 
 from engine import Engine
 from engine import distributed
-from engine.cli import main as engine_main
+from commands.engine_cli import main as engine_main
 from engine.distributed import Cluster, DistributedEngine, plan_shards, unique_tokens
 from engine.errors import UserError
-from engine.factory import resolve_device
+from commands.factory import resolve_device
 
 ray = pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -111,10 +111,10 @@ def test_device_rules(monkeypatch):
 
 
 def test_ray_threads_default_to_a_share_of_the_cores():
-    from engine.cli import main  # noqa: F401  (the parser with the engine options)
+    from commands.engine_cli import main  # noqa: F401  (the parser with the engine options)
     import argparse
 
-    from engine.factory import add_engine_args, engine_options
+    from commands.factory import add_engine_args, engine_options
     p = argparse.ArgumentParser()
     add_engine_args(p)
     opts = engine_options(p.parse_args(["--device", "cpu", "--ray", "--workers", "2"]))

@@ -76,7 +76,7 @@ def test_bad_input_is_one_line_exit_2_no_output(case, expected, tiny_model_dir, 
 # --- in-process: validation before any work, resume, strict JSON, file modes -------------------------------------
 
 def score_main(capsys, *args) -> tuple[int, str]:
-    from engine.cli import main
+    from commands.engine_cli import main
 
     try:
         status = main(["score", *map(str, args)])
@@ -109,9 +109,9 @@ def pairs_file(path: Path, n: int) -> Path:
 def test_bad_paths_and_options_fail_before_any_work(case, expected, tmp_path, capsys, monkeypatch):
     """Checked before the model loads (a model path that does not exist is never reached) and before any file is
     written; one line, exit 2. Before: a bad --output was found only after all scoring, with a traceback."""
-    import engine.factory
+    import commands.factory
 
-    monkeypatch.setattr(engine.factory, "engine_from_args", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(commands.factory, "engine_from_args", lambda *a, **k: pytest.fail("the model was loaded"))
     pairs = pairs_file(tmp_path / "pairs.jsonl", 2)
     out, options = tmp_path / "out.jsonl", []
     if case == "missing_folder":
@@ -157,10 +157,10 @@ def test_too_long_names_the_input_line(tiny_model_dir, tmp_path, capsys):
 def test_killed_run_keeps_its_rows_and_resumes(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """A run interrupted after its first chunk keeps that chunk's rows (and leaves no other file); the same command
     again scores only the rest, and the output equals an uninterrupted run's. A torn last line is cut."""
-    import engine.cli
+    import commands.engine_cli
     from engine.engine import Engine
 
-    monkeypatch.setattr(engine.cli, "CHUNK_ROWS", 3)
+    monkeypatch.setattr(commands.engine_cli, "CHUNK_ROWS", 3)
     pairs = pairs_file(tmp_path / "pairs.jsonl", 8)
     args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--deterministic", "--input", pairs]
     assert score_main(capsys, *args, "--output", tmp_path / "full.jsonl")[0] == 0
@@ -223,7 +223,7 @@ def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tm
 
     pairs = pairs_file(tmp_path / "pairs.jsonl", 200)
     args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--deterministic", "--input", pairs]
-    code = ("import sys, engine.cli as c; c.CHUNK_ROWS = 2; "
+    code = ("import sys, commands.engine_cli as c; c.CHUNK_ROWS = 2; "
             "sys.exit(c.main(['score', *sys.argv[1:]]))")
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args), "--output", str(out)], cwd=tmp_path,
@@ -251,10 +251,10 @@ def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tm
 def test_an_engine_error_for_one_request_names_its_input_line(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """The engine names a failed request by its index in the call ("request 1: ..."), which in chunk 2 of a job is
     not the row's place in the file: the CLI names the input line; the chunks before it are kept."""
-    import engine.cli
+    import commands.engine_cli
     from engine.engine import Engine
 
-    monkeypatch.setattr(engine.cli, "CHUNK_ROWS", 2)
+    monkeypatch.setattr(commands.engine_cli, "CHUNK_ROWS", 2)
     real, calls = Engine.score, []
 
     def fails_in_second_chunk(self, reqs, **kw):

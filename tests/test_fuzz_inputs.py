@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.cli import main as engine_main
+from commands.engine_cli import main as engine_main
 from engine.engine import Engine
 from icqs.cli import main as icqs_main
 

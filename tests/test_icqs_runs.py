@@ -132,7 +132,7 @@ def test_second_process_on_the_same_run_directory_is_refused(files, tiny_model_d
     holder = subprocess.Popen(  # a process holding the lock of the same run (same task, candidates, model)
         [sys.executable, "-c", "import sys; from icqs.cli import build_parser; from icqs.score_run import "
          "score_run_dir; from icqs.task import load_task; from icqs.candidates import read_candidates; "
-         "from engine.factory import model_label; a = build_parser().parse_args(sys.argv[1:]); "
+         "from commands.factory import model_label; a = build_parser().parse_args(sys.argv[1:]); "
          "score_run_dir(a.out, load_task(a.task), read_candidates(a.candidates), model_label(a), a.sampler, "
          "a.method).start(); print('locked', flush=True); sys.stdin.read()", *argv],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

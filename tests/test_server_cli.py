@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from engine import Engine
-from engine.cli import main as engine_main
+from commands.engine_cli import main as engine_main
 from engine.server import create_app
 from icqs.cli import main as icqs_main
 from live_server import live_server

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.factory import add_engine_args, positive_int
-from engine.cli_args import check_output_file
+from commands.factory import add_engine_args, positive_int
+from commands.cli_args import check_output_file
 from icqs.run import add_run_args
 
 
@@ -72,7 +72,7 @@ def _settings(args, template, tasks: str) -> dict:
 
 
 def cmd_run(args) -> int:
-    from engine.factory import engine_from_args
+    from commands.factory import engine_from_args
     from icqs.run import MeteredEngine, format_stats
 
     from .ablation import cluster_ablation, icl_sweep

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.factory import add_engine_args, engine_from_args, positive_int
+from commands.factory import add_engine_args, engine_from_args, positive_int
 
 from ..run import MeteredEngine, RunDir, add_run_args, format_stats
 

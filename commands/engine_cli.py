@@ -18,9 +18,9 @@ import sys
 
 from . import tables
 from .cli_args import ArgumentParser
-from .errors import UserError
+from engine.errors import UserError
 from .factory import add_engine_args
-from .requests import encode_pairs
+from engine.requests import encode_pairs
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
 
@@ -87,7 +87,7 @@ def cmd_score(args) -> int:
     if skip:
         print(f"resuming: {skip} rows already in {args.output}", file=sys.stderr)
     if args.ray is not None:  # the same checks, then the shards on a Ray cluster: engine/distributed.py
-        from .distributed import score_rows
+        from .ray_score import score_rows
         with tables.open_results(args.output, out_schema) as out:
             return score_rows(args, eng, todo, encoded, out)
     totals = dict(tokens_computed=0, tokens_requested=0, forward_steps=0, peak_kv_pages=0)
@@ -125,7 +125,7 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     add_score_parser(sub)
-    from .server.serve import add_serve_parser
+    from .serve import add_serve_parser
     add_serve_parser(sub)
     return p
 

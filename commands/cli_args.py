@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from .errors import UserError
+from engine.errors import UserError
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -1,5 +1,5 @@
 """Request files in and result files out, JSONL or Parquet, chosen by the name: a path ending in `.parquet` is
-Parquet, any other JSONL (engine.jsonl). Used by `python -m engine score`, local and `--ray`.
+Parquet, any other JSONL (commands.jsonl). Used by `python -m engine score`, local and `--ray`.
 
 Input. A Parquet input (a file, or a folder of Parquet files such as a previous output or Ray Data's
 `write_parquet`) is read with pyarrow, the reader under Ray Data's `read_parquet`. Before any work: it must be
@@ -21,7 +21,7 @@ import os
 import re
 
 from .cli_args import check_output_file
-from .errors import UserError
+from engine.errors import UserError
 from .jsonl import ResultWriter, dump_line, read_jsonl
 from .jsonl import read_results as read_jsonl_results
 

@@ -7,8 +7,8 @@ import os
 import socket
 from pathlib import Path
 
-from ..errors import UserError
-from ..factory import add_engine_args, positive_int
+from engine.errors import UserError
+from .factory import add_engine_args, positive_int
 
 DEFAULT_MAX_QUEUE = 4096
 
@@ -42,9 +42,9 @@ def _listen(host: str, port: int) -> socket.socket:
 def serve(args) -> int:
     import uvicorn
 
-    from ..factory import engine_from_args
-    from ..loader import default_model_path
-    from . import create_app
+    from .factory import engine_from_args
+    from engine.loader import default_model_path
+    from engine.server import create_app
 
     sock = _listen(args.host, args.port)  # before loading: a busy port is a one-line error, not a minute later
     engine = engine_from_args(args, keep_cache=True)  # online mode: computed prefixes stay cached (LRU)

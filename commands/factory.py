@@ -10,40 +10,10 @@ GPUs) or `--threads` CPU threads (default: this machine's cores / N, so the work
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import re
 
-from .errors import UserError
-
-log = logging.getLogger("engine")
-
-def resolve_device(name: str | None, cpu_fallback: bool = False, local: bool = True) -> str:
-    """The torch device string for a --device value (None or 'auto': cuda when available, else cpu).
-    `cpu_fallback`: a cuda device on a machine without a GPU gives cpu and a warning instead of an error (for
-    callers whose default is cuda, such as lm-evaluation-harness). `local=False` (Ray workers): only the form is
-    checked here (cpu or cuda, one GPU per worker), the GPUs by the cluster."""
-    import torch
-
-    if name is None or name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", name.strip())
-    if not m or (m.group(1) == "cpu" and m.group(2) is not None):
-        raise UserError(f"--device {name!r}: expected cpu, cuda or cuda:N")
-    if not local:
-        if m.group(2) is not None:
-            raise UserError(f"--device {name}: with --ray each worker gets a GPU of its own: use --device cuda")
-        return m.group(1)
-    if m.group(1) == "cuda":
-        if not torch.cuda.is_available() and cpu_fallback:
-            log.warning("device %s: no CUDA GPU is available on this machine; running on cpu", name)
-            return "cpu"
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {name}: no CUDA GPU is available on this machine (use --device cpu)")
-        index = int(m.group(2) or 0)
-        if index >= torch.cuda.device_count():
-            raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return name.strip()
+from engine.device import resolve_device  # noqa: F401  (re-exported for the commands)
+from engine.errors import UserError
 
 
 def _int_at_least(text: str, low: int, what: str) -> int:
@@ -106,15 +76,15 @@ def engine_from_args(args, **overrides):
     client of that server (engine/client.py), with the same score/generate interface; with --ray, a
     DistributedEngine (its workers always keep their cache across calls)."""
     if getattr(args, "server", None):
-        from .client import Client
+        from engine.client import Client
 
         return Client(args.server, api_key=os.environ.get("ENGINE_API_KEY"))
     if getattr(args, "ray", None) is not None:
-        from .distributed import Cluster, DistributedEngine
+        from engine.distributed import Cluster, DistributedEngine
 
         opts = {**engine_options(args), **overrides, "keep_cache": True}
         return DistributedEngine(Cluster(args.model, opts, args.ray, args.workers, args.naive_partition))
-    from .engine import Engine
+    from engine.engine import Engine
 
     return Engine.load(args.model, **{**engine_options(args), **overrides})
 

@@ -184,3 +184,10 @@ def fetch_model(name: str, progress: bool = True) -> Path:
                         f"corrupt: {problem.format(size=size, model=model)}")
     os.replace(partial, target)
     return target
+
+
+def resolve_model_name(name: str) -> Path | None:
+    """The engine's model-name resolver (entry point `icqs_engine.model_names`, see engine.loader.named_model):
+    the GGUF of a MODELS name, fetched on first use; None for any other string."""
+    key = name.lower()
+    return fetch_model(key) if key in MODELS else None

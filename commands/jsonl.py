@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .errors import UserError
+from engine.errors import UserError
 
 
 def _strict_constant(name: str):
