@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields
-from types import SimpleNamespace
 
 from .engine import Engine, EngineOptions
 from .errors import UserError
-from .loader import load_model_files
-from .requests import Generation, ScoreResult, encode_pairs
+from .loader import load_model_info
+from .requests import Generation, ScoreResult, encode_pairs, prompt_ids
+from .validation import Limits, check_generate, check_score
 from .scheduler import new_stats
 
 SHARDS_PER_WORKER = 2
@@ -199,17 +199,18 @@ class Cluster:
 
 
 class DistributedEngine:
-    """The Engine's scoring interface over a pool of Ray actors: `score`, `generate`, `last_stats`, `tokenizer`,
-    `config`. The driver holds the tokenizer (and loads the model files once, to check them before any worker
-    starts); the workers hold the engines, from the first call to `close()` (also a context manager)."""
+    """The Engine's closed-job interface (engine/protocol.py's JobEngine) over a pool of Ray actors: `score`,
+    `generate`, `last_stats`, `tokenizer`, `config`, `limits`. The driver reads the model's config and tokenizer
+    only (no weights) and validates every request as a worker's Engine would (engine/validation.py, the workers'
+    limits), before any worker starts; the workers hold the engines, from the first call to `close()` (also a
+    context manager)."""
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
-        self.config, _, self.tokenizer = load_model_files(cluster.model)
+        self.config, self.tokenizer = load_model_info(cluster.model)
         self.options = EngineOptions.checked(**{k: v for k, v in cluster.engine_options.items()
                                                 if k in ("kv_tokens", "token_budget", "keep_cache")})  # each worker's
-        o = self.options
-        self.kv = SimpleNamespace(num_pages=-(-o.kv_tokens // o.page_size), page_size=o.page_size)  # for the checks
+        self.limits = Limits.of(self.config, self.options.kv_tokens, self.options.page_size)
         self.last_stats = new_stats()
         self.last_plan: Plan | None = None
         self._gpus = str(cluster.engine_options.get("device")).startswith("cuda")
@@ -219,12 +220,12 @@ class DistributedEngine:
         """Token ids of every request, checked as Engine.score checks them (same errors as the local path)."""
         encoded = encode_pairs(self.tokenizer, requests)
         for i, (ctx, cont) in enumerate(encoded):
-            if (error := self._check_score(ctx, cont, 0, f"request {i}")) is not None:
-                raise error
+            check_score(ctx, cont, 0, self.limits, index=i)
         return encoded
 
-    # the Engine's own checks, on the workers' cache shape (self.kv)
-    _check_score, max_request_tokens, _limit_text = Engine._check_score, Engine.max_request_tokens, Engine._limit_text
+    @property
+    def max_request_tokens(self) -> int:
+        return self.limits.max_request_tokens
 
     def _run_blocks(self, tables, op: str = "score", options: dict | None = None):
         """An iterator of each block's result table (the worker's output columns) as the workers finish them: one
@@ -318,13 +319,19 @@ class DistributedEngine:
             raise RuntimeError(f"{len(missing)} requests came back without a result (first: {missing[0]})")
         return results
 
-    def generate(self, prompts, progress: bool = False, **options):
+    def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False):
         """Engine.generate on the workers: the prompts cut into contiguous shards of the sorted order (prompts
-        sharing a prefix stay together). Sampling with a seed follows the shard, not the whole list."""
+        sharing a prefix stay together), each checked here first. Sampling with a seed follows the shard, not the
+        whole list."""
         import pyarrow as pa
 
         if not prompts:
             return []
+        for i, p in enumerate(prompts):
+            check_generate(prompt_ids(self.tokenizer, p), max_tokens, temperature, top_p, seed, self.limits, index=i,
+                           label=f"prompt {i}")
+        options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
         c = self.cluster
         order = sorted(range(len(prompts)), key=lambda i: prompts[i])
         n = c.workers * SHARDS_PER_WORKER

@@ -26,10 +26,11 @@ from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
 from .requests import (GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status, TokenEvent,
-                       check_token_ids, encode_pairs, start_token, with_bos)
+                       encode_pairs, prompt_ids)
 from .sampling import new_generator, sample
 from .scheduler import Scheduler, new_stats
 from .step import build_step
+from .validation import Limits, check_generate, check_score
 
 log = logging.getLogger("engine")
 
@@ -111,6 +112,7 @@ class Engine:
         self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic)
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
+        self.limits = Limits.of(config, self.options.kv_tokens, self.options.page_size)  # what one request may hold
         self.scheduler = Scheduler(self.kv, self.options.token_budget, self.options.keep_cache)
         self.step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
         self.last_stats = new_stats()
@@ -159,7 +161,12 @@ class Engine:
     def _add_score_ids(self, ctx, cont, top_k, share_prefix, label) -> Request:
         rid = self._new_id()
         req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
-        self._admit(req, self._check_score(ctx, cont, top_k, req.label), share_prefix)
+        try:
+            check_score(ctx, cont, top_k, self.limits, label=req.label)
+        except UserError as e:
+            self._admit(req, e)
+        else:
+            self._admit(req, None, share_prefix)
         return req
 
     def add_generate(self, prompt, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
@@ -171,8 +178,8 @@ class Engine:
         label = label or f"request {rid}"
         error, ids = None, [0]
         try:
-            ids = self.encode_prompt(prompt, label)
-            self._check_generate(ids, max_tokens, temperature, top_p, label)
+            ids = prompt_ids(self.tokenizer, prompt)
+            check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
         except UserError as e:
             error = e
         req = GenerateRequest(rid, label, ids, max_tokens if error is None else 0, temperature, top_p,
@@ -263,9 +270,7 @@ class Engine:
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
         encoded = encode_pairs(self.tokenizer, requests)
         for i, (ctx, cont) in enumerate(encoded):
-            error = self._check_score(ctx, cont, top_k, f"request {i}")
-            if error is not None:
-                raise error
+            check_score(ctx, cont, top_k, self.limits, index=i)
         start = self._job_start()
         handles = [self._add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}")
                    for i, (ctx, cont) in enumerate(encoded)]
@@ -274,19 +279,14 @@ class Engine:
     def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop: list[str] | None = None, progress: bool = False
                  ) -> list[Generation]:
-        """One Generation per prompt; with a seed, prompt i samples with seed + i."""
-        for i, p in enumerate(prompts):
-            error = None
-            try:
-                self._check_generate(self.encode_prompt(p, f"prompt {i}"), max_tokens, temperature, top_p,
-                                     f"prompt {i}")
-            except UserError as e:
-                error = e
-            if error is not None:
-                raise error
+        """One Generation per prompt; with a seed, prompt i samples with seed + i. Every prompt is encoded once and
+        checked before any is added."""
+        encoded = [prompt_ids(self.tokenizer, p) for p in prompts]
+        for i, ids in enumerate(encoded):
+            check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, index=i, label=f"prompt {i}")
         start = self._job_start()
-        handles = [self.add_generate(p, max_tokens, temperature, top_p, None if seed is None else seed + i, stop,
-                                     label=f"prompt {i}") for i, p in enumerate(prompts)]
+        handles = [self.add_generate(ids, max_tokens, temperature, top_p, None if seed is None else seed + i, stop,
+                                     label=f"prompt {i}") for i, ids in enumerate(encoded)]
         return self._job_end(start, handles, "generating", progress)
 
     def _job_start(self) -> tuple[dict, int]:
@@ -304,52 +304,9 @@ class Engine:
         self.last_stats = stats
         return [h.result() for h in handles]
 
-    # ---- validation ----------------------------------------------------------------------------------------
+    # ---- validation (engine/validation.py) --------------------------------------------------------------------
     @property
     def max_request_tokens(self) -> int:
         """The most tokens one request (prompt + scored or generated tokens) may hold: the model's maximum or the
         KV cache's capacity, whichever is smaller."""
-        return min(self.config.max_position, self.kv.num_pages * self.kv.page_size)
-
-    def _check_score(self, ctx, cont, top_k, label) -> UserError | None:
-        try:
-            check_token_ids(ctx, self.config.vocab_size, label)
-            check_token_ids(cont, self.config.vocab_size, label)
-        except UserError as e:
-            return e
-        if not isinstance(top_k, int) or top_k < 0:
-            return UserError(f"{label}: top_k must be a non-negative integer, got {top_k!r}")
-        if top_k > self.config.vocab_size:
-            return UserError(f"{label}: top_k={top_k} exceeds the vocabulary ({self.config.vocab_size})")
-        n, limit = len(ctx) + len(cont), self.max_request_tokens
-        if n > limit:
-            return UserError(f"{label}: {n} tokens exceed {self._limit_text()}")
-        return None
-
-    def encode_prompt(self, prompt, label) -> list[int]:
-        """A generation prompt's token ids (text: encoded, BOS as the model asks; ids: range-checked)."""
-        tok = self.tokenizer
-        if isinstance(prompt, str):
-            ids = with_bos(tok, tok.encode(prompt))
-        else:
-            ids = [int(t) for t in prompt]
-            check_token_ids(ids, self.config.vocab_size, label)
-        return ids or [start_token(tok)]
-
-    def _check_generate(self, ids, max_tokens, temperature, top_p, label):
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise UserError(f"{label}: max_tokens must be a non-negative integer, got {max_tokens!r}")
-        if not temperature >= 0:
-            raise UserError(f"{label}: temperature must be >= 0, got {temperature!r}")
-        if not 0 <= top_p <= 1:
-            raise UserError(f"{label}: top_p must be in [0, 1], got {top_p!r}")
-        limit = self.max_request_tokens
-        if len(ids) + max_tokens > limit:
-            raise UserError(f"{label}: a prompt of {len(ids)} tokens plus max_tokens={max_tokens} exceeds "
-                            f"{self._limit_text()}")
-
-    def _limit_text(self) -> str:
-        kv = self.kv.num_pages * self.kv.page_size
-        if self.config.max_position <= kv:
-            return f"the model's maximum of {self.config.max_position}"
-        return f"the KV cache of {kv} tokens (kv_tokens)"
+        return self.limits.max_request_tokens

@@ -67,11 +67,22 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], T
 
 def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
     """Only the tokenizer of a GGUF file (no weights are read)."""
+    return load_gguf_info(path)[1]
+
+
+def load_gguf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
+    """The config and tokenizer of a GGUF file, from its metadata: no tensor data is read or dequantized (the
+    tensor list is the file's header; only a llama3 `rope_freqs` vector, if any, is read)."""
     path = Path(path)
     reader = open_gguf(path)
     meta = _Metadata(reader, str(path))
     arch = meta.get("general.architecture")
-    return _tokenizer(meta, _config(meta, arch, {t.name: t for t in reader.tensors}))
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise UserError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})", str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    config = _config(meta, arch, tensors)
+    config.tie_embeddings = "output.weight" not in tensors
+    return config, _tokenizer(meta, config)
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .errors import UserError
 from .tokenizer import Tokenizer
+from .validation import RequestError
 
 
 def with_bos(tok: Tokenizer, ids: list[int]) -> list[int]:
@@ -40,7 +41,8 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
     pairs = []
     for i, (context, continuation) in enumerate(requests):
         if isinstance(context, str) != isinstance(continuation, str):
-            raise UserError(f"request {i}: context and continuation must both be text or both be token ids")
+            raise RequestError("context and continuation must both be text or both be token ids", index=i,
+                               field="continuation")
         spaces = len(context) - len(context.rstrip()) if isinstance(context, str) else 0
         pairs.append((context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation))
     texts = list(dict.fromkeys(t for c, x in pairs if isinstance(c, str) for t in (c, c + x)))
@@ -55,16 +57,16 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
         else:
             ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
         if not cont:
-            raise UserError(f"request {i}: empty continuation: nothing to score")
+            raise RequestError("empty continuation: nothing to score", index=i, field="continuation")
         out.append((ctx or [start], cont))
     return out
 
 
-def check_token_ids(ids: list[int], vocab_size: int, what: str):
-    """Token ids given by a caller must name rows of the model's embedding."""
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise UserError(f"{what}: token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
+def prompt_ids(tok: Tokenizer, prompt) -> list[int]:
+    """A generation prompt's token ids: text encoded with BOS as the model asks, token ids as they are (checked
+    against the vocabulary by engine/validation.py); an empty prompt is the start token alone."""
+    ids = with_bos(tok, tok.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
+    return ids or [start_token(tok)]
 
 
 # ---- requests in flight ------------------------------------------------------------------------------------------
