@@ -16,6 +16,7 @@ from tqdm import tqdm
 from .config import ModelConfig
 from .errors import UserError
 from .tokenizer import Tokenizer
+from .validation import Limits
 
 COUNTERS = ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "forward_steps")
 RETRIES_WHEN_BUSY = 60  # a 503 (queue full) is retried after its Retry-After, this many times at most
@@ -35,8 +36,13 @@ class Client:
                                    eos_ids=info["eos_ids"], add_bos=info["add_bos"],
                                    chat_template=info["chat_template"])
         self.config = ModelConfig(**info["config"])
-        self.max_request_tokens = info["max_len"]  # the served engine's limit (model maximum or KV capacity)
+        # the served engine's limits (a server without kv_tokens in /v1/tokenizer: its max_len stands for it)
+        self.limits = Limits(self.config.vocab_size, self.config.max_position, info.get("kv_tokens", info["max_len"]))
         self.last_stats: dict = {}
+
+    @property
+    def max_request_tokens(self) -> int:
+        return self.limits.max_request_tokens
 
     def close(self) -> None:
         self.http.close()

@@ -30,7 +30,7 @@ from .requests import (GenerateRequest, Generation, Request, ScoreRequest, Score
 from .sampling import new_generator, sample
 from .scheduler import Scheduler, new_stats
 from .step import build_step
-from .validation import Limits, check_generate, check_score
+from .validation import Limits, RequestError, check_generate, check_score
 
 log = logging.getLogger("engine")
 
@@ -302,6 +302,9 @@ class Engine:
         stats = {k: after[k] - before[k] for k in after}
         stats.update(unique_tokens=unique, peak_kv_pages=self.kv.peak_used)
         self.last_stats = stats
+        for i, h in enumerate(handles):  # a failed request raises with its index in the call
+            if isinstance(h.error, RequestError):
+                raise h.error.with_index(i) from None
         return [h.result() for h in handles]
 
     # ---- validation (engine/validation.py) --------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import UserError
+from .validation import RequestError
 from .kv_cache import KVCache
 from .prefix_tree import Kind, Node, insert, walk
 from .requests import GenerateRequest, Request, ScoreRequest, Status
@@ -130,7 +131,7 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         for req in [r for r in self.active.values() if r.abort_requested]:
-            self.drop(req, Status.ABORTED, UserError(f"{req.label}: aborted"))
+            self.drop(req, Status.ABORTED, RequestError("aborted", label=req.label))
         plan, budget = StepPlan(), self.budget
         protected: set[int] = set()  # nodes this step reads or writes: never freed while it is planned
         planned: set[int] = set()  # nodes with a chunk in this step
@@ -235,9 +236,9 @@ class Scheduler:
 
     def _record_score(self, req: ScoreRequest, j: int, lp: float, greedy: bool, top_ids, top_lps):
         if lp != lp or lp in (float("inf"), float("-inf")):
-            self.drop(req, Status.FAILED, UserError(
-                f"{req.label}: the log-prob of continuation token {j} is {lp}: the model produced non-finite "
-                "values (corrupt or overflowing weights?)"))
+            self.drop(req, Status.FAILED, RequestError(
+                f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
+                "overflowing weights?)", field="continuation", label=req.label))
             return
         req.logprobs[j], req.greedy[j] = lp, greedy
         if req.top is not None:
@@ -249,8 +250,8 @@ class Scheduler:
 
     def _record_token(self, req: GenerateRequest, token: int, lp: float):
         if lp != lp:
-            self.drop(req, Status.FAILED, UserError(
-                f"{req.label}: the model produced non-finite logits (corrupt or overflowing weights?)"))
+            self.drop(req, Status.FAILED, RequestError(
+                "the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label))
             return
         self.stats["generated_tokens"] += 1
         req.stats["generated_tokens"] += 1
@@ -309,13 +310,13 @@ class Scheduler:
     def _fail_subtree(self, node: Node):
         path = [*node.ancestors(), node]
         pages = sum(-(-len(n) // self.kv.page_size) for n in path)
-        error = UserError(f"needs {pages} pages of KV cache at once ({node.start + len(node)} tokens over {len(path)} "
+        error = (f"needs {pages} pages of KV cache at once ({node.start + len(node)} tokens over {len(path)} "
                           f"prefix-tree nodes, each on pages of its own) but the cache holds {self.kv.num_pages} "
                           f"pages of {self.kv.page_size} tokens: raise kv_tokens")
         for req in list(self.active.values()):
             leaf = req.leaf
             if leaf is node or (leaf is not None and node in leaf.ancestors()):
-                self.drop(req, Status.FAILED, UserError(f"{req.label}: {error}"))
+                self.drop(req, Status.FAILED, RequestError(error, field="length", label=req.label))
 
     # ---- memory ------------------------------------------------------------------------------------------------
     def _push(self, node: Node):

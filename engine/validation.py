@@ -25,6 +25,10 @@ class RequestError(UserError):
         self.label = label if label is not None else (f"request {index}" if index is not None else None)
         super().__init__(f"{self.label}: {reason}" if self.label else reason)
 
+    def with_index(self, index: int) -> "RequestError":
+        """The same error as the request at `index` of a call (its label kept)."""
+        return RequestError(self.reason, index=index, field=self.field, label=self.label)
+
     def at(self, path: str, line: int) -> UserError:
         """The same error named by an input file's line instead of the request's label."""
         return UserError(self.reason, path, line)
