@@ -323,8 +323,8 @@ def test_length_check_agrees_with_the_engine_at_the_limit(files, tiny_model_dir)
         c = Candidate("c", "m", " ".join(["word"] * words) + " x", "yes", line=1)
         for name in METHODS:
             jobs = METHODS[name].requests(task, [c], "coupled")
-            longest = max(len(a) + len(b) + g for (*_, g), (a, b) in
-                          zip(jobs, encode_pairs(eng.tokenizer, [(s + r, t) for _, s, r, t, _ in jobs])))
+            longest = max(len(a) + len(b) + j.generated for j, (a, b) in
+                          zip(jobs, encode_pairs(eng.tokenizer, [(j.context, j.continuation) for j in jobs])))
             try:
                 check_lengths(eng, task, [c], [name], "coupled", "c.jsonl")
                 fits = True
