@@ -156,9 +156,12 @@ class Engine:
                   label: str | None = None) -> Request:
         """Score one (context, continuation) pair, text or token ids (the rules of score()); returns its handle."""
         ctx, cont = encode_pairs(self.tokenizer, [(context, continuation)])[0]
-        return self._add_score_ids(ctx, cont, top_k, share_prefix, label)
+        return self.add_score_ids(ctx, cont, top_k, share_prefix, label)
 
-    def _add_score_ids(self, ctx, cont, top_k, share_prefix, label) -> Request:
+    def add_score_ids(self, context: list[int], continuation: list[int], top_k: int = 0, share_prefix: bool = True,
+                      label: str | None = None) -> Request:
+        """add_score for a request already encoded (requests.encode_pairs)."""
+        ctx, cont = context, continuation
         rid = self._new_id()
         req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
         try:
@@ -205,6 +208,10 @@ class Engine:
 
     def has_pending(self) -> bool:
         return self.scheduler.has_pending()
+
+    def abort(self, handle: Request) -> None:
+        """Stop a request: it finishes ABORTED at the next step (safe from any thread)."""
+        handle.abort()
 
     def _score(self, plan) -> tuple[list, list, list, list]:
         """The step's score rows through the fused LM head + log-softmax: (log-probs, is_greedy, top ids, top
@@ -272,7 +279,7 @@ class Engine:
         for i, (ctx, cont) in enumerate(encoded):
             check_score(ctx, cont, top_k, self.limits, index=i)
         start = self._job_start()
-        handles = [self._add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}")
+        handles = [self.add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}")
                    for i, (ctx, cont) in enumerate(encoded)]
         return self._job_end(start, handles, "scoring", progress)
 

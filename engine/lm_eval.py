@@ -30,6 +30,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from .engine import Engine, EngineOptions, new_stats
 from .errors import UserError
+from .validation import RequestError
 from .device import resolve_device
 from .requests import encode_pairs, start_token, with_bos
 
@@ -175,7 +176,6 @@ class EngineLM(LM):
                             "left", NAME, keep)
                 prompts = [p[-keep:] for p in prompts]
             temperature = float(kwargs["temperature"]) if kwargs["do_sample"] else 0.0
-            self.engine.last_stats = new_stats()
             gens = self.engine.generate(prompts, max_tokens=max_gen, temperature=temperature,
                                         top_p=float(kwargs.get("top_p", 1.0)),
                                         seed=int(kwargs.get("seed", torch.initial_seed())),
@@ -224,10 +224,10 @@ class EngineLM(LM):
         """lm-eval's rule for a request longer than max_length: the model reads the last max_length tokens of
         context + continuation (within what the engine holds), so the context loses tokens on the left."""
         keep, out, cut = min(self.max_length + 1, self.limit), [], 0
-        for ctx, cont in encoded:
-            if len(cont) >= keep:
-                raise UserError(f"{NAME}: a continuation of {len(cont)} tokens does not fit in max_length="
-                                f"{self.max_length}")
+        for i, (ctx, cont) in enumerate(encoded):
+            if len(cont) >= keep:  # not even one token of context would be left
+                raise RequestError(f"a continuation of {len(cont)} tokens does not fit in max_length={self.max_length}",
+                                   index=i, field="continuation", label=f"{NAME}: request {i}")
             if len(ctx) + len(cont) > keep:
                 ctx, cut = ctx[len(ctx) + len(cont) - keep:], cut + 1
             out.append((ctx, cont))
