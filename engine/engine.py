@@ -26,10 +26,10 @@ from .errors import UserError
 from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
-from .requests import (GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status, TokenEvent,
-                       encode_pairs, prompt_ids)
+from .requests import (Event, Finished, GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status,
+                       TokenEvent, encode_pairs, prompt_ids)
 from .sampling import new_generator, sample
-from .scheduler import Scheduler
+from .scheduler import SampleOutput, Scheduler, ScoreOutput, StepPlan
 from .stats import EngineStats
 from .step import build_step
 from .validation import Limits, RequestError, check_generate, check_score
@@ -201,15 +201,14 @@ class Engine:
                                   [s for s in (stop or []) if s], self.eos,
                                   lambda out: self.tokenizer.decode(out, skip_special_tokens=True), on_token)
             if error is None and max_tokens == 0:
-                req.finish_reason = "length"
-                req._finish(Status.FINISHED)
+                req.consume(Finished(req, Status.FINISHED, finish_reason="length"))
                 return req
             self._admit(req, error)
             return req
 
     def _admit(self, req: Request, error: UserError | None, share_prefix: bool = True):
         if error is not None:
-            req._finish(Status.FAILED, error)
+            req.consume(Finished(req, Status.FAILED, error))
             return
         self.scheduler.add(req, share_prefix)
 
@@ -225,22 +224,24 @@ class Engine:
         with self._lock:
             handle.abort()
 
-    def _score(self, plan) -> tuple[tuple[list, list, list, list], int]:
-        """The step's score rows through the fused LM head + log-softmax: (log-probs, is_greedy, top ids, top
-        log-probs) per row. Rows asking the same (one position's hidden state, one target: requests that arrived
-        before their shared prefix was computed) go through it once."""
+    def _score(self, plan: StepPlan) -> ScoreOutput:
+        """The step's score rows through the fused LM head + log-softmax: log-prob, is-greedy and top k per row.
+        Rows asking the same (one position's hidden state, one target: requests that arrived before their shared
+        prefix was computed) go through it once."""
+        rows = plan.score_rows
         cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
-        slots = torch.tensor([r[0] for r in plan.score_rows[cached:]], dtype=torch.long, device=self.device)
-        hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
-        targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
-        top_k = max(r[1].top_k for r in plan.score_rows)
+        hidden = self.kv.read_hidden([r.slot for r in rows[cached:]])
+        if cached:
+            hidden = torch.cat([plan.cached_hidden, hidden])
+        targets = torch.tensor([r.target for r in rows], device=self.device)
+        top_k = max(r.request.top_k for r in rows)
         first: dict[tuple[int, int], int] = {}  # (slot, target) -> its row in the LM head's batch
         pick, inverse = [], []  # the rows that go through it; each score row's row there
-        for i, r in enumerate(plan.score_rows):
-            if (r[0], r[3]) not in first:
-                first[r[0], r[3]] = len(pick)
+        for i, r in enumerate(rows):
+            if (r.slot, r.target) not in first:
+                first[r.slot, r.target] = len(pick)
                 pick.append(i)
-            inverse.append(first[r[0], r[3]])
+            inverse.append(first[r.slot, r.target])
         if len(pick) < len(inverse):
             idx = torch.tensor(pick, device=self.device)
             hidden, targets = hidden[idx], targets[idx]
@@ -249,35 +250,36 @@ class Engine:
             lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
         else:
             (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(pick), [None] * len(pick)
-        return tuple([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps)), len(pick)
+        if len(pick) < len(inverse):
+            lp, greedy, top_ids, top_lps = ([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps))
+        return ScoreOutput(lp, greedy, top_ids, top_lps, len(pick))
 
-    def step(self) -> list[Request]:
-        """Run one step of the loop; returns the requests that finished (or failed, or were aborted) in it."""
+    def step(self) -> list[Event]:
+        """Run one step of the loop; returns its output events (engine/requests.py: scores, tokens, and the
+        requests that finished, failed or were aborted), already consumed by their handles."""
         with self._lock:
             return self._step()
 
     @torch.inference_mode()
-    def _step(self) -> list[Request]:
+    def _step(self) -> list[Event]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.chunks:
             batch = build_step(plan.chunks, self.device)
-            self.kv.hidden[batch.write_slots] = self.model.forward(batch, self.kv)
+            self.kv.write_hidden(batch.write_slots, self.model.forward(batch, self.kv))
         score_out = sample_out = None
-        lm_head_rows = 0
         if plan.score_rows:
-            score_out, lm_head_rows = self._score(plan)
+            score_out = self._score(plan)
         if plan.sample_rows:
-            reqs = [r for _, r in plan.sample_rows]
-            slots = torch.tensor([s for s, _ in plan.sample_rows], device=self.device)
-            logits = self.model.logits(self.kv.hidden[slots])
+            reqs = [r.request for r in plan.sample_rows]
+            logits = self.model.logits(self.kv.read_hidden([r.slot for r in plan.sample_rows]))
             tokens, lps = sample(logits, [r.temperature for r in reqs], [r.top_p for r in reqs],
                                  [r.generator for r in reqs])
-            sample_out = (tokens.tolist(), lps.tolist())
+            sample_out = SampleOutput(tokens.tolist(), lps.tolist())
         seconds = time.perf_counter() - t0
         if not plan.empty:
             self.step_seconds.append(seconds)
-        return self.scheduler.postprocess(plan, score_out, sample_out, seconds, lm_head_rows)
+        return self.scheduler.postprocess(plan, score_out, sample_out, seconds)
 
     def run(self, handles: list[Request] | None = None, progress=None):
         """Step until the given requests (default: all pending ones) are done."""

@@ -68,6 +68,14 @@ class KVCache:
             if self.refcount[p] == 0:
                 self.free_pages.append(p)
 
+    def write_hidden(self, slots: torch.Tensor, hidden: torch.Tensor):
+        """Keep the final hidden states of the tokens just computed at their slots."""
+        self.hidden[slots] = hidden
+
+    def read_hidden(self, slots: list[int]) -> torch.Tensor:
+        """The kept hidden states at these slots (a copy: later steps may reuse the slots)."""
+        return self.hidden[torch.tensor(slots, dtype=torch.long, device=self.hidden.device)]
+
     def memo_get(self, slot: int, top_k: int):
         """(logprob, is_greedy, top ids, top logprobs) of the token at `slot` given its prefix, if scored since
         its page was handed out with at least top_k alternatives; else None."""

@@ -35,7 +35,7 @@ class Node:
         self.page_offset = 0  # offset of tokens[0] inside pages[0]
         self.slots = torch.empty(capacity or len(tokens), dtype=torch.long)
         self.done = 0  # tokens whose K/V (and hidden states) are in the cache
-        self.rows: list[tuple[int, object, int, int]] = []  # (offset, request, index, target) still to score
+        self.rows: list = []  # the scheduler's PendingRows at this node's positions
         self.users = 0  # requests whose last node this is (they keep it, and so its ancestors, alive)
         self.queued = False  # on the scheduler's stack
         self.last_used = 0
@@ -94,8 +94,10 @@ class Node:
         ps = kv.page_size
         upper = Node(self.tokens[:m], self.parent, self.start, self.kind, key=self.key)
         upper.slots, upper.done, upper.last_used = self.slots[:m].clone(), min(self.done, m), self.last_used
-        upper.rows = [r for r in self.rows if r[0] < m]
-        self.rows = [(o - m, *rest) for o, *rest in self.rows if o >= m]
+        upper.rows = [r for r in self.rows if r.offset < m]
+        self.rows = [r for r in self.rows if r.offset >= m]
+        for r in self.rows:
+            r.offset -= m
         if self.pages:
             upper.page_offset = self.page_offset
             upper.pages = self.pages[:min(len(self.pages), -(-(self.page_offset + m) // ps))]

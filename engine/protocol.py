@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 from .config import ModelConfig
-from .requests import Generation, Request, ScoreResult, TokenEvent
+from .requests import Event, Generation, Request, ScoreResult, TokenEvent
 from .tokenizer import Tokenizer
 from .validation import Limits
 
@@ -69,8 +69,8 @@ class EngineProtocol(JobEngine, Protocol):
     def abort(self, handle: Request) -> None:
         """Stop a request (it finishes ABORTED at the next step); safe from any thread."""
 
-    def step(self) -> list[Request]:
-        """One step of the loop; the requests that finished in it."""
+    def step(self) -> list[Event]:
+        """One step of the loop; its output events (engine/requests.py), already consumed by their handles."""
 
     def has_pending(self) -> bool:
         """Whether a step has anything to do."""

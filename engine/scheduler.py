@@ -3,8 +3,10 @@
 `add(request)` puts a request's tokens into the prefix tree, sharing every node another request already holds
 (computed, in flight or pending). `schedule()` returns a `StepPlan`: one decode token (or a recompute chunk) of
 every generating sequence first, then prefill chunks of pending nodes up to the token budget, plus the rows to
-score and the sequences to sample. `postprocess(plan, ...)` records what the step computed and returns the
-requests that finished.
+score and the sequences to sample, all dataclasses. `postprocess(plan, ...)` records what the step computed and
+returns its output events (engine/requests.py: scores, tokens, finished and failed requests), each already
+consumed by its request's handle: the scheduler keeps its own per-request state (the node a request keeps alive,
+the queue, the score rows still to compute) and never writes into a handle.
 
 Pending nodes wait on a depth-first stack, so a demo set's subtree is finished before the next one starts and
 memory stays bounded by the tree's frontier. A node's pages are freed as soon as no request needs it (exact
@@ -22,22 +24,65 @@ from .errors import UserError
 from .validation import RequestError
 from .kv_cache import KVCache
 from .prefix_tree import Kind, Node, insert, walk
-from .requests import GenerateRequest, Request, ScoreRequest, Status
+from .requests import (Admitted, Event, Finished, GenerateRequest, Request, ScoreOut, ScoreRequest, Status, StepTime,
+                       TokenOut)
 from .stats import EngineStats
 from .step import Chunk
 
 
+@dataclass(slots=True)
+class PendingRow:
+    """A score row whose position is not computed yet, kept with the node that holds the position."""
+    offset: int  # the position inside the node
+    request: ScoreRequest
+    index: int  # which continuation token it scores
+    target: int  # that token's id
+
+
+@dataclass(slots=True)
+class ScoreRow:
+    """One continuation token to score in this step: the hidden state at `slot` predicts `target`."""
+    slot: int
+    request: ScoreRequest
+    index: int
+    target: int
+    target_slot: int  # the cache slot of the target token (its log-prob is memoized there), -1 if not in the cache
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """One generating sequence to sample a token for: the hidden state at `slot` is its last token's."""
+    slot: int
+    request: GenerateRequest
+
+
+@dataclass
+class ScoreOutput:
+    """What the LM head computed for a step's score rows, one entry per row."""
+    logprobs: list[float]
+    greedy: list[bool]
+    top_ids: list  # per row: the top token ids, or None without top_k
+    top_logprobs: list
+    lm_head_rows: int  # rows that went through the LM head (rows asking the same (slot, target) count once)
+
+
+@dataclass
+class SampleOutput:
+    """The sampled token and its log-prob per sample row."""
+    tokens: list[int]
+    logprobs: list[float]
+
+
 @dataclass
 class StepPlan:
-    chunks: list[Chunk] = field(default_factory=list)  # tokens to compute: (node, a, b)
-    # (slot, request, index, target, slot of the target token or -1 where it is not in the cache yet)
-    score_rows: list[tuple[int, ScoreRequest, int, int, int]] = field(default_factory=list)
-    sample_rows: list[tuple[int, GenerateRequest]] = field(default_factory=list)  # (slot of the last token, request)
+    chunks: list[Chunk] = field(default_factory=list)  # tokens to compute
+    score_rows: list[ScoreRow] = field(default_factory=list)
+    sample_rows: list[SampleRow] = field(default_factory=list)
     cached_hidden: torch.Tensor | None = None  # hidden states of the first score rows (cached tokens), read early
 
     @property
     def tokens(self) -> int:
-        return sum(b - a for _, a, b in self.chunks)
+        return sum(c.end - c.start for c in self.chunks)
 
     @property
     def empty(self) -> bool:
@@ -50,9 +95,10 @@ class Scheduler:
         self.root = Node([], None, 0)
         self.stack: list[Node] = []  # pending nodes, depth-first
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
-        self.ready: list[tuple[int, ScoreRequest, int, int, int]] = []  # score rows of tokens already computed
+        self.ready: list[ScoreRow] = []  # score rows of tokens already computed
         self.active: dict[int, Request] = {}  # requests not yet done, by id
-        self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
+        self.leaf: dict[int, Node] = {}  # request id -> the prefix-tree node it keeps alive (and so its ancestors)
+        self.events: list[Event] = []  # output events since the last step returned them
         self.stats = EngineStats()  # its counters (the state fields and peak_kv_pages: Engine.stats)
         self.clock = 0
 
@@ -74,14 +120,14 @@ class Scheduler:
             leaf = Node(full[:-1], self.root, 0, Kind.PRIVATE, key=("private", req.id))
             self.root.children[leaf.key] = leaf
             reused, path = 0, [leaf]
-        req.leaf = path[-1]
-        req.leaf.users += 1
+        leaf = self.leaf[req.id] = path[-1]
+        leaf.users += 1
         self._hit(req, reused)
         for node in reversed(path):
             for p in range(max(first, node.start), node.start + len(node)):
                 off, j = p - node.start, p - first
                 if off >= node.done:
-                    node.rows.append((off, req, j, full[p + 1]))
+                    node.rows.append(PendingRow(off, req, j, full[p + 1]))
                     continue
                 target_slot = node.slot(off + 1) if off + 1 < node.done else -1
                 known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
@@ -89,11 +135,11 @@ class Scheduler:
                     self.stats.memo_hits += 1
                     self._record_score(req, j, *known)
                 else:
-                    self.ready.append((node.slot(off), req, j, full[p + 1], target_slot))
+                    self.ready.append(ScoreRow(node.slot(off), req, j, full[p + 1], target_slot))
             if node.start <= first:
                 break
-        if not req.done:
-            self._push(req.leaf)
+        if req.id in self.active:
+            self._push(leaf)
 
     def _add_generate(self, req: GenerateRequest):
         ids = req.prompt
@@ -103,19 +149,23 @@ class Scheduler:
                     capacity=req.max_tokens + 1)
         parent.children[node.key] = node
         node.users = 1
-        req.leaf = node
+        self.leaf[req.id] = node
         self._hit(req, reused)
         if parent is not self.root and not parent.complete:
             self._push(parent)
         self.decoding.append(req)
 
     def _hit(self, req: Request, reused: int):
-        req.stats["cache_hit_tokens"] = reused
-        req.stats["tokens_computed"] = req.stats["tokens_requested"] - reused
+        self._emit(Admitted(req, reused))
         self.stats.cache_hit_tokens += reused
 
+    def _emit(self, event: Event) -> bool:
+        """Hand an event to its request (True: that completes the request's results), and keep it for the step."""
+        self.events.append(event)
+        return event.request.consume(event)
+
     def has_pending(self) -> bool:
-        return bool(self.active or self.finished)
+        return bool(self.active or self.events)
 
     def count(self, status: Status) -> int:
         """Requests in flight with this status."""
@@ -133,10 +183,10 @@ class Scheduler:
         planned: set[int] = set()  # nodes with a chunk in this step
         if self.ready:  # read their hidden states now: this step may preempt or evict the nodes holding them
             plan.score_rows, self.ready = self.ready, []
-            plan.cached_hidden = self.kv.hidden[torch.tensor([r[0] for r in plan.score_rows])]
+            plan.cached_hidden = self.kv.read_hidden([r.slot for r in plan.score_rows])
         blocked = None
         for i, req in enumerate(self.decoding):
-            node = req.leaf
+            node = self.leaf[req.id]
             missing = next((a for a in node.ancestors() if not a.complete), None)
             if missing is not None:  # its prompt is still being computed (or was preempted)
                 if id(missing) not in planned:
@@ -154,7 +204,7 @@ class Scheduler:
             planned.add(id(node))
             budget -= n
             if node.done + n == len(node):
-                plan.sample_rows.append((node.slot(len(node) - 1), req))
+                plan.sample_rows.append(SampleRow(node.slot(len(node) - 1), req))
         while self.stack and budget > 0:
             node = self.stack[-1]
             if not node.attached or node.complete:
@@ -185,25 +235,24 @@ class Scheduler:
 
     def _plan_chunk(self, plan: StepPlan, node: Node, n: int, protected: set[int]):
         a, b = node.done, node.done + n
-        plan.chunks.append((node, a, b))
+        plan.chunks.append(Chunk(node, a, b))
         protected.update(id(x) for x in (node, *node.ancestors()))
         if node.rows:
-            plan.score_rows += [(node.slot(off), req, j, tgt, node.slot(off + 1) if off + 1 < b else -1)
-                                for off, req, j, tgt in node.rows if a <= off < b]
-            node.rows = [r for r in node.rows if not a <= r[0] < b]
+            plan.score_rows += [ScoreRow(node.slot(r.offset), r.request, r.index, r.target,
+                                         node.slot(r.offset + 1) if r.offset + 1 < b else -1)
+                                for r in node.rows if a <= r.offset < b]
+            node.rows = [r for r in node.rows if not a <= r.offset < b]
 
-    def postprocess(self, plan: StepPlan, score_out=None, sample_out=None, seconds: float = 0.0,
-                    lm_head_rows: int = 0) -> list[Request]:
-        """Record a computed step. score_out: (logprobs, greedy, top ids, top logprobs) lists per score row, of
-        which lm_head_rows went through the LM head; sample_out: (tokens, logprobs) lists per sample row. Returns
-        the requests finished since the last step."""
+    def postprocess(self, plan: StepPlan, score_out: ScoreOutput | None = None,
+                    sample_out: SampleOutput | None = None, seconds: float = 0.0) -> list[Event]:
+        """Record a computed step; returns the output events since the last step (each consumed by its handle)."""
         self.clock += 1
-        self.stats.lm_head_rows += lm_head_rows
         if plan.chunks:
             self.stats.forward_steps += 1
             self.stats.tokens_computed += plan.tokens
-        for node, a, b in reversed(plan.chunks):
-            node.done, node.last_used = b, self.clock
+        for chunk in reversed(plan.chunks):
+            node = chunk.node
+            node.done, node.last_used = chunk.end, self.clock
             for anc in node.ancestors():
                 anc.last_used = self.clock
             if node.kind is Kind.SEQUENCE:
@@ -214,23 +263,25 @@ class Scheduler:
                 self._push(node)
         touched: dict[int, Request] = {}
         if score_out is not None:
-            for (slot, req, j, _, target_slot), lp, greedy, top_ids, top_lps in zip(plan.score_rows, *score_out):
+            self.stats.lm_head_rows += score_out.lm_head_rows
+            for row, lp, greedy, top_ids, top_lps in zip(plan.score_rows, score_out.logprobs, score_out.greedy,
+                                                          score_out.top_ids, score_out.top_logprobs):
+                req = row.request
                 touched[id(req)] = req
-                req._started()
-                if target_slot >= 0:
-                    self.kv.memo_put(target_slot, lp, greedy, top_ids, top_lps)
-                if not req.done:
-                    self._record_score(req, j, lp, greedy, top_ids, top_lps)
+                if row.target_slot >= 0:
+                    self.kv.memo_put(row.target_slot, lp, greedy, top_ids, top_lps)
+                if req.id in self.active:
+                    self._record_score(req, row.index, lp, greedy, top_ids, top_lps)
         if sample_out is not None:
-            for (slot, req), token, lp in zip(plan.sample_rows, *sample_out):
+            for row, token, lp in zip(plan.sample_rows, sample_out.tokens, sample_out.logprobs):
+                req = row.request
                 touched[id(req)] = req
-                req._started()
-                if not req.done:
+                if req.id in self.active:
                     self._record_token(req, token, lp)
         for req in touched.values():
-            req.stats["step_seconds"] += seconds
-        done, self.finished = self.finished, []
-        return done
+            self._emit(StepTime(req, seconds))
+        events, self.events = self.events, []
+        return events
 
     def _record_score(self, req: ScoreRequest, j: int, lp: float, greedy: bool, top_ids, top_lps):
         if lp != lp or lp in (float("inf"), float("-inf")):
@@ -238,12 +289,8 @@ class Scheduler:
                 f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
                 "overflowing weights?)", field="continuation", label=req.label))
             return
-        req.logprobs[j], req.greedy[j] = lp, greedy
-        if req.top is not None:
-            req.top[j] = list(zip(top_ids[:req.top_k], top_lps[:req.top_k]))
         self.stats.scored_tokens += 1
-        req.pending -= 1
-        if req.pending == 0:
+        if self._emit(ScoreOut(req, j, lp, greedy, top_ids, top_lps)):
             self._complete(req)
 
     def _record_token(self, req: GenerateRequest, token: int, lp: float):
@@ -252,48 +299,36 @@ class Scheduler:
                 "the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label))
             return
         self.stats.generated_tokens += 1
-        req.stats["generated_tokens"] += 1
-        req.stats["tokens_computed"] += 1
-        if token in req.eos:
-            req.finish_reason = "eos"
-        else:
-            req.out.append(token)
-            req.logprobs.append(lp)
-            req.update_text()
-            if req.finish_reason is None and len(req.out) >= req.max_tokens:
-                req.finish_reason = "length"
-        req.emit(token, lp)
-        if req.finish_reason is not None:
+        if self._emit(TokenOut(req, token, lp)):
             self._complete(req)
         else:
-            req.leaf.tokens.append(token)
+            self.leaf[req.id].tokens.append(token)
 
     # ---- ending requests ---------------------------------------------------------------------------------------
     def _complete(self, req: Request):
         self._detach(req)
-        req._finish(Status.FINISHED)
-        self.finished.append(req)
+        self._emit(Finished(req, Status.FINISHED))
 
     def drop(self, req: Request, status: Status, error: UserError | None = None):
         """End a request early (aborted, or failed with its own error); everything else carries on."""
-        if req.done:
+        if req.id not in self.active:
             return
-        if req.leaf is not None:
-            for node in (req.leaf, *req.leaf.ancestors()):
-                node.rows = [r for r in node.rows if r[1] is not req]
-            self.ready = [r for r in self.ready if r[1] is not req]
+        leaf = self.leaf.get(req.id)
+        if leaf is not None:
+            for node in (leaf, *leaf.ancestors()):
+                node.rows = [r for r in node.rows if r.request is not req]
+            self.ready = [r for r in self.ready if r.request is not req]
         self._detach(req)
-        req._finish(status, error)
-        self.finished.append(req)
+        self._emit(Finished(req, status, error))
 
     def _detach(self, req: Request):
         del self.active[req.id]
         if isinstance(req, GenerateRequest) and req in self.decoding:
             self.decoding.remove(req)
-        if req.leaf is not None:
-            req.leaf.users -= 1
-            self._release(req.leaf)
-            req.leaf = None
+        leaf = self.leaf.pop(req.id, None)
+        if leaf is not None:
+            leaf.users -= 1
+            self._release(leaf)
 
     def _release(self, node: Node):
         """Free a node nothing needs any more, and then its parent if that leaves it unneeded too."""
@@ -312,7 +347,7 @@ class Scheduler:
                           f"prefix-tree nodes, each on pages of its own) but the cache holds {self.kv.num_pages} "
                           f"pages of {self.kv.page_size} tokens: raise kv_tokens")
         for req in list(self.active.values()):
-            leaf = req.leaf
+            leaf = self.leaf.get(req.id)
             if leaf is node or (leaf is not None and node in leaf.ancestors()):
                 self.drop(req, Status.FAILED, RequestError(error, field="length", label=req.label))
 

@@ -68,3 +68,32 @@ def test_add_abort_and_stats_from_another_thread_while_the_loop_steps(tiny):
     assert all(h.done for h in handles)
     s = eng.stats
     assert s.requests == 60 and s.running == s.waiting == 0 and s.kv_pages_used == 0
+
+
+def test_step_returns_the_events_the_handles_consumed(tiny):
+    """Every score, token and end a step produced comes back as an event; the handles' results are exactly the
+    events' contents (the scheduler writes nothing into a handle)."""
+    from engine.requests import Admitted, Finished, ScoreOut, StepTime, TokenOut
+    eng = engine(tiny, token_budget=16)
+    rng = random.Random(1)
+    demo = [rng.randrange(4, 200) for _ in range(30)]
+    scores = [eng.add_score(demo + [rng.randrange(4, 200)], [rng.randrange(4, 200) for _ in range(3)], top_k=2)
+              for _ in range(4)]
+    gen = eng.add_generate(demo[:12], max_tokens=5)
+    aborted = eng.add_score(demo + [7], [8, 9])
+    eng.abort(aborted)
+    events = []
+    while eng.has_pending():
+        events += eng.step()
+    kinds = {type(e) for e in events}
+    assert {ScoreOut, TokenOut, Finished, StepTime, Admitted} <= kinds
+    assert sorted(e.request.id for e in events if type(e) is Admitted) == [h.id for h in scores + [gen, aborted]]
+    for h in scores:
+        outs = sorted((e for e in events if type(e) is ScoreOut and e.request is h), key=lambda e: e.index)
+        res = h.result()
+        assert [e.logprob for e in outs] == res.token_logprobs and [e.greedy for e in outs] == res.greedy_tokens
+        assert [list(zip(e.top_ids[:2], e.top_logprobs[:2])) for e in outs] == res.top_logprobs
+    toks = [e.token for e in events if type(e) is TokenOut and e.request is gen]
+    assert toks[:len(gen.result().token_ids)] == gen.result().token_ids
+    ends = {e.request.id: e.status for e in events if type(e) is Finished}
+    assert ends[aborted.id].value == "aborted" and all(ends[h.id].value == "finished" for h in scores + [gen])
