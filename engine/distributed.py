@@ -143,7 +143,8 @@ class EngineWorker:
         table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
         stats = self.engine.last_stats
         for name in STATS:  # this call's engine counters, on its first row
-            table = table.append_column(f"_{name}", pa.array([getattr(stats, name)] + [0] * (len(rows) - 1), pa.int64()))
+            first = getattr(stats, name)
+            table = table.append_column(f"_{name}", pa.array([first] + [0] * (len(rows) - 1), pa.int64()))
         seconds = time.perf_counter() - start
         table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
         return table.append_column("_worker", pa.array([self.worker] * len(rows)))

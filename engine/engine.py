@@ -4,7 +4,9 @@ One loop serves every caller. `add_score` / `add_generate` hand a request to the
 and return its handle; `step()` runs one step: the scheduler's plan (prefill chunks, one decode token of every
 generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), the scored rows
 through the fused target log-prob kernel, the generating rows through the batched sampler (sampling.py); the
-scheduler then records the step and the requests that finished come back. `score()` and `generate()` add a
+scheduler then records the step and its output events come back (scores, tokens, finished and failed requests,
+each already consumed by its handle). One lock makes add / abort / stats safe from other threads while the loop's
+thread steps. `score()` and `generate()` add a
 whole job and run the loop until it is done; engine/async_engine.py runs the same loop in a worker thread for
 asyncio callers (the server)."""
 from __future__ import annotations
@@ -215,6 +217,12 @@ class Engine:
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
+
+    def check_pages(self):
+        """Raise PageError unless every KV page's reference count matches the prefix-cache nodes holding it and
+        the cache's victim indexes are complete (the tests' invariant; walks the whole tree)."""
+        with self._lock:
+            self.scheduler.check_pages()
 
     def has_pending(self) -> bool:
         return self.scheduler.has_pending()

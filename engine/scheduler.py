@@ -1,6 +1,7 @@
-"""The scheduler: owns the prefix tree, the KV pages, eviction and preemption, and decides every step.
+"""The scheduler: decides every step over the prefix cache (engine/prefix_cache.py, which owns the tree, the pages and
+their eviction); it alone owns the per-request state of the loop.
 
-`add(request)` puts a request's tokens into the prefix tree, sharing every node another request already holds
+`add(request)` puts a request's tokens into the prefix cache's tree, sharing every node another request already holds
 (computed, in flight or pending). `schedule()` returns a `StepPlan`: one decode token (or a recompute chunk) of
 every generating sequence first, then prefill chunks of pending nodes up to the token budget, plus the rows to
 score and the sequences to sample, all dataclasses. `postprocess(plan, ...)` records what the step computed and
@@ -23,7 +24,7 @@ import torch
 from .errors import UserError
 from .validation import RequestError
 from .kv_cache import KVCache
-from .prefix_tree import Kind, Node, insert, walk
+from .prefix_cache import Kind, Node, PrefixCache
 from .requests import (Admitted, Event, Finished, GenerateRequest, Request, ScoreOut, ScoreRequest, Status, StepTime,
                        TokenOut)
 from .stats import EngineStats
@@ -91,16 +92,17 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, kv: KVCache, token_budget: int, keep_cache: bool):
-        self.kv, self.budget, self.keep_cache = kv, token_budget, keep_cache
-        self.root = Node([], None, 0)
+        self.kv, self.budget = kv, token_budget
+        self.cache = PrefixCache(kv, keep_cache)
         self.stack: list[Node] = []  # pending nodes, depth-first
+        self.queued: set[Node] = set()  # the nodes on the stack
+        self.rows: dict[Node, list[PendingRow]] = {}  # score rows waiting for a node's positions to be computed
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
         self.ready: list[ScoreRow] = []  # score rows of tokens already computed
         self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.leaf: dict[int, Node] = {}  # request id -> the prefix-tree node it keeps alive (and so its ancestors)
         self.events: list[Event] = []  # output events since the last step returned them
         self.stats = EngineStats()  # its counters (the state fields and peak_kv_pages: Engine.stats)
-        self.clock = 0
 
     # ---- admission -----------------------------------------------------------------------------------------
     def add(self, req: Request, share_prefix: bool = True):
@@ -115,19 +117,18 @@ class Scheduler:
     def _add_score(self, req: ScoreRequest, share_prefix: bool):
         full, first = req.full, len(req.context) - 1  # the hidden state at `first` predicts continuation[0]
         if share_prefix:
-            reused, path = insert(self.root, full[:-1], self.kv)
+            reused, path = self.cache.match_insert(full[:-1], self._split)
         else:
-            leaf = Node(full[:-1], self.root, 0, Kind.PRIVATE, key=("private", req.id))
-            self.root.children[leaf.key] = leaf
+            leaf = self.cache.add_private(self.cache.root, full[:-1], 0, Kind.PRIVATE, key=("private", req.id))
             reused, path = 0, [leaf]
         leaf = self.leaf[req.id] = path[-1]
-        leaf.users += 1
+        self.cache.lock(leaf)
         self._hit(req, reused)
         for node in reversed(path):
             for p in range(max(first, node.start), node.start + len(node)):
                 off, j = p - node.start, p - first
                 if off >= node.done:
-                    node.rows.append(PendingRow(off, req, j, full[p + 1]))
+                    self.rows.setdefault(node, []).append(PendingRow(off, req, j, full[p + 1]))
                     continue
                 target_slot = node.slot(off + 1) if off + 1 < node.done else -1
                 known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
@@ -143,17 +144,29 @@ class Scheduler:
 
     def _add_generate(self, req: GenerateRequest):
         ids = req.prompt
-        reused, path = insert(self.root, ids[:-1], self.kv) if len(ids) > 1 else (0, [])
-        parent = path[-1] if path else self.root
-        node = Node([ids[-1]], parent, len(ids) - 1, Kind.SEQUENCE, key=("private", req.id),
-                    capacity=req.max_tokens + 1)
-        parent.children[node.key] = node
-        node.users = 1
+        reused, path = self.cache.match_insert(ids[:-1], self._split) if len(ids) > 1 else (0, [])
+        parent = path[-1] if path else self.cache.root
+        node = self.cache.add_private(parent, [ids[-1]], len(ids) - 1, Kind.SEQUENCE, key=("private", req.id),
+                                      capacity=req.max_tokens + 1)
+        self.cache.lock(node)
         self.leaf[req.id] = node
         self._hit(req, reused)
-        if parent is not self.root and not parent.complete:
+        if parent is not self.cache.root and not parent.complete:
             self._push(parent)
         self.decoding.append(req)
+
+    def _split(self, upper: Node, lower: Node, m: int):
+        """The cache cut `lower` after m tokens: rows at the cut-off positions go with them to `upper`."""
+        rows = self.rows.pop(lower, None)
+        if rows:
+            above = [r for r in rows if r.offset < m]
+            below = [r for r in rows if r.offset >= m]
+            for r in below:
+                r.offset -= m
+            if above:
+                self.rows[upper] = above
+            if below:
+                self.rows[lower] = below
 
     def _hit(self, req: Request, reused: int):
         self._emit(Admitted(req, reused))
@@ -172,7 +185,7 @@ class Scheduler:
         return sum(1 for r in self.active.values() if r.status is status)
 
     def pending_tokens(self) -> int:
-        return sum(len(n) - n.done for n in walk(self.root))
+        return sum(len(n) - n.done for n in self.cache.nodes())
 
     # ---- one step ------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -209,12 +222,12 @@ class Scheduler:
             node = self.stack[-1]
             if not node.attached or node.complete:
                 self.stack.pop()
-                node.queued = False
+                self.queued.discard(node)
                 continue
             missing = next((a for a in node.ancestors() if not a.complete), None)
             if missing is not None:  # an ancestor was split off unfinished, or preempted: compute it first
                 self.stack.pop()  # pushed again with the ancestor's frontier when the ancestor completes
-                node.queued = False
+                self.queued.discard(node)
                 if id(missing) not in planned:
                     self._push(missing)
                 continue
@@ -225,7 +238,7 @@ class Scheduler:
                     blocked = node
                 break
             self.stack.pop()
-            node.queued = False
+            self.queued.discard(node)
             self._plan_chunk(plan, node, n, protected)
             planned.add(id(node))
             budget -= n
@@ -237,24 +250,27 @@ class Scheduler:
         a, b = node.done, node.done + n
         plan.chunks.append(Chunk(node, a, b))
         protected.update(id(x) for x in (node, *node.ancestors()))
-        if node.rows:
+        rows = self.rows.get(node)
+        if rows:
             plan.score_rows += [ScoreRow(node.slot(r.offset), r.request, r.index, r.target,
                                          node.slot(r.offset + 1) if r.offset + 1 < b else -1)
-                                for r in node.rows if a <= r.offset < b]
-            node.rows = [r for r in node.rows if not a <= r.offset < b]
+                                for r in rows if a <= r.offset < b]
+            rows = [r for r in rows if not a <= r.offset < b]
+            if rows:
+                self.rows[node] = rows
+            else:
+                del self.rows[node]
 
     def postprocess(self, plan: StepPlan, score_out: ScoreOutput | None = None,
                     sample_out: SampleOutput | None = None, seconds: float = 0.0) -> list[Event]:
         """Record a computed step; returns the output events since the last step (each consumed by its handle)."""
-        self.clock += 1
+        self.cache.tick()
         if plan.chunks:
             self.stats.forward_steps += 1
             self.stats.tokens_computed += plan.tokens
         for chunk in reversed(plan.chunks):
             node = chunk.node
-            node.done, node.last_used = chunk.end, self.clock
-            for anc in node.ancestors():
-                anc.last_used = self.clock
+            self.cache.computed(node, chunk.end)
             if node.kind is Kind.SEQUENCE:
                 continue  # the decode part of every step drives it
             if node.complete:
@@ -302,7 +318,7 @@ class Scheduler:
         if self._emit(TokenOut(req, token, lp)):
             self._complete(req)
         else:
-            self.leaf[req.id].tokens.append(token)
+            self.cache.extend(self.leaf[req.id], token)
 
     # ---- ending requests ---------------------------------------------------------------------------------------
     def _complete(self, req: Request):
@@ -316,7 +332,13 @@ class Scheduler:
         leaf = self.leaf.get(req.id)
         if leaf is not None:
             for node in (leaf, *leaf.ancestors()):
-                node.rows = [r for r in node.rows if r.request is not req]
+                rows = self.rows.get(node)
+                if rows:
+                    rows = [r for r in rows if r.request is not req]
+                    if rows:
+                        self.rows[node] = rows
+                    else:
+                        del self.rows[node]
             self.ready = [r for r in self.ready if r.request is not req]
         self._detach(req)
         self._emit(Finished(req, status, error))
@@ -327,18 +349,7 @@ class Scheduler:
             self.decoding.remove(req)
         leaf = self.leaf.pop(req.id, None)
         if leaf is not None:
-            leaf.users -= 1
-            self._release(leaf)
-
-    def _release(self, node: Node):
-        """Free a node nothing needs any more, and then its parent if that leaves it unneeded too."""
-        while node is not self.root and node.users == 0 and not node.children and not node.rows:
-            if self.keep_cache and node.kind is Kind.SHARED and node.complete:
-                return  # stays as cache; evicted LRU when pages run short
-            node.release_pages(self.kv)
-            parent = node.parent
-            del parent.children[node.key]
-            node = parent
+            self.cache.unlock(leaf)
 
     def _fail_subtree(self, node: Node):
         path = [*node.ancestors(), node]
@@ -353,8 +364,8 @@ class Scheduler:
 
     # ---- memory ------------------------------------------------------------------------------------------------
     def _push(self, node: Node):
-        if not node.queued and not node.complete:
-            node.queued = True
+        if node not in self.queued and not node.complete:
+            self.queued.add(node)
             self.stack.append(node)
 
     def _push_frontier(self, node: Node):
@@ -373,43 +384,21 @@ class Scheduler:
 
     def _room(self, node: Node, end: int, protected: set[int], may_preempt: bool) -> bool:
         """Pages for node's tokens [0, end): evict cached leaves, then (if allowed) preempt."""
-        while not node.ensure_slots(end, self.kv):
-            if self._evict(end - node.done):
+        while not self.cache.reserve(node, end):
+            evicted = self.cache.evict(end - node.done)
+            if evicted:
+                self.stats.evicted_nodes += evicted
                 continue
             if not may_preempt:
                 return False
-            keep = protected | {id(node)} | {id(a) for a in node.ancestors()}
-            victims = [n for n in walk(self.root) if n.pages and id(n) not in keep]
-            if not victims:
+            victim = self.cache.preempt(protected | {id(node)} | {id(a) for a in node.ancestors()})
+            if victim is None:
                 return False
-            victim = min(victims, key=lambda n: n.last_used)
-            victim.release_pages(self.kv)
             self.stats.preemptions += 1
-            if victim.kind is not Kind.SEQUENCE and (victim.rows or victim.users):
+            if victim.kind is not Kind.SEQUENCE and (victim in self.rows or victim.users):
                 self._push(victim)  # still needed by its own requests (one with children is pushed by them)
         return True
 
-    def _evict(self, tokens: int) -> bool:
-        """Free least-recently-used cached leaves (complete, unreferenced) until `tokens` fit."""
-        leaves = [n for n in walk(self.root) if self._evictable(n)]
-        freed = False
-        while leaves and self.kv.page_size * len(self.kv.free_pages) < tokens:
-            victim = min(leaves, key=lambda n: n.last_used)
-            leaves.remove(victim)
-            parent = victim.parent
-            victim.release_pages(self.kv)
-            del parent.children[victim.key]
-            self.stats.evicted_nodes += 1
-            freed = True
-            if parent is not self.root and self._evictable(parent):
-                leaves.append(parent)
-        return freed
-
-    @staticmethod
-    def _evictable(n: Node) -> bool:
-        return (n.kind is Kind.SHARED and n.complete and n.users == 0 and not n.children and not n.rows
-                and not n.queued)
-
     def check_pages(self):
         """Reference counts equal the nodes holding each page; no page leaked or freed twice (tests call it)."""
-        self.kv.check([n.pages for n in walk(self.root)])
+        self.cache.check()

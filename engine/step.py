@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .model import StepBatch
-from .prefix_tree import Node
+from .prefix_cache import Node
 
 
 

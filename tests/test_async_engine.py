@@ -75,4 +75,4 @@ def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
     first, stats = run(main())
     assert first.token_id is not None and stats["in_flight"] == 0
     assert stats["running"] == stats["waiting"] == 0 and not eng.has_pending()
-    eng.scheduler.check_pages()
+    eng.check_pages()

@@ -77,7 +77,7 @@ def test_arrival_order_and_interleaving_change_nothing(tiny):
     handles = [add(eng, it) for it in items]
     eng.run()
     assert_same([outcome(h) for h in handles], want)
-    eng.scheduler.check_pages()
+    eng.check_pages()
     assert eng.kv.used_pages == 0
     # shuffled, on one engine that keeps its cache between requests
     order = list(range(len(items)))
@@ -93,7 +93,7 @@ def test_arrival_order_and_interleaving_change_nothing(tiny):
         eng.run()
         assert_same([outcome(h)], [want[i]])
     assert eng.stats.cache_hit_tokens > hits
-    eng.scheduler.check_pages()
+    eng.check_pages()
     # interleaved: requests arrive while earlier ones are being computed; results arrive when each is done
     eng = engine(tiny, token_budget=24)
     rng = random.Random(2)
@@ -108,7 +108,7 @@ def test_arrival_order_and_interleaving_change_nothing(tiny):
         finished_early += sum(1 for h in done if pending)
     assert finished_early > 0  # results come out while later requests are still arriving
     assert_same([outcome(handles[i]) for i in range(len(items))], want)
-    eng.scheduler.check_pages()
+    eng.check_pages()
     assert eng.kv.used_pages == 0
 
 
@@ -156,7 +156,7 @@ def test_kv_pressure_gives_the_unpressured_results(tiny):
     eng.run()
     assert_same([outcome(h) for h in handles], want)
     assert eng.stats.preemptions > 0 and eng.stats.kv_waits > 0
-    eng.scheduler.check_pages()
+    eng.check_pages()
     assert eng.kv.used_pages == 0
 
 
@@ -179,7 +179,7 @@ def test_a_request_that_cannot_fit_fails_alone(tiny):
     eng.run()
     assert a1.result().num_tokens == 1 and a2.result().num_tokens == 1
     assert b.status is Status.FAILED and "needs 6 pages of KV cache" in str(b.error)
-    eng.scheduler.check_pages()
+    eng.check_pages()
     with pytest.raises(UserError, match="request 0: 81 tokens exceed"):
         engine(tiny, kv_tokens=64, page_size=8).score([(list(range(10, 90)), [5])])
 
@@ -241,7 +241,7 @@ def test_abort_frees_everything_and_stats(tiny):
     eng.run()
     assert gen.status is Status.ABORTED and score.result().num_tokens == 2
     assert eng.kv.used_pages == 0
-    eng.scheduler.check_pages()
+    eng.check_pages()
     s = score.stats
     assert s["tokens_requested"] == 31 and s["total_seconds"] > 0 and s["step_seconds"] > 0
     assert s["cache_hit_tokens"] == 0 and s["tokens_computed"] == 31 and s["wait_seconds"] > 0
@@ -253,16 +253,16 @@ def test_abort_frees_everything_and_stats(tiny):
 def test_page_refcounts_catch_double_free_and_leak(tiny):
     eng = engine(tiny, page_size=4)
     eng.score([(list(range(10, 30)), [1])])
-    eng.scheduler.check_pages()
+    eng.check_pages()
     pages = eng.kv.alloc(2)
     with pytest.raises(PageError, match="refcount"):
-        eng.scheduler.check_pages()  # a leak: pages referenced by no node
+        eng.check_pages()  # a leak: pages referenced by no node
     eng.kv.release(pages)
     with pytest.raises(PageError, match="double free"):
         eng.kv.release(pages)
     with pytest.raises(PageError, match="free page"):
         eng.kv.incref(pages[:1])
-    eng.scheduler.check_pages()
+    eng.check_pages()
 
 
 def test_cached_rows_survive_a_split_before_the_next_step(tiny):
@@ -275,7 +275,7 @@ def test_cached_rows_survive_a_split_before_the_next_step(tiny):
     want = engine(tiny).score([(ctx[:20], [30, 31, 32]), (ctx[:12] + [7, 8], [9])], share_prefix=False)
     assert again.result().token_logprobs == pytest.approx(want[0].token_logprobs, abs=1e-5)
     assert splitter.result().token_logprobs == pytest.approx(want[1].token_logprobs, abs=1e-5)
-    eng.scheduler.check_pages()
+    eng.check_pages()
 
 
 def test_more_sequences_than_the_token_budget_all_progress(tiny):
