@@ -183,7 +183,7 @@ def part_threads(args, config, weights, tok) -> dict:
                 engine.score(job[:2], share_prefix=False)
                 with timed() as t:
                     engine.score(job, share_prefix=False)
-                tokens = engine.last_stats["tokens_computed"]
+                tokens = engine.last_stats.tokens_computed
                 out[(label, name)] = tokens / t.wall
                 rows.append([label, load_average(), name, t.wall, tokens / t.wall])
         finally:

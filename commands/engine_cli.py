@@ -98,7 +98,7 @@ def cmd_score(args) -> int:
             for (line, row), res in zip(part, results):
                 tables.write_result(out, row, res, args.input, line)
             for key in totals:
-                value = eng.last_stats.get(key) or 0  # an engine may not count everything
+                value = getattr(eng.last_stats, key)
                 totals[key] = max(totals[key], value) if key == "peak_kv_pages" else totals[key] + value
             bar.update(len(part))
     print(f"scored {len(todo)} requests: {totals['tokens_computed']} tokens computed of {totals['tokens_requested']} "

@@ -34,7 +34,7 @@ from .errors import UserError
 from .loader import load_model_info
 from .requests import Generation, ScoreResult, encode_pairs, prompt_ids
 from .validation import Limits, check_generate, check_score
-from .scheduler import new_stats
+from .stats import EngineStats
 
 SHARDS_PER_WORKER = 2
 STATS = ("tokens_requested", "tokens_computed", "forward_steps")
@@ -143,7 +143,7 @@ class EngineWorker:
         table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
         stats = self.engine.last_stats
         for name in STATS:  # this call's engine counters, on its first row
-            table = table.append_column(f"_{name}", pa.array([stats[name]] + [0] * (len(rows) - 1), pa.int64()))
+            table = table.append_column(f"_{name}", pa.array([getattr(stats, name)] + [0] * (len(rows) - 1), pa.int64()))
         seconds = time.perf_counter() - start
         table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
         return table.append_column("_worker", pa.array([self.worker] * len(rows)))
@@ -211,7 +211,8 @@ class DistributedEngine:
         self.options = EngineOptions.checked(**{k: v for k, v in cluster.engine_options.items()
                                                 if k in ("kv_tokens", "token_budget", "keep_cache")})  # each worker's
         self.limits = Limits.of(self.config, self.options.kv_tokens, self.options.page_size)
-        self.last_stats = new_stats()
+        self.last_stats = EngineStats()
+        self.busy_seconds: dict[str, float] = {}  # the last score call's seconds in Engine.score, per worker
         self.last_plan: Plan | None = None
         self._gpus = str(cluster.engine_options.get("device")).startswith("cuda")
         self._workers = None  # the Ray actors, once started
@@ -287,12 +288,12 @@ class DistributedEngine:
         c, done = self.cluster, set(done)
         todo = [i for i in range(len(encoded)) if i not in done]
         results: list[ScoreResult | None] = [None] * len(encoded)
-        self.last_stats = stats = {**new_stats(), "busy_seconds": {}}  # busy: worker -> seconds in Engine.score
-        stats["requests"] = len(todo)
+        self.last_stats = stats = EngineStats(requests=len(todo))
+        self.busy_seconds = busy = {}
         if not todo:
             return results
         plan = self.last_plan = plan_shards([encoded[i] for i in todo], c.workers * SHARDS_PER_WORKER, naive=c.naive)
-        stats["unique_tokens"] = sum(plan.shard_tokens)
+        stats.unique_tokens = sum(plan.shard_tokens)
         members = [[] for _ in range(plan.shards)]
         for i, s in zip(todo, plan.shard):
             members[s].append(i)
@@ -302,9 +303,9 @@ class DistributedEngine:
         bar = tqdm(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress)
         for table in blocks:
             for name in STATS:
-                stats[name] += sum(table.column(f"_{name}").to_pylist())
+                setattr(stats, name, getattr(stats, name) + sum(table.column(f"_{name}").to_pylist()))
             worker = table.column("_worker")[0].as_py()
-            stats["busy_seconds"][worker] = stats["busy_seconds"].get(worker, 0.0) + sum(
+            busy[worker] = busy.get(worker, 0.0) + sum(
                 table.column("_seconds").to_pylist())
             for row in table.to_pylist():
                 i = row["_row"]

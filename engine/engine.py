@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields
@@ -28,7 +29,8 @@ from .model import LlamaModel
 from .requests import (GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status, TokenEvent,
                        encode_pairs, prompt_ids)
 from .sampling import new_generator, sample
-from .scheduler import Scheduler, new_stats
+from .scheduler import Scheduler
+from .stats import EngineStats
 from .step import build_step
 from .validation import Limits, RequestError, check_generate, check_score
 
@@ -115,7 +117,12 @@ class Engine:
         self.limits = Limits.of(config, self.options.kv_tokens, self.options.page_size)  # what one request may hold
         self.scheduler = Scheduler(self.kv, self.options.token_budget, self.options.keep_cache)
         self.step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
-        self.last_stats = new_stats()
+        self.last_stats = EngineStats()  # the counters of the last score() / generate() call
+        self._peak_before = 0  # the most KV pages held at once before the cache's current peak was started
+        # One lock for the loop's state: add_*, abort, stats and count may be called from any thread while another
+        # steps; a step holds it from planning to recording (callers on the loop's own thread pay an uncontended
+        # acquire per call).
+        self._lock = threading.RLock()
         self._next_id = 0
         tok = tokenizer
         self.eos = set(tok.eos_ids) | ({tok.eos_id} if tok.eos_id is not None else set())
@@ -138,18 +145,20 @@ class Engine:
         return cls(config, weights, tokenizer, dtype=dtype, device=device, **vars(opts))
 
     @property
-    def stats(self) -> dict:
-        """Counters since the engine was made (requests, tokens computed, cache hits, steps, ...)."""
-        return dict(self.scheduler.stats, kv_pages_used=self.kv.used_pages, kv_pages_total=self.kv.num_pages,
-                    running=self.count(Status.RUNNING), waiting=self.count(Status.WAITING))
+    def stats(self) -> EngineStats:
+        """A snapshot: the counters since the engine was made (requests, tokens computed, cache hits, steps, ...)
+        and the state now (KV pages held, requests running and waiting). Safe from any thread."""
+        with self._lock:
+            stats = self.scheduler.stats.copy()
+            stats.peak_kv_pages = max(self._peak_before, self.kv.peak_used)
+            stats.kv_pages_used, stats.kv_pages_total = self.kv.used_pages, self.kv.num_pages
+            stats.running, stats.waiting = self.count(Status.RUNNING), self.count(Status.WAITING)
+            return stats
 
     def count(self, status: Status) -> int:
-        """Requests in flight with this status (safe to call from another thread)."""
-        while True:
-            try:
-                return sum(1 for r in list(self.scheduler.active.values()) if r.status is status)
-            except RuntimeError:  # the loop's thread changed the dict meanwhile
-                continue
+        """Requests in flight with this status (safe from any thread)."""
+        with self._lock:
+            return self.scheduler.count(status)
 
     # ---- the loop ------------------------------------------------------------------------------------------
     def add_score(self, context, continuation, top_k: int = 0, share_prefix: bool = True,
@@ -162,39 +171,41 @@ class Engine:
                       label: str | None = None) -> Request:
         """add_score for a request already encoded (requests.encode_pairs)."""
         ctx, cont = context, continuation
-        rid = self._new_id()
-        req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
-        try:
-            check_score(ctx, cont, top_k, self.limits, label=req.label)
-        except UserError as e:
-            self._admit(req, e)
-        else:
-            self._admit(req, None, share_prefix)
-        return req
+        with self._lock:
+            rid = self._new_id()
+            req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
+            try:
+                check_score(ctx, cont, top_k, self.limits, label=req.label)
+            except UserError as e:
+                self._admit(req, e)
+            else:
+                self._admit(req, None, share_prefix)
+            return req
 
     def add_generate(self, prompt, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                      seed: int | None = None, stop: list[str] | None = None, on_token=None,
                      label: str | None = None) -> Request:
         """Generate from one prompt (text or token ids); on_token(TokenEvent) is called (in the engine's thread)
         after every token. Returns the handle; its result() is a Generation."""
-        rid = self._new_id()
-        label = label or f"request {rid}"
-        error, ids = None, [0]
-        try:
-            ids = prompt_ids(self.tokenizer, prompt)
-            check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
-        except UserError as e:
-            error = e
-        req = GenerateRequest(rid, label, ids, max_tokens if error is None else 0, temperature, top_p,
-                              new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
-                              [s for s in (stop or []) if s], self.eos,
-                              lambda out: self.tokenizer.decode(out, skip_special_tokens=True), on_token)
-        if error is None and max_tokens == 0:
-            req.finish_reason = "length"
-            req._finish(Status.FINISHED)
+        with self._lock:
+            rid = self._new_id()
+            label = label or f"request {rid}"
+            error, ids = None, [0]
+            try:
+                ids = prompt_ids(self.tokenizer, prompt)
+                check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
+            except UserError as e:
+                error = e
+            req = GenerateRequest(rid, label, ids, max_tokens if error is None else 0, temperature, top_p,
+                                  new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
+                                  [s for s in (stop or []) if s], self.eos,
+                                  lambda out: self.tokenizer.decode(out, skip_special_tokens=True), on_token)
+            if error is None and max_tokens == 0:
+                req.finish_reason = "length"
+                req._finish(Status.FINISHED)
+                return req
+            self._admit(req, error)
             return req
-        self._admit(req, error)
-        return req
 
     def _admit(self, req: Request, error: UserError | None, share_prefix: bool = True):
         if error is not None:
@@ -211,9 +222,10 @@ class Engine:
 
     def abort(self, handle: Request) -> None:
         """Stop a request: it finishes ABORTED at the next step (safe from any thread)."""
-        handle.abort()
+        with self._lock:
+            handle.abort()
 
-    def _score(self, plan) -> tuple[list, list, list, list]:
+    def _score(self, plan) -> tuple[tuple[list, list, list, list], int]:
         """The step's score rows through the fused LM head + log-softmax: (log-probs, is_greedy, top ids, top
         log-probs) per row. Rows asking the same (one position's hidden state, one target: requests that arrived
         before their shared prefix was computed) go through it once."""
@@ -232,25 +244,29 @@ class Engine:
         if len(pick) < len(inverse):
             idx = torch.tensor(pick, device=self.device)
             hidden, targets = hidden[idx], targets[idx]
-        self.scheduler.stats["lm_head_rows"] += len(pick)
         out = self.model.target_logprobs(hidden, targets, top_k=top_k)
         if top_k:
             lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
         else:
             (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(pick), [None] * len(pick)
-        return tuple([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps))
+        return tuple([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps)), len(pick)
 
-    @torch.inference_mode()
     def step(self) -> list[Request]:
         """Run one step of the loop; returns the requests that finished (or failed, or were aborted) in it."""
+        with self._lock:
+            return self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> list[Request]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.chunks:
             batch = build_step(plan.chunks, self.device)
             self.kv.hidden[batch.write_slots] = self.model.forward(batch, self.kv)
         score_out = sample_out = None
+        lm_head_rows = 0
         if plan.score_rows:
-            score_out = self._score(plan)
+            score_out, lm_head_rows = self._score(plan)
         if plan.sample_rows:
             reqs = [r for _, r in plan.sample_rows]
             slots = torch.tensor([s for s, _ in plan.sample_rows], device=self.device)
@@ -261,15 +277,15 @@ class Engine:
         seconds = time.perf_counter() - t0
         if not plan.empty:
             self.step_seconds.append(seconds)
-        return self.scheduler.postprocess(plan, score_out, sample_out, seconds)
+        return self.scheduler.postprocess(plan, score_out, sample_out, seconds, lm_head_rows)
 
     def run(self, handles: list[Request] | None = None, progress=None):
         """Step until the given requests (default: all pending ones) are done."""
         while (self.has_pending() if handles is None else not all(h.done for h in handles)):
-            before = self.scheduler.stats["tokens_computed"]
+            before = self.scheduler.stats.tokens_computed
             self.step()
             if progress is not None:
-                progress.update(self.scheduler.stats["tokens_computed"] - before)
+                progress.update(self.scheduler.stats.tokens_computed - before)
 
     # ---- closed jobs: add all, run, collect ------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0
@@ -296,18 +312,18 @@ class Engine:
                                      label=f"prompt {i}") for i, ids in enumerate(encoded)]
         return self._job_end(start, handles, "generating", progress)
 
-    def _job_start(self) -> tuple[dict, int]:
-        self.kv.peak_used = self.kv.used_pages
-        return dict(self.scheduler.stats), self.scheduler.pending_tokens()
+    def _job_start(self) -> tuple[EngineStats, int]:
+        with self._lock:
+            self._peak_before = max(self._peak_before, self.kv.reset_peak())
+            return self.scheduler.stats.copy(), self.scheduler.pending_tokens()
 
     def _job_end(self, start, handles, desc, progress):
         before, pending_before = start
         unique = self.scheduler.pending_tokens() - pending_before
         with tqdm(total=unique, unit="tok", desc=desc, disable=not progress) as bar:
             self.run(handles, bar)
-        after = self.scheduler.stats
-        stats = {k: after[k] - before[k] for k in after}
-        stats.update(unique_tokens=unique, peak_kv_pages=self.kv.peak_used)
+        stats = self.stats.since(before)
+        stats.unique_tokens, stats.peak_kv_pages = unique, self.kv.peak_used
         self.last_stats = stats
         for i, h in enumerate(handles):  # a failed request raises with its index in the call
             if isinstance(h.error, RequestError):

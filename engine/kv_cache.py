@@ -30,11 +30,16 @@ class KVCache:
         self.epoch = [0] * num_pages  # bumped each time a page is handed out: older memo entries are stale
         self.memo: dict[int, tuple] = {}  # slot -> (epoch, logprob, is_greedy, top ids, top logprobs)
         self.free_pages = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
-        self.peak_used = 0
+        self.peak_used = 0  # the most pages held at once since the last reset_peak()
 
     @property
     def used_pages(self) -> int:
         return self.num_pages - len(self.free_pages)
+
+    def reset_peak(self) -> int:
+        """Start a new peak from the pages held now; returns the peak before."""
+        peak, self.peak_used = self.peak_used, self.used_pages
+        return peak
 
     def alloc(self, n: int) -> list[int] | None:
         """n fresh pages (refcount 1), or None when fewer than n are free."""

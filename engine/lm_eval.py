@@ -28,7 +28,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from .engine import Engine, EngineOptions, new_stats
+from .engine import Engine, EngineOptions
 from .errors import UserError
 from .validation import RequestError
 from .device import resolve_device
@@ -215,10 +215,10 @@ class EngineLM(LM):
         stats = self.engine.last_stats
         totals = self.totals.setdefault(kind, {k: 0 for k in STAT_KEYS})
         for k in STAT_KEYS:
-            totals[k] += stats.get(k, 0)
+            totals[k] += getattr(stats, k)
         log.info("%s %s: %d requests, %d tokens requested, %d computed, %d cache hits, %d forward steps",
-                 NAME, kind, n, stats.get("tokens_requested", 0), stats.get("tokens_computed", 0),
-                 stats.get("cache_hit_tokens", 0), stats.get("forward_steps", 0))
+                 NAME, kind, n, stats.tokens_requested, stats.tokens_computed, stats.cache_hit_tokens,
+                 stats.forward_steps)
 
     def _truncate(self, encoded: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's rule for a request longer than max_length: the model reads the last max_length tokens of

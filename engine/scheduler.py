@@ -23,6 +23,7 @@ from .validation import RequestError
 from .kv_cache import KVCache
 from .prefix_tree import Kind, Node, insert, walk
 from .requests import GenerateRequest, Request, ScoreRequest, Status
+from .stats import EngineStats
 from .step import Chunk
 
 
@@ -43,15 +44,6 @@ class StepPlan:
         return not (self.chunks or self.score_rows or self.sample_rows)
 
 
-def new_stats() -> dict:
-    """Engine counters. kv_waits: times a chunk waited for pages; memo_hits: scored tokens answered from the memo
-    (kv_cache.py) without the LM head; lm_head_rows: rows that went through the LM head (scored tokens asked by
-    several requests in one step count once); unique_tokens and peak_kv_pages are set per job by the wrappers."""
-    return dict(requests=0, tokens_requested=0, tokens_computed=0, unique_tokens=0, cache_hit_tokens=0,
-                peak_kv_pages=0, forward_steps=0, preemptions=0, evicted_nodes=0, kv_waits=0, memo_hits=0,
-                generated_tokens=0, scored_tokens=0, lm_head_rows=0)
-
-
 class Scheduler:
     def __init__(self, kv: KVCache, token_budget: int, keep_cache: bool):
         self.kv, self.budget, self.keep_cache = kv, token_budget, keep_cache
@@ -61,13 +53,13 @@ class Scheduler:
         self.ready: list[tuple[int, ScoreRequest, int, int, int]] = []  # score rows of tokens already computed
         self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
-        self.stats = new_stats()
+        self.stats = EngineStats()  # its counters (the state fields and peak_kv_pages: Engine.stats)
         self.clock = 0
 
     # ---- admission -----------------------------------------------------------------------------------------
     def add(self, req: Request, share_prefix: bool = True):
-        self.stats["requests"] += 1
-        self.stats["tokens_requested"] += req.stats["tokens_requested"]
+        self.stats.requests += 1
+        self.stats.tokens_requested += req.stats["tokens_requested"]
         self.active[req.id] = req
         if isinstance(req, ScoreRequest):
             self._add_score(req, share_prefix)
@@ -94,7 +86,7 @@ class Scheduler:
                 target_slot = node.slot(off + 1) if off + 1 < node.done else -1
                 known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
                 if known is not None:  # scored before: the same numbers, no LM head
-                    self.stats["memo_hits"] += 1
+                    self.stats.memo_hits += 1
                     self._record_score(req, j, *known)
                 else:
                     self.ready.append((node.slot(off), req, j, full[p + 1], target_slot))
@@ -120,10 +112,14 @@ class Scheduler:
     def _hit(self, req: Request, reused: int):
         req.stats["cache_hit_tokens"] = reused
         req.stats["tokens_computed"] = req.stats["tokens_requested"] - reused
-        self.stats["cache_hit_tokens"] += reused
+        self.stats.cache_hit_tokens += reused
 
     def has_pending(self) -> bool:
         return bool(self.active or self.finished)
+
+    def count(self, status: Status) -> int:
+        """Requests in flight with this status."""
+        return sum(1 for r in self.active.values() if r.status is status)
 
     def pending_tokens(self) -> int:
         return sum(len(n) - n.done for n in walk(self.root))
@@ -151,7 +147,7 @@ class Scheduler:
                 self.decoding = self.decoding[i:] + self.decoding[:i]
                 break
             if not self._room(node, node.done + n, protected, may_preempt=True):
-                self.stats["kv_waits"] += 1
+                self.stats.kv_waits += 1
                 blocked = blocked or node
                 continue
             self._plan_chunk(plan, node, n, protected)
@@ -174,7 +170,7 @@ class Scheduler:
                 continue
             n = min(len(node) - node.done, budget)
             if not self._room(node, node.done + n, protected, may_preempt=plan.empty):
-                self.stats["kv_waits"] += 1
+                self.stats.kv_waits += 1
                 if plan.empty:
                     blocked = node
                 break
@@ -196,13 +192,16 @@ class Scheduler:
                                 for off, req, j, tgt in node.rows if a <= off < b]
             node.rows = [r for r in node.rows if not a <= r[0] < b]
 
-    def postprocess(self, plan: StepPlan, score_out=None, sample_out=None, seconds: float = 0.0) -> list[Request]:
-        """Record a computed step. score_out: (logprobs, greedy, top ids, top logprobs) lists per score row;
-        sample_out: (tokens, logprobs) lists per sample row. Returns the requests finished since the last step."""
+    def postprocess(self, plan: StepPlan, score_out=None, sample_out=None, seconds: float = 0.0,
+                    lm_head_rows: int = 0) -> list[Request]:
+        """Record a computed step. score_out: (logprobs, greedy, top ids, top logprobs) lists per score row, of
+        which lm_head_rows went through the LM head; sample_out: (tokens, logprobs) lists per sample row. Returns
+        the requests finished since the last step."""
         self.clock += 1
+        self.stats.lm_head_rows += lm_head_rows
         if plan.chunks:
-            self.stats["forward_steps"] += 1
-            self.stats["tokens_computed"] += plan.tokens
+            self.stats.forward_steps += 1
+            self.stats.tokens_computed += plan.tokens
         for node, a, b in reversed(plan.chunks):
             node.done, node.last_used = b, self.clock
             for anc in node.ancestors():
@@ -230,7 +229,6 @@ class Scheduler:
                     self._record_token(req, token, lp)
         for req in touched.values():
             req.stats["step_seconds"] += seconds
-        self.stats["peak_kv_pages"] = max(self.stats["peak_kv_pages"], self.kv.used_pages)
         done, self.finished = self.finished, []
         return done
 
@@ -243,7 +241,7 @@ class Scheduler:
         req.logprobs[j], req.greedy[j] = lp, greedy
         if req.top is not None:
             req.top[j] = list(zip(top_ids[:req.top_k], top_lps[:req.top_k]))
-        self.stats["scored_tokens"] += 1
+        self.stats.scored_tokens += 1
         req.pending -= 1
         if req.pending == 0:
             self._complete(req)
@@ -253,7 +251,7 @@ class Scheduler:
             self.drop(req, Status.FAILED, RequestError(
                 "the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label))
             return
-        self.stats["generated_tokens"] += 1
+        self.stats.generated_tokens += 1
         req.stats["generated_tokens"] += 1
         req.stats["tokens_computed"] += 1
         if token in req.eos:
@@ -351,7 +349,7 @@ class Scheduler:
                 return False
             victim = min(victims, key=lambda n: n.last_used)
             victim.release_pages(self.kv)
-            self.stats["preemptions"] += 1
+            self.stats.preemptions += 1
             if victim.kind is not Kind.SEQUENCE and (victim.rows or victim.users):
                 self._push(victim)  # still needed by its own requests (one with children is pushed by them)
         return True
@@ -366,7 +364,7 @@ class Scheduler:
             parent = victim.parent
             victim.release_pages(self.kv)
             del parent.children[victim.key]
-            self.stats["evicted_nodes"] += 1
+            self.stats.evicted_nodes += 1
             freed = True
             if parent is not self.root and self._evictable(parent):
                 leaves.append(parent)

@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from engine.errors import UserError
@@ -191,16 +192,16 @@ class MeteredEngine:
         return self._counted(self.engine.generate, args, kwargs)
 
     def _counted(self, call, args, kwargs):
-        before = getattr(self.engine, "last_stats", {})
-        snapshot = dict(before)
+        before = self.engine.last_stats
+        snapshot = asdict(before)
         t0 = time.perf_counter()
         try:
             return call(*args, **kwargs)
         finally:
-            after = getattr(self.engine, "last_stats", {})
-            base = snapshot if after is before else {}  # a call may add to the same dict instead of a new one
+            after = self.engine.last_stats
+            base = snapshot if after is before else {}  # a call may add to the same object instead of a new one
             for k in STAT_KEYS[:-1]:
-                self.stats[k] += after.get(k, 0) - base.get(k, 0)
+                self.stats[k] += getattr(after, k) - base.get(k, 0)
             self.stats["seconds"] += time.perf_counter() - t0
 
 

@@ -87,12 +87,12 @@ def test_arrival_order_and_interleaving_change_nothing(tiny):
     eng.run()
     assert_same([outcome(handles[i]) for i in range(len(items))], want)
     # one by one, each run to the end before the next (online cache hits)
-    hits = eng.stats["cache_hit_tokens"]
+    hits = eng.stats.cache_hit_tokens
     for i, item in enumerate(items):
         h = add(eng, item)
         eng.run()
         assert_same([outcome(h)], [want[i]])
-    assert eng.stats["cache_hit_tokens"] > hits
+    assert eng.stats.cache_hit_tokens > hits
     eng.scheduler.check_pages()
     # interleaved: requests arrive while earlier ones are being computed; results arrive when each is done
     eng = engine(tiny, token_budget=24)
@@ -118,7 +118,7 @@ def test_wrappers_match_the_loop_and_share_in_flight(tiny):
     eng = engine(tiny)
     batch = eng.score(scores)
     s = eng.last_stats
-    assert s["requests"] == len(scores) and s["tokens_computed"] == s["unique_tokens"]
+    assert s.requests == len(scores) and s.tokens_computed == s.unique_tokens
     unshared = engine(tiny).score(scores, share_prefix=False)
     assert [r.logprob for r in batch] == pytest.approx([r.logprob for r in unshared], abs=1e-5)
     # a request whose whole prefix is already cached needs the LM head only: no layer is recomputed for it
@@ -126,7 +126,7 @@ def test_wrappers_match_the_loop_and_share_in_flight(tiny):
     ctx, cont = scores[0]
     cold = eng.score([(ctx, cont)])[0]
     again = eng.score([(ctx, cont[:1]), (ctx, cont)])
-    assert eng.last_stats["tokens_computed"] == 0 and eng.last_stats["forward_steps"] == 0
+    assert eng.last_stats.tokens_computed == 0 and eng.last_stats.forward_steps == 0
     assert again[1].token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-5)
     assert again[0].token_logprobs[0] == pytest.approx(cold.token_logprobs[0], abs=1e-5)
 
@@ -155,7 +155,7 @@ def test_kv_pressure_gives_the_unpressured_results(tiny):
     handles = [add(eng, it) for it in items]
     eng.run()
     assert_same([outcome(h) for h in handles], want)
-    assert eng.stats["preemptions"] > 0 and eng.stats["kv_waits"] > 0
+    assert eng.stats.preemptions > 0 and eng.stats.kv_waits > 0
     eng.scheduler.check_pages()
     assert eng.kv.used_pages == 0
 
@@ -306,13 +306,13 @@ def test_scored_tokens_are_remembered_beside_the_cache(tiny):
     ctx, cont = list(range(10, 40)), [5, 6, 7, 8]
     cold = eng.score([(ctx, cont)], top_k=3)[0]
     again = eng.score([(ctx, cont)], top_k=2)[0]  # the first three tokens from the memo, the last from the LM head
-    assert eng.last_stats["memo_hits"] == len(cont) - 1 and eng.last_stats["forward_steps"] == 0
+    assert eng.last_stats.memo_hits == len(cont) - 1 and eng.last_stats.forward_steps == 0
     assert again.token_logprobs[:3] == cold.token_logprobs[:3]  # the very numbers computed before
     assert again.token_logprobs[3] == pytest.approx(cold.token_logprobs[3], abs=1e-5)  # from the kept hidden state
     assert again.greedy_tokens == cold.greedy_tokens
     assert again.top_logprobs[:3] == [t[:2] for t in cold.top_logprobs[:3]]
     wider = eng.score([(ctx, cont)], top_k=5)[0]  # more alternatives than remembered: computed again
-    assert eng.last_stats["memo_hits"] == 0
+    assert eng.last_stats.memo_hits == 0
     assert wider.token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-6)
 
 
@@ -346,8 +346,8 @@ def test_rows_asked_by_several_requests_go_through_the_lm_head_once(tiny):
     handles = [eng.add_score(context, c, top_k=2) for c in conts * 3]  # 9 requests, 3 distinct
     eng.run()
     rows = sum(len(c) for c in conts) * 3
-    assert eng.stats["scored_tokens"] == rows
-    assert eng.stats["lm_head_rows"] == 5  # 50 (x2 conts), 51 after 50, 52, 60, 70: positions x targets
+    assert eng.stats.scored_tokens == rows
+    assert eng.stats.lm_head_rows == 5  # 50 (x2 conts), 51 after 50, 52, 60, 70: positions x targets
     for h, c in zip(handles, conts * 3):
         alone = engine(tiny).score([(context, c)], top_k=2)[0]
         assert h.result().token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-5)
