@@ -3,9 +3,10 @@ submit requests and await them, or iterate over a sequence's tokens as they are 
 
 It drives the engine through its declared interface only (engine/protocol.py: add_score_ids / add_generate / abort /
 step / has_pending / stats), and only from the worker thread: a coroutine posts a command into the inbox, the worker
-runs it between two steps, and results come back to the event loop with call_soon_threadsafe. Nothing is read
-across threads while the worker may change it: the worker publishes a snapshot of the engine's counters (when it
-goes idle, and at most every SNAPSHOT_SECONDS while busy), and the front's own step times sit under its lock. A
+runs it between two steps, and results come back to the event loop with call_soon_threadsafe. The event loop
+never waits for a step: rather than take the engine's lock (held for a whole step) it reads a snapshot of the
+engine's counters that the worker publishes (before answering calls, when it goes idle, and at most every
+SNAPSHOT_SECONDS while busy); the front's own step times sit under its own lock, held for a copy. A
 cancelled awaiting task (a client gone) aborts its requests in the engine; `shutdown()` lets in-flight work finish.
 
 A step that raises is an engine bug, not a request's: every request in flight is aborted; each score request
@@ -20,11 +21,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field
 
 from .errors import EngineFailure
 from .protocol import EngineProtocol
 from .requests import Generation, Request, ScoreResult, TokenEvent, encode_pairs
+from .stats import EngineStats
 
 log = logging.getLogger("engine")
 SNAPSHOT_SECONDS = 0.05  # how stale the published counters may be while the loop is busy
@@ -60,7 +62,7 @@ class AsyncEngine:
         self._lock = threading.Lock()  # guards _in_flight and _step_seconds (read by the event loop's thread)
         self._in_flight = 0  # requests submitted and not done
         self._step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
-        self._snapshot = engine.stats  # the engine's counters as the worker last published them
+        self._snapshot: EngineStats = engine.stats  # the engine's counters as the worker last published them
         self._published = 0.0
         self._calls: set[_Call] = set()  # calls with requests in the engine (the worker thread's)
         self._completed: list[_Call] = []  # calls whose last request finished in this round, answered after it
@@ -270,13 +272,13 @@ class AsyncEngine:
 
     def queue_depth(self) -> int:
         """Requests submitted and not yet started (waiting for pages or for their turn)."""
-        return _as_dict(self._snapshot)["waiting"] + self._inbox.qsize()
+        return self._snapshot.waiting + self._inbox.qsize()
 
     def stats(self) -> dict:
         """The engine's counters (as last published by the worker), the queue, and the latest steps' times."""
         with self._lock:
             in_flight, steps = self._in_flight, list(self._step_seconds)
-        return {**_as_dict(self._snapshot), "queue_depth": self.queue_depth(), "in_flight": in_flight,
+        return {**asdict(self._snapshot), "queue_depth": self.queue_depth(), "in_flight": in_flight,
                 "step_seconds": steps}
 
     async def shutdown(self):
@@ -290,10 +292,6 @@ _STOP, _DONE = object(), object()
 
 def _failure(label: str, error: BaseException) -> EngineFailure:
     return EngineFailure(f"{label}: internal engine failure: {type(error).__name__}: {error}")
-
-
-def _as_dict(stats) -> dict:
-    return asdict(stats) if is_dataclass(stats) else dict(stats)
 
 
 def _set_result(fut, value):
