@@ -205,7 +205,12 @@ class AsyncEngine:
 
     def _abort(self, call: _Call):
         """From the event loop: abort the call's requests (in the worker thread, between two steps)."""
-        self._inbox.put(lambda: [self.engine.abort(h) for h in call.handles if not h.done])
+        self._inbox.put(lambda: self._abort_now(call))
+
+    def _abort_now(self, call: _Call):
+        for h in call.handles:
+            if not h.done:
+                self.engine.abort(h)
 
     # ---- the API ------------------------------------------------------------------------------------------------
     async def score(self, requests, top_k: int = 0) -> list[ScoreResult]:
@@ -245,20 +250,33 @@ class AsyncEngine:
                 self._abort(call)
 
     async def _submit(self, n: int, add, retry: list | None = None) -> _Call:
-        """Add n requests (add() -> their handles, run in the worker thread); the call, tracked until done."""
+        """Add n requests (add() -> their handles, run in the worker thread); the call, tracked until done. A caller
+        that gives up before the worker took its job (cancelled, say) leaves nothing behind: the job, when its turn
+        comes, adds nothing; one that gives up after has its requests aborted, counted out as they finish."""
         self._admit(n)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        state = {"taken": False, "abandoned": False, "call": None}  # under self._lock
 
         def job():
-            call = _Call(add(), lambda: loop.call_soon_threadsafe(_set_result, done, None), retry)
+            with self._lock:
+                if state["abandoned"]:
+                    return None
+                state["taken"] = True
+            call = state["call"] = _Call(add(), lambda: loop.call_soon_threadsafe(_set_result, done, None), retry)
             self._track(call)
             return call
 
         try:
             call = await self._call(job)
         except BaseException:
-            self._release(n)
+            with self._lock:
+                taken = state["taken"]
+                state["abandoned"] = True
+                if not taken:
+                    self._in_flight -= n
+            if taken:  # the job ran (or is running): its requests leave the engine, after it (the inbox is FIFO)
+                self._inbox.put(lambda: state["call"] is not None and self._abort_now(state["call"]))
             raise
         call.done = done  # the worker calls on_done through the event loop, so not before this line has run
         return call
