@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -144,7 +145,7 @@ def part_judge(args, config, weights, tok) -> dict:
                 for i in range(64)]
         scores = [engine.add_score(c, x) for c, x in scorings]
         engine.run()
-    s = engine.stats
+    s = asdict(engine.stats)
     unique = set()
     for c, x in scorings:
         unique |= {tuple((c + x)[:i]) for i in range(1, len(c + x))}

@@ -20,6 +20,7 @@ from .cli_args import ArgumentParser
 from engine.errors import UserError
 from .factory import add_engine_args
 from engine.requests import encode_pairs
+from engine.stats import EngineStats
 from engine.validation import RequestError, check_score
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
@@ -86,7 +87,7 @@ def cmd_score(args) -> int:
         from .ray_score import score_rows
         with tables.open_results(args.output, out_schema) as out:
             return score_rows(args, eng, todo, encoded, out)
-    totals = dict(tokens_computed=0, tokens_requested=0, forward_steps=0, peak_kv_pages=0)
+    totals = EngineStats()
     with tables.open_results(args.output, out_schema) as out, \
             tqdm(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
         for start in range(0, len(todo), CHUNK_ROWS):
@@ -97,12 +98,10 @@ def cmd_score(args) -> int:
                 raise _at_line(e, part, args.input) from None
             for (line, row), res in zip(part, results):
                 tables.write_result(out, row, res, args.input, line)
-            for key in totals:
-                value = getattr(eng.last_stats, key)
-                totals[key] = max(totals[key], value) if key == "peak_kv_pages" else totals[key] + value
+            totals = totals.plus(eng.last_stats)
             bar.update(len(part))
-    print(f"scored {len(todo)} requests: {totals['tokens_computed']} tokens computed of {totals['tokens_requested']} "
-          f"requested, {totals['forward_steps']} steps, peak {totals['peak_kv_pages']} KV pages", file=sys.stderr)
+    print(f"scored {len(todo)} requests: {totals.tokens_computed} tokens computed of {totals.tokens_requested} "
+          f"requested, {totals.forward_steps} steps, peak {totals.peak_kv_pages} KV pages", file=sys.stderr)
     return 0
 
 

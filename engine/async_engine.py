@@ -3,9 +3,10 @@ submit requests and await them, or iterate over a sequence's tokens as they are 
 
 It drives the engine through its declared interface only (engine/protocol.py: add_score_ids / add_generate / abort /
 step / has_pending / stats), and only from the worker thread: a coroutine posts a command into the inbox, the worker
-runs it between two steps, and results come back to the event loop with call_soon_threadsafe. Nothing is read
-across threads while the worker may change it: the worker publishes a snapshot of the engine's counters (when it
-goes idle, and at most every SNAPSHOT_SECONDS while busy), and the front's own step times sit under its lock. A
+runs it between two steps, and results come back to the event loop with call_soon_threadsafe. The event loop
+never waits for a step: rather than take the engine's lock (held for a whole step) it reads a snapshot of the
+engine's counters that the worker publishes (before answering calls, when it goes idle, and at most every
+SNAPSHOT_SECONDS while busy); the front's own step times sit under its own lock, held for a copy. A
 cancelled awaiting task (a client gone) aborts its requests in the engine; `shutdown()` lets in-flight work finish.
 
 A step that raises is an engine bug, not a request's: every request in flight is aborted; each score request
@@ -20,11 +21,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field
 
 from .errors import EngineFailure
 from .protocol import EngineProtocol
 from .requests import Generation, Request, ScoreResult, TokenEvent, encode_pairs
+from .stats import EngineStats
 
 log = logging.getLogger("engine")
 SNAPSHOT_SECONDS = 0.05  # how stale the published counters may be while the loop is busy
@@ -60,7 +62,7 @@ class AsyncEngine:
         self._lock = threading.Lock()  # guards _in_flight and _step_seconds (read by the event loop's thread)
         self._in_flight = 0  # requests submitted and not done
         self._step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
-        self._snapshot = engine.stats  # the engine's counters as the worker last published them
+        self._snapshot: EngineStats = engine.stats  # the engine's counters as the worker last published them
         self._published = 0.0
         self._calls: set[_Call] = set()  # calls with requests in the engine (the worker thread's)
         self._completed: list[_Call] = []  # calls whose last request finished in this round, answered after it
@@ -203,7 +205,12 @@ class AsyncEngine:
 
     def _abort(self, call: _Call):
         """From the event loop: abort the call's requests (in the worker thread, between two steps)."""
-        self._inbox.put(lambda: [self.engine.abort(h) for h in call.handles if not h.done])
+        self._inbox.put(lambda: self._abort_now(call))
+
+    def _abort_now(self, call: _Call):
+        for h in call.handles:
+            if not h.done:
+                self.engine.abort(h)
 
     # ---- the API ------------------------------------------------------------------------------------------------
     async def score(self, requests, top_k: int = 0) -> list[ScoreResult]:
@@ -243,20 +250,33 @@ class AsyncEngine:
                 self._abort(call)
 
     async def _submit(self, n: int, add, retry: list | None = None) -> _Call:
-        """Add n requests (add() -> their handles, run in the worker thread); the call, tracked until done."""
+        """Add n requests (add() -> their handles, run in the worker thread); the call, tracked until done. A caller
+        that gives up before the worker took its job (cancelled, say) leaves nothing behind: the job, when its turn
+        comes, adds nothing; one that gives up after has its requests aborted, counted out as they finish."""
         self._admit(n)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        state = {"taken": False, "abandoned": False, "call": None}  # under self._lock
 
         def job():
-            call = _Call(add(), lambda: loop.call_soon_threadsafe(_set_result, done, None), retry)
+            with self._lock:
+                if state["abandoned"]:
+                    return None
+                state["taken"] = True
+            call = state["call"] = _Call(add(), lambda: loop.call_soon_threadsafe(_set_result, done, None), retry)
             self._track(call)
             return call
 
         try:
             call = await self._call(job)
         except BaseException:
-            self._release(n)
+            with self._lock:
+                taken = state["taken"]
+                state["abandoned"] = True
+                if not taken:
+                    self._in_flight -= n
+            if taken:  # the job ran (or is running): its requests leave the engine, after it (the inbox is FIFO)
+                self._inbox.put(lambda: state["call"] is not None and self._abort_now(state["call"]))
             raise
         call.done = done  # the worker calls on_done through the event loop, so not before this line has run
         return call
@@ -270,13 +290,13 @@ class AsyncEngine:
 
     def queue_depth(self) -> int:
         """Requests submitted and not yet started (waiting for pages or for their turn)."""
-        return _as_dict(self._snapshot)["waiting"] + self._inbox.qsize()
+        return self._snapshot.waiting + self._inbox.qsize()
 
     def stats(self) -> dict:
         """The engine's counters (as last published by the worker), the queue, and the latest steps' times."""
         with self._lock:
             in_flight, steps = self._in_flight, list(self._step_seconds)
-        return {**_as_dict(self._snapshot), "queue_depth": self.queue_depth(), "in_flight": in_flight,
+        return {**asdict(self._snapshot), "queue_depth": self.queue_depth(), "in_flight": in_flight,
                 "step_seconds": steps}
 
     async def shutdown(self):
@@ -290,10 +310,6 @@ _STOP, _DONE = object(), object()
 
 def _failure(label: str, error: BaseException) -> EngineFailure:
     return EngineFailure(f"{label}: internal engine failure: {type(error).__name__}: {error}")
-
-
-def _as_dict(stats) -> dict:
-    return asdict(stats) if is_dataclass(stats) else dict(stats)
 
 
 def _set_result(fut, value):

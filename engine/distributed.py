@@ -34,10 +34,9 @@ from .errors import UserError
 from .loader import load_model_info
 from .requests import Generation, ScoreResult, encode_pairs, prompt_ids
 from .validation import Limits, check_generate, check_score
-from .stats import EngineStats
+from .stats import COUNTERS, EngineStats
 
 SHARDS_PER_WORKER = 2
-STATS = ("tokens_requested", "tokens_computed", "forward_steps")
 
 
 # ---- planning: shards along the prefix tree ---------------------------------------------------------------------
@@ -142,9 +141,9 @@ class EngineWorker:
             out = [asdict(g) for g in self.engine.generate(batch.column("prompt").to_pylist(), **(options or {}))]
         table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
         stats = self.engine.last_stats
-        for name in STATS:  # this call's engine counters, on its first row
-            first = getattr(stats, name)
-            table = table.append_column(f"_{name}", pa.array([first] + [0] * (len(rows) - 1), pa.int64()))
+        for name in COUNTERS:  # this call's engine counters, on its first row
+            table = table.append_column(f"_{name}", pa.array([getattr(stats, name)] + [0] * (len(rows) - 1),
+                                                             pa.int64()))
         seconds = time.perf_counter() - start
         table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
         return table.append_column("_worker", pa.array([self.worker] * len(rows)))
@@ -289,7 +288,7 @@ class DistributedEngine:
         c, done = self.cluster, set(done)
         todo = [i for i in range(len(encoded)) if i not in done]
         results: list[ScoreResult | None] = [None] * len(encoded)
-        self.last_stats = stats = EngineStats(requests=len(todo))
+        self.last_stats = stats = EngineStats()  # the workers' counters summed, as their results come
         self.busy_seconds = busy = {}
         if not todo:
             return results
@@ -303,8 +302,8 @@ class DistributedEngine:
         blocks = self._run_blocks(tables)
         bar = tqdm(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress)
         for table in blocks:
-            for name in STATS:
-                setattr(stats, name, getattr(stats, name) + sum(table.column(f"_{name}").to_pylist()))
+            stats = self.last_stats = stats.plus(EngineStats(**{name: sum(table.column(f"_{name}").to_pylist())
+                                                                for name in COUNTERS}))
             worker = table.column("_worker")[0].as_py()
             busy[worker] = busy.get(worker, 0.0) + sum(
                 table.column("_seconds").to_pylist())

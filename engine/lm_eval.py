@@ -29,6 +29,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from .engine import Engine, EngineOptions
+from .stats import COUNTERS, EngineStats
 from .errors import UserError
 from .validation import RequestError
 from .device import resolve_device
@@ -36,7 +37,6 @@ from .requests import encode_pairs, start_token, with_bos
 
 NAME = "icqs-engine"
 log = logging.getLogger("lm_eval.icqs_engine")  # under lm-eval's logger, so its command line shows these lines
-STAT_KEYS = ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "forward_steps")
 MODEL_ARGS = ("model", "dtype", "device", "token_budget", "kv_tokens", "threads", "deterministic", "max_length",
               "add_bos_token", "prefix_token_id", "batch_size", "max_batch_size")
 GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "seed"}
@@ -117,7 +117,7 @@ class EngineLM(LM):
         if self.prefix_token_id >= tok.vocab_size:
             raise UserError(f"{NAME}: prefix_token_id={self.prefix_token_id}: not a token id of this model "
                             f"(vocabulary of {tok.vocab_size})")
-        self.totals: dict[str, dict] = {}  # request type -> summed engine counters
+        self.totals: dict[str, EngineStats] = {}  # request type -> summed engine counters
 
     # ---- lm-eval's LM interface ----------------------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -202,7 +202,8 @@ class EngineLM(LM):
         e = self.engine
         return {"model_path": self.model_path or "default", "dtype": str(e.dtype).removeprefix("torch."),
                 "engine_device": str(e.device), "token_budget": e.options.token_budget,
-                "kv_tokens": e.options.kv_tokens, "engine_stats": {k: dict(v) for k, v in self.totals.items()}}
+                "kv_tokens": e.options.kv_tokens,
+                "engine_stats": {k: {name: getattr(v, name) for name in COUNTERS} for k, v in self.totals.items()}}
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _score(self, encoded, kind: str, disable_tqdm: bool):
@@ -213,9 +214,7 @@ class EngineLM(LM):
 
     def _record(self, kind: str, n: int) -> None:
         stats = self.engine.last_stats
-        totals = self.totals.setdefault(kind, {k: 0 for k in STAT_KEYS})
-        for k in STAT_KEYS:
-            totals[k] += getattr(stats, k)
+        self.totals[kind] = self.totals.get(kind, EngineStats()).plus(stats)
         log.info("%s %s: %d requests, %d tokens requested, %d computed, %d cache hits, %d forward steps",
                  NAME, kind, n, stats.tokens_requested, stats.tokens_computed, stats.cache_hit_tokens,
                  stats.forward_steps)

@@ -13,15 +13,13 @@ tests/test_engine_protocol.py against each implementation's signatures).
 Validation of every request is engine/validation.py's, shared by all of them."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from .config import ModelConfig
 from .requests import Event, Generation, Request, ScoreResult, TokenEvent
+from .stats import EngineStats
 from .tokenizer import Tokenizer
 from .validation import Limits
-
-if TYPE_CHECKING:  # engine/stats.py (core-state) is not merged yet
-    from .stats import EngineStats
 
 Text = str | Sequence[int]  # text, or token ids
 

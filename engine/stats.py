@@ -32,6 +32,13 @@ class EngineStats:
     def copy(self) -> "EngineStats":
         return replace(self)
 
+    def plus(self, other: "EngineStats") -> "EngineStats":
+        """The totals of two jobs (or of the shards of one): counters and unique tokens added, the larger peak; the
+        state fields are `other`'s (the later snapshot)."""
+        return replace(other, **{name: getattr(self, name) + getattr(other, name) for name in COUNTERS},
+                       unique_tokens=self.unique_tokens + other.unique_tokens,
+                       peak_kv_pages=max(self.peak_kv_pages, other.peak_kv_pages))
+
     def since(self, before: "EngineStats") -> "EngineStats":
         """The counters' growth since `before` (a snapshot of the same engine); the state fields are this one's."""
         return replace(self, **{name: getattr(self, name) - getattr(before, name) for name in COUNTERS})

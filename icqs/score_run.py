@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.requests import encode_pairs
-from engine.validation import RequestError, check_generate_length
+from engine.validation import RequestError, check_generate_length, check_score_length
 
 from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
@@ -52,8 +52,11 @@ def check_lengths(engine, task, candidates, methods, sampler: str, path: str | N
                 limits.max_request_tokens]
         encoded = encode_pairs(tok, [(j.context, j.continuation) for j in near])
         for j, (ctx, cont) in zip(near, encoded):
-            try:  # the engine's own check: a scored prompt, or a prompt and the tokens generated after it
-                check_generate_length(len(ctx) + len(cont), j.generated, limits)
+            try:  # the engine's own checks: a scored prompt, or a prompt and the tokens generated after it
+                if j.generated:
+                    check_generate_length(len(ctx) + len(cont), j.generated, limits)
+                else:
+                    check_score_length(len(ctx), len(cont), limits)
             except RequestError as e:
                 raise UserError(f"candidate {j.candidate.id!r}: its {name} prompt (demos, x and y): {e.reason}; "
                                 "shorten it or use fewer demos (--N)", path, j.candidate.line) from None

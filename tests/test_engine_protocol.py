@@ -12,6 +12,7 @@ import pytest
 
 from engine import Engine
 from engine.protocol import EngineProtocol, JobEngine
+from engine.stats import EngineStats
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +63,7 @@ def eng(tiny_model_dir):
 
 def test_engine_implements_the_loop_and_the_job_protocols(eng):
     assert isinstance(eng, EngineProtocol) and isinstance(eng, JobEngine)
+    assert isinstance(eng.stats, EngineStats) and isinstance(eng.last_stats, EngineStats)
     assert signature_problems(Engine, EngineProtocol) == []
 
 
@@ -79,19 +81,21 @@ def test_client_implements_the_job_protocol(eng):
             assert client.limits == eng.limits and client.max_request_tokens == eng.max_request_tokens
             assert client.score([("a b", " c")])[0].logprob == pytest.approx(eng.score([("a b", " c")])[0].logprob,
                                                                               abs=1e-4)
+            assert isinstance(client.last_stats, EngineStats) and client.last_stats.requests >= 1
         finally:
             client.close()
     assert AsyncEngine  # the server's front ran on the engine
 
 
 def test_distributed_engine_implements_the_job_protocol(tiny_model_dir, monkeypatch):
-    from engine import loader
+    from engine import hf_loader
     from engine.distributed import Cluster, DistributedEngine
 
     assert signature_problems(DistributedEngine, JobEngine) == []
-    monkeypatch.setattr(loader, "load_model_files", lambda *a: pytest.fail("the driver loaded the weights"))
+    monkeypatch.setattr(hf_loader, "_load_weights", lambda *a: pytest.fail("the driver loaded the weights"))
     d = DistributedEngine(Cluster(str(tiny_model_dir), {"kv_tokens": 4096}))
     assert isinstance(d, JobEngine) and d.limits.max_request_tokens == min(d.config.max_position, 4096)
+    assert isinstance(d.last_stats, EngineStats)
 
 
 def test_the_signature_check_sees_a_mismatch():
