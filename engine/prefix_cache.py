@@ -12,9 +12,11 @@ Node kinds are explicit (`Kind`): only SHARED nodes are found by a lookup; PRIVA
 request (keyed ("private", request id) in their parent).
 
 Victims are found without walking the tree: each node's last use (the LRU clock) lives in the cache's own index,
-with two heaps ordered by it, both kept lazily (an entry whose node changed since it was pushed is skipped when
-popped): the unreferenced complete leaves that online mode keeps (`evict`), and every node holding pages
-(`preempt`)."""
+with two heaps ordered by it: the unreferenced complete leaves that online mode keeps (`evict`), and every node
+holding pages (`preempt`). A node enters a heap when it becomes a candidate (gets pages; is left unlocked as cache);
+using it costs no heap work: its entry keeps the older time, and a popped entry whose node was used since is pushed
+again with the node's time now (times only grow, so the first entry popped with its node's current time is the
+least recently used candidate)."""
 from __future__ import annotations
 
 import enum
@@ -213,9 +215,10 @@ class PrefixCache:
     def computed(self, node: Node, end: int):
         """The node's tokens up to `end` are in the cache now; it and its ancestors were used at this tick."""
         node.done = end
-        for n in (node, *node.ancestors()):
-            self.last_used[n] = self.clock
-            self._push(self._holding, n)
+        last_used, now = self.last_used, self.clock
+        last_used[node] = now
+        for n in node.ancestors():
+            last_used[n] = now
 
     def extend(self, node: Node, token: int):
         """A generating sequence's new token (its slot was reserved with the node's capacity)."""
@@ -266,21 +269,27 @@ class PrefixCache:
 
     def _push(self, heap: list, node: Node):
         heapq.heappush(heap, (self.last_used[node], next(self._order), node))
-        if len(heap) > 64 + 4 * len(self.last_used):  # mostly stale entries: keep each live node's newest only
-            live = {}
+        if len(heap) > 64 + 4 * len(self.last_used):  # mostly entries of removed nodes, or repeats: one per node
+            kept = {}
             for entry in heap:
-                n = entry[2]
-                if self.last_used.get(n) == entry[0] and entry[1] > live.get(n, (0, -1))[1]:
-                    live[n] = entry
-            heap[:] = list(live.values())
+                if entry[2] in self.last_used:
+                    kept[entry[2]] = entry
+            heap[:] = list(kept.values())
             heapq.heapify(heap)
 
     def _pop_entry(self, heap: list, valid) -> tuple | None:
+        """The entry of the least recently used node that is `valid`; entries of removed or invalid nodes are
+        dropped (a node re-enters when it becomes a candidate again), those of nodes used since are pushed again."""
         while heap:
             entry = heapq.heappop(heap)
             n = entry[2]
-            if self.last_used.get(n) == entry[0] and valid(n):
-                return entry
+            stamp = self.last_used.get(n)
+            if stamp is None or not valid(n):
+                continue
+            if stamp != entry[0]:
+                heapq.heappush(heap, (stamp, next(self._order), n))
+                continue
+            return entry
         return None
 
     def _pop(self, heap: list, valid) -> Node | None:
@@ -293,13 +302,12 @@ class PrefixCache:
 
     def check(self):
         """Reference counts equal the nodes holding each page (no page leaked or freed twice), and the victim
-        indexes are complete: every node holding pages, and (with `keep`) every evictable leaf, has a live entry."""
+        indexes are complete: every node holding pages, and (with `keep`) every evictable leaf, has an entry."""
         nodes = list(walk(self.root))
         self.kv.check([n.pages for n in nodes])
         if set(self.last_used) != set(nodes):
             raise PageError("the LRU clock does not hold exactly the tree's nodes")
-        live = lambda heap: {id(e[2]) for e in heap if self.last_used.get(e[2]) == e[0]}  # noqa: E731
-        holding, evictable = live(self._holding), live(self._evictable)
+        holding, evictable = ({id(e[2]) for e in heap} for heap in (self._holding, self._evictable))
         for n in nodes:
             if n.pages and id(n) not in holding:
                 raise PageError(f"{n} holds pages but is not in the preemption index")
