@@ -105,6 +105,20 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
+@dataclass
+class RequestStats:
+    """One request's costs and times (its handle's `stats`)."""
+    added_at: float  # time.perf_counter() when it was added
+    tokens_requested: int = 0  # input tokens it asks for
+    cache_hit_tokens: int = 0  # of those, already computed when it came
+    tokens_computed: int = 0  # the others (computed for it, or once for all the requests in flight sharing them),
+    # plus one per generated token
+    generated_tokens: int = 0  # tokens sampled for it (generations)
+    wait_seconds: float | None = None  # from add to the first step that produced one of its results
+    step_seconds: float = 0.0  # the time of the steps that did
+    total_seconds: float | None = None  # from add to done
+
+
 # ---- the loop's output events: what a step produced for one request ---------------------------------------------
 @dataclass(slots=True)
 class Admitted:
@@ -164,14 +178,7 @@ class Request:
         self.abort_requested = False
         self._done = threading.Event()
         self._callbacks = []
-        now = time.perf_counter()
-        # tokens_requested: input tokens it asks for; cache_hit_tokens: of those, already computed when it came;
-        # tokens_computed: the others (computed for it, or once for all the requests in flight that share them),
-        # plus one per generated token;
-        # wait_seconds: from add to the first step that produced one of its results; step_seconds: time of the
-        # steps that did; total_seconds: from add to done
-        self.stats = dict(tokens_requested=0, cache_hit_tokens=0, tokens_computed=0, added_at=now, wait_seconds=None,
-                          step_seconds=0.0, total_seconds=None)
+        self.stats = RequestStats(added_at=time.perf_counter())
 
     @property
     def done(self) -> bool:
@@ -204,14 +211,14 @@ class Request:
         if type(event) is Finished:
             self._finish(event)
         elif type(event) is Admitted:
-            self.stats["cache_hit_tokens"] = event.cache_hit_tokens
-            self.stats["tokens_computed"] = self.stats["tokens_requested"] - event.cache_hit_tokens
+            self.stats.cache_hit_tokens = event.cache_hit_tokens
+            self.stats.tokens_computed = self.stats.tokens_requested - event.cache_hit_tokens
         elif type(event) is StepTime:
-            self.stats["step_seconds"] += event.seconds
+            self.stats.step_seconds += event.seconds
         else:
             if self.status is Status.WAITING:
                 self.status = Status.RUNNING
-                self.stats["wait_seconds"] = time.perf_counter() - self.stats["added_at"]
+                self.stats.wait_seconds = time.perf_counter() - self.stats.added_at
             return self._output(event)
         return False
 
@@ -222,7 +229,7 @@ class Request:
         if self.done:
             return
         self.status, self.error = event.status, event.error
-        self.stats["total_seconds"] = time.perf_counter() - self.stats["added_at"]
+        self.stats.total_seconds = time.perf_counter() - self.stats.added_at
         self._done.set()
         for fn in self._callbacks:
             fn(self)
@@ -238,7 +245,7 @@ class ScoreRequest(Request):
         self.logprobs, self.greedy = [0.0] * n, [False] * n
         self.top: list | None = [[] for _ in range(n)] if top_k > 0 else None
         self._pending = n
-        self.stats["tokens_requested"] = len(context) + n - 1
+        self.stats.tokens_requested = len(context) + n - 1
 
     @property
     def full(self) -> list[int]:
@@ -267,7 +274,7 @@ class GenerateRequest(Request):
         self.logprobs: list[float] = []
         self.text, self.sent = "", ""  # decoded text (stop strings), and what the stream has delivered
         self.finish_reason: str | None = None
-        self.stats.update(tokens_requested=len(prompt), generated_tokens=0)
+        self.stats.tokens_requested = len(prompt)
 
     def _finish(self, event: Finished):
         if event.finish_reason is not None and self.finish_reason is None:
@@ -276,8 +283,8 @@ class GenerateRequest(Request):
 
     def _output(self, event: TokenOut) -> bool:
         token, lp = event.token, event.logprob
-        self.stats["generated_tokens"] += 1
-        self.stats["tokens_computed"] += 1
+        self.stats.generated_tokens += 1
+        self.stats.tokens_computed += 1
         if token in self.eos:
             self.finish_reason = "eos"
         else:

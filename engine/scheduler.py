@@ -107,7 +107,7 @@ class Scheduler:
     # ---- admission -----------------------------------------------------------------------------------------
     def add(self, req: Request, share_prefix: bool = True):
         self.stats.requests += 1
-        self.stats.tokens_requested += req.stats["tokens_requested"]
+        self.stats.tokens_requested += req.stats.tokens_requested
         self.active[req.id] = req
         if isinstance(req, ScoreRequest):
             self._add_score(req, share_prefix)

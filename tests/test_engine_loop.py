@@ -243,11 +243,11 @@ def test_abort_frees_everything_and_stats(tiny):
     assert eng.kv.used_pages == 0
     eng.check_pages()
     s = score.stats
-    assert s["tokens_requested"] == 31 and s["total_seconds"] > 0 and s["step_seconds"] > 0
-    assert s["cache_hit_tokens"] == 0 and s["tokens_computed"] == 31 and s["wait_seconds"] > 0
+    assert s.tokens_requested == 31 and s.total_seconds > 0 and s.step_seconds > 0
+    assert s.cache_hit_tokens == 0 and s.tokens_computed == 31 and s.wait_seconds > 0
     again = eng.add_score(list(range(10, 40)), [1, 2])  # nothing kept (no keep_cache): all computed again
     eng.run()
-    assert again.stats["cache_hit_tokens"] == 0
+    assert again.stats.cache_hit_tokens == 0
 
 
 def test_page_refcounts_catch_double_free_and_leak(tiny):
