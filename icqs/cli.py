@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from commands.cli_args import ArgumentParser, check_output_file
+from commands.cli_args import ArgumentParser, check_report_output
 from engine.errors import UserError
 from commands.factory import add_engine_args, engine_from_args, model_label, positive_int
 
@@ -56,7 +56,7 @@ def cmd_leaderboard(args) -> None:
 def cmd_report(args) -> None:
     from .report import write_report
     if args.output:
-        check_output_file(args.output)  # its folder must exist; a report is never written into a new one
+        check_report_output(args.output, args.dir, "report.html")  # never over a run's files or an input
     path = write_report(args.dir, args.output)
     print(f"wrote {path}")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from commands.factory import add_engine_args, positive_int
-from commands.cli_args import check_output_file
+from commands.cli_args import check_output_file, check_report_output
 from icqs.run import add_run_args
 
 
@@ -198,7 +198,7 @@ def cmd_report(args) -> int:
 
     run = AuditRun.load(args.run_dir, _reread_items)
     if args.out:
-        check_output_file(args.out)
+        check_report_output(args.out, args.run_dir, "report.html")
     if not Path(run.settings.get("memory", "")).is_file():
         raise UserError("the run's ICL memory is gone", run.settings.get("memory"))
     with run.start(), Memory(run.settings["memory"]) as mem:
