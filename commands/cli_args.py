@@ -6,6 +6,7 @@ is not an HTML report."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -35,6 +36,33 @@ def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
         raise UserError("not writable", output)
     if os.path.exists(output) and any(os.path.exists(p) and os.path.samefile(p, output) for p in inputs):
         raise UserError("is also an input file; expected a separate output file", output)
+    _probe(output)
+
+
+def _probe(output: str) -> None:
+    """Open the output for appending (and remove it again if this made it): what os.access cannot tell (a root
+    user in /proc, a read-only or full file system) fails here, before any work."""
+    existed = os.path.exists(output)
+    try:
+        fd = os.open(output, os.O_WRONLY | os.O_APPEND | (0 if existed else os.O_CREAT | os.O_EXCL), 0o644)
+    except OSError as e:
+        raise UserError(f"cannot be written ({e.strerror or e})", output) from None
+    os.close(fd)
+    if not existed:
+        os.unlink(output)
+
+
+ENVIRONMENT = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}  # the machine's fault, not the input's: status 1
+
+
+def os_error(e: OSError) -> tuple[str, int]:
+    """An OSError that reached a command's main (disk full while writing, a folder made unwritable mid-run): its
+    one-line `error:` message and exit status (1 for the environment's failures, 2 otherwise)."""
+    where = e.filename if e.filename is not None else None
+    what = e.strerror or str(e)
+    hint = "; free some space and run the same command again to resume" if e.errno in (errno.ENOSPC,
+                                                                                        errno.EDQUOT) else ""
+    return f"error: {UserError(f'{what}{hint}', where)}", 1 if e.errno in ENVIRONMENT else 2
 
 
 RUN_MARKER = "run.json"  # what makes a folder a run directory (icqs.run)

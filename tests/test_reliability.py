@@ -127,3 +127,149 @@ def test_jsonl_lines_split_on_newline_only(tmp_path):
     assert f"{src}:3:" in str(e.value)  # the raw separators neither break rows nor shift line numbers
     src.write_text('{"a": "x\u2028y\u0085z"}\r\n{"a": "p\u2029q"}\n', encoding="utf-8")
     assert read_jsonl(src) == [{"a": "x\u2028y\u0085z"}, {"a": "p\u2029q"}]
+
+
+# ---- unbounded work: each a one-line error, at once ---------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bounded_run(argv: list[str], cwd: Path, seconds: float = 60, memory: int = 3 << 30):
+    """A command in a subprocess with a memory cap and a time limit, so that the old behaviour (minutes of work,
+    gigabytes) fails the test instead of the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        p = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=seconds, preexec_fn=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv} still running after {seconds} s")
+    return p.returncode, p.stderr
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("key", ["labels", "good", "name"])
+def test_a_yaml_alias_bomb_is_a_one_line_error(key, files, tmp_path):  # noqa: F811
+    task = BOMB + "".join(line for line in (files / "task.yaml").read_text().splitlines(True)
+                          if not line.startswith(f"{key}:")) + f"{key}: *i\n"
+    (tmp_path / "bomb.yaml").write_text(task)
+    status, err = bounded_run(["-m", "icqs.cli", "score", str(tmp_path / "bomb.yaml"), str(files / "c.jsonl"),
+                               "--out", str(tmp_path / "run"), "--model", str(tmp_path / "none")], tmp_path)
+    assert status == 2 and err.count("\n") == 1 and "aliases are expanded" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_huge_yaml_file_is_refused_by_its_size(tmp_path, monkeypatch):
+    from engine.errors import UserError
+    from icqs import io
+    from icqs.task import load_task
+
+    monkeypatch.setattr(io, "MAX_YAML_BYTES", 1 << 10)
+    (tmp_path / "t.yaml").write_text("name: x\n" + "# pad\n" * 400)
+    with pytest.raises(UserError, match="larger than the cap of"):
+        load_task(tmp_path / "t.yaml")
+
+
+def test_a_jsonl_line_over_the_cap_says_the_cap(tmp_path, capsys):
+    from commands.jsonl import MAX_LINE_BYTES
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"context": "a", "continuation": " b"}\n{"context": "' + "x" * (MAX_LINE_BYTES + 10) + '"}\n')
+    status, err = engine_score(capsys, "--model", tmp_path / "none", "--input", src, "--output", tmp_path / "o.jsonl")
+    assert status == 2 and err.startswith(f"error: {src}:2: line longer than the cap of {MAX_LINE_BYTES:,} bytes"), err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_only_regular_files_are_read(kind, files, tmp_path):  # noqa: F811
+    source = tmp_path / "fifo" if kind == "fifo" else Path(kind)
+    if kind == "fifo":
+        os.mkfifo(source)
+    for argv in (["-m", "engine", "score", "--input", str(source), "--output", str(tmp_path / "o.jsonl"),
+                  "--model", str(tmp_path / "none")],
+                 ["-m", "icqs.cli", "score", str(files / "task.yaml"), str(source), "--out", str(tmp_path / "r"),
+                  "--model", str(tmp_path / "none")],
+                 ["-m", "icqs.cli", "score", str(source), str(files / "c.jsonl"), "--out", str(tmp_path / "r"),
+                  "--model", str(tmp_path / "none")]):
+        status, err = bounded_run(argv, tmp_path, seconds=30)
+        assert status == 2 and err.count("\n") == 1 and "not a regular file" in err, (argv, err)
+
+
+@pytest.mark.parametrize("option, value, says", [("--M", "99999999999999999999", "at most 256"),
+                                                  ("--N", "10" * 40, "at most 4,096"),
+                                                  ("--L", "99999", "at most 1,024"),
+                                                  ("--M", "9" * 5000, "expected a positive integer, got '999")])
+def test_icqs_score_sizes_are_bounded(option, value, says, files, tmp_path):  # noqa: F811
+    status, err = bounded_run(["-m", "icqs.cli", "score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out",
+                               str(tmp_path / "r"), "--model", str(tmp_path / "none"), option, value], tmp_path, 30)
+    assert status == 2 and err.count("\n") == 1 and says in err and len(err) < 300, err
+
+
+@pytest.mark.parametrize("sizes, says", [("M: 100000000000\nN: 2\n", "'M' = 100000000000 is over the limit of 256"),
+                                         ("M: 2\nN: 100000000000\n", "'N' = 100000000000 is over the limit of 4096")])
+def test_task_sizes_are_bounded_before_listing_the_ratios(sizes, says, files, tmp_path):  # noqa: F811
+    task = "".join(line for line in (files / "task.yaml").read_text().splitlines(True) if line[:2] not in ("M:", "N:"))
+    (tmp_path / "t.yaml").write_text(task + sizes)
+    status, err = bounded_run(["-m", "icqs.cli", "score", str(tmp_path / "t.yaml"), str(files / "c.jsonl"), "--out",
+                               str(tmp_path / "r"), "--model", str(tmp_path / "none")], tmp_path, 30)
+    assert status == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_kv_tokens_beyond_memory_is_one_line(tiny_model_dir, tmp_path, capsys):
+    src = pairs(tmp_path / "in.jsonl", PAIRS)
+    status, err = engine_score(capsys, "--model", tiny_model_dir, "--input", src, "--output", tmp_path / "o.jsonl",
+                               "--kv-tokens", str(10 ** 12))
+    assert status == 2 and err.count("\n") == 1 and "kv_tokens=1,000,000,000,000 needs" in err, err
+    assert "lower --kv-tokens" in err and not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("user", ["{response:>999999999}", "{response:.99999999}", "{response:{answer}}"])
+def test_allure_template_widths_are_bounded(user):
+    from engine.errors import UserError
+    from icqs.allure.template import template_from_dict
+
+    with pytest.raises(UserError, match="width or precision"):
+        template_from_dict({"system": "Grade.", "user": user + " {answer}"})
+    template_from_dict({"system": "Grade.", "user": "{response:>20} {answer}"})
+
+
+def test_disk_full_mid_run_is_one_line_and_keeps_the_rows(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from commands import jsonl
+
+    src = pairs(tmp_path / "in.jsonl", PAIRS)
+    real, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(jsonl.os, "fsync", fsync)
+    status, err = engine_score(capsys, "--model", tiny_model_dir, "--input", src, "--output", tmp_path / "o.jsonl")
+    assert status == 1 and err.count("\n") == 1 and err.startswith("error: No space left on device; free some"), err
+    assert json.loads((tmp_path / "o.jsonl").read_text().splitlines()[0])["id"] == 0  # the finished row is kept
+
+
+def test_an_unwritable_output_is_refused_before_the_model_loads(tmp_path, capsys):
+    src = pairs(tmp_path / "in.jsonl", PAIRS)
+    status, err = engine_score(capsys, "--model", tmp_path / "none", "--input", src, "--output", "/proc/o.jsonl")
+    assert status == 2 and err.startswith("error: /proc/o.jsonl: cannot be written"), err
+
+
+def test_a_chat_template_the_sandbox_refuses_is_an_input_error():
+    from engine.errors import UserError
+    from engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(None, bos_id=None, eos_ids=[], add_bos=False, chat_template="{{ messages.append(1) }}")
+    with pytest.raises(UserError, match="chat template fails to render .SecurityError"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
