@@ -23,6 +23,28 @@ class QueueFull(Exception):
     """More requests are waiting than max_queue allows (a server answers 429 / 503)."""
 
 
+class _Gate:
+    """Whether an add job ran or its caller gave up first (exactly one of the two wins, under a lock): so a
+    cancelled call's requests are counted out of the in-flight gauge exactly once."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._state = None  # "entered" or "cancelled"
+        self.handles: list = []
+
+    def enter(self) -> bool:
+        with self._lock:
+            if self._state is None:
+                self._state = "entered"
+            return self._state == "entered"
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self._state is None:
+                self._state = "cancelled"
+            return self._state == "cancelled"
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine, max_queue: int | None = None):
         self.engine, self.max_queue = engine, max_queue
@@ -136,17 +158,21 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
+        gate = _Gate()
+
         def add():
+            if not gate.enter():  # the caller was cancelled before this ran: nothing to add, already uncounted
+                return []
             handles = [self.engine._add_score_ids(ctx, cont, top_k, True, f"request {i}")
                        for i, (ctx, cont) in enumerate(encoded)]
             self._track(handles, loop, lambda: _set_result(done, None))
+            gate.handles = handles
             return handles
 
         try:
             handles = await self._call(add)
         except BaseException:
-            with self._lock:
-                self._in_flight -= len(encoded)
+            self._abandon(gate, len(encoded))
             raise
         if not handles:
             return []
@@ -190,18 +216,33 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
+        gate = _Gate()
+
         def add():
+            if not gate.enter():
+                return None
             h = self.engine.add_generate(prompt, on_token=on_token, **params)
             self._track([h], loop, lambda: _set_result(done, None))
+            gate.handles = [h]
             return h
 
         try:
             handle = await self._call(add)
         except BaseException:
-            with self._lock:
-                self._in_flight -= 1
+            self._abandon(gate, 1)
             raise
         return handle, done
+
+    def _abandon(self, gate: "_Gate", n: int) -> None:
+        """The caller of an add job failed or was cancelled: if the job has not run, it never will and its n
+        requests leave the count here; if it ran, its requests are aborted and leave the count (once) as they
+        finish, through _track."""
+        if gate.cancel():
+            with self._lock:
+                self._in_flight -= n
+        else:
+            for h in gate.handles:
+                h.abort()
 
     def queue_depth(self) -> int:
         """Requests submitted and not yet started (waiting for pages or for their turn)."""

@@ -96,7 +96,8 @@ async def completions(state: ServerState, req: CompletionRequest):
     prompts = [state.encode_prompt(p, "prompt") for p in req.prompts()]
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     for ids in prompts:
-        state.check_length(len(ids), max_tokens, "prompt")
+        state.check_length(len(ids), 0, "prompt")
+        state.check_length(len(ids), max_tokens, "max_tokens")  # the prompt fits: the tokens asked for do not
     if req.stream:
         if req.echo or req.logprobs is not None:
             raise bad_request("stream", "streaming with `echo` or `logprobs` is not supported; ask without stream")
@@ -154,7 +155,9 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     state.check_model(req.model)
     ids = _chat_prompt(state, req)
     max_tokens = req.max_completion_tokens or req.max_tokens or state.max_len - len(ids)
-    state.check_length(len(ids), max(max_tokens, 1), "messages")
+    state.check_length(len(ids), 1, "messages")
+    state.check_length(len(ids), max(max_tokens, 1),
+                       "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     top_k = max(req.top_logprobs or 0, 1) if req.logprobs else None
     if req.stream and top_k:
         raise bad_request("stream", "streaming with `logprobs` is not supported; ask without stream")
