@@ -125,8 +125,9 @@ def read_yaml(path, what: str = "a YAML file") -> tuple[object, object]:
             text = f.read(MAX_YAML_BYTES + 1).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read {what} here ({e.__class__.__name__}: {e})", path) from None
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # a character YAML does not allow (NUL) fails here
         node = loader.get_single_node()
         if node is None:
             return None, None
@@ -140,9 +141,11 @@ def read_yaml(path, what: str = "a YAML file") -> tuple[object, object]:
         return node, loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or "invalid YAML"
-        raise UserError(f"invalid YAML: {problem}", path, mark.line + 1 if mark else None) from None
+        problem = getattr(e, "problem", None) or getattr(e, "reason", None) or "invalid YAML"
+        line = mark.line + 1 if mark else text.count("\n", 0, e.position) + 1 if hasattr(e, "position") else None
+        raise UserError(f"invalid YAML: {problem}", path, line) from None
     except RecursionError:
         raise UserError("invalid YAML: nested too deeply", path) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

@@ -126,12 +126,25 @@ def validator(schema: dict) -> Callable[[dict], str | None]:
     return lambda row: problem(checker, row)
 
 
-def score_log_validator(method: str, task) -> Callable[[dict], str | None]:
-    """The check of a row of `icqs score`'s log for `method` (icqs.methods.METHODS[method].log) under `task`."""
+def score_log_validator(method: str, task, ids=None, sampler: str | None = None) -> Callable[[dict], str | None]:
+    """The check of a row of `icqs score`'s log for `method` (icqs.methods.METHODS[method].log) under `task`; with
+    the run's candidate `ids` and `sampler`, a row of another candidate or sampler (a damaged or mixed log) is
+    refused too."""
     if method in ("icqs", "epistemic"):  # one log for both: repeats up to L
-        return validator(loglik_schema(task.M, task.L))
-    if method == "icl":
-        return validator(icl_schema(task.labels))
-    if method == "judge":
-        return validator(judge_schema())
-    raise KeyError(method)
+        check = validator(loglik_schema(task.M, task.L))
+    elif method == "icl":
+        check = validator(icl_schema(task.labels))
+    elif method == "judge":
+        check = validator(judge_schema())
+    else:
+        raise KeyError(method)
+    known = None if ids is None else set(ids)
+
+    def validate(row: dict) -> str | None:
+        bad = check(row)
+        if bad is None and known is not None and row["id"] not in known:
+            bad = f"field 'id': {_short(repr(row['id']), 60)} is not a candidate of this run"
+        if bad is None and sampler is not None and "sampler" in row and row["sampler"] != sampler:
+            bad = f"field 'sampler': {_short(repr(row['sampler']), 60)} is not this run's sampler ({sampler})"
+        return bad
+    return validate

@@ -75,12 +75,14 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
             method = METHODS[name]
             if name in methods:
                 metered = MeteredEngine(engine)
-                with ResultWriter(run.path / method.log, method.key, score_log_validator(name, task)) as writer:
+                check = score_log_validator(name, task, [c.id for c in candidates], sampler)
+                with ResultWriter(run.path / method.log, method.key, check) as writer:
                     method.compute(metered, task, candidates, writer, sampler, progress)
                     results = writer.rows  # passed on, not read back
                 run.add_stats(name, metered.stats)
             else:  # asked for by an earlier run in this directory
-                results = read_results(run.path / method.log, score_log_validator(name, task))
+                results = read_results(run.path / method.log,
+                                       score_log_validator(name, task, [c.id for c in candidates], sampler))
             rows += _score_rows(name, candidates, method.score(task, candidates, results, sampler))
         atomic_write(run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n"
                                                         for r in rows))
@@ -104,7 +106,7 @@ def load_scores(out) -> tuple:
     rows = []
     for name in ordered(methods):
         method = METHODS[name]
-        results = read_results(out / method.log, score_log_validator(name, task))
+        results = read_results(out / method.log, score_log_validator(name, task, [c.id for c in candidates], sampler))
         rows += _score_rows(name, candidates, method.score(task, candidates, results, sampler))
     return task, candidates, rows, meta
 

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -117,7 +117,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         stats = {k: v for k, v in aengine.stats().items() if k != "step_seconds"}
         return {"status": "ok", "model": state.model_name, "in_flight": state.in_flight, "engine": stats}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
@@ -321,16 +321,25 @@ def _parse_int(text: str):
     return int(text) if len(text) <= MAX_INT_DIGITS else HugeInt(text)
 
 
+def _parse_float(text: str):
+    """A JSON number written with a fraction or exponent; an integral one (`1.0`, `2e3`) is the integer, as JSON
+    Schema counts it (so `n: 1.0` is accepted like `n: 1`), within the doubles' exact range."""
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) <= 2 ** 53 else value
+
+
 def _no_constant(name: str):
     raise json.JSONDecodeError(f"{name} is not standard JSON", name, 0)
 
 
 class StrictJSONRequest(Request):
-    """A request whose JSON body is standard JSON (NaN / Infinity refused) and whose huge integers become HugeInt."""
+    """A request whose JSON body is standard JSON (NaN / Infinity refused), whose huge integers become HugeInt
+    and whose integral numbers are integers."""
 
     async def json(self):
         if not hasattr(self, "_json"):
-            self._json = json.loads(await self.body(), parse_int=_parse_int, parse_constant=_no_constant)
+            self._json = json.loads(await self.body(), parse_int=_parse_int, parse_float=_parse_float,
+                                    parse_constant=_no_constant)
         return self._json
 
 
@@ -362,6 +371,8 @@ def _openapi(app: FastAPI) -> dict:
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     components["Error"] = ERROR_SCHEMA
+    state = app.state.server
+    _express_rejections(components, state.config.vocab_size, state.max_len, state.model_name)
     ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
@@ -372,5 +383,60 @@ def _openapi(app: FastAPI) -> dict:
                 codes = {"500": ERRORS["500"]}
             for code, text in codes.items():
                 responses[code] = {"description": text, **ref}
+            if path in ("/v1/completions", "/v1/chat/completions"):  # with "stream": true, server-sent events
+                responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": {}}  # chunks, then [DONE]
     app.openapi_schema = schema
     return schema
+
+
+def _token_ids(node, vocab: int):
+    """Every array of integers in a schema is token ids: each inside the vocabulary."""
+    if isinstance(node, dict):
+        if node.get("type") == "array" and node.get("items") == {"type": "integer"}:
+            node["items"] = {"type": "integer", "minimum": 0, "maximum": vocab - 1}
+        for value in node.values():
+            _token_ids(value, vocab)
+    elif isinstance(node, list):
+        for value in node:
+            _token_ids(value, vocab)
+
+
+def _nonempty(node) -> dict:
+    """A text-or-ids schema (or a list of them) whose strings and arrays may not be empty."""
+    for member in node.get("anyOf", [node]):
+        if member.get("type") == "string":
+            member["minLength"] = 1
+        elif member.get("type") == "array":
+            member["minItems"] = 1
+            if isinstance(member.get("items"), dict) and member["items"].get("type") in ("string", "array"):
+                _nonempty(member["items"])
+    return node
+
+
+def _express_rejections(components: dict, vocab: int, max_len: int, model: str) -> None:
+    """What the handlers refuse that JSON Schema can say: another model's name, token ids outside the vocabulary,
+    empty prompts and continuations, more new tokens than the context holds, and /v1/score's two shapes (pairs,
+    or query with items). (What depends on tokenizing, the prompt's length, and the server's queue cannot be.)"""
+    _token_ids(components, vocab)
+    for component in components.values():
+        if "model" in component.get("properties", {}):
+            component["properties"]["model"]["anyOf"] = [{"enum": [model]}, {"type": "null"}]
+    _nonempty(components["CompletionRequest"]["properties"]["prompt"])
+    _nonempty(components["GenerateRequest"]["properties"]["prompts"]["items"])
+    for name in ("CompletionRequest", "ChatCompletionRequest", "GenerateRequest"):
+        for key in ("max_tokens", "max_completion_tokens"):
+            field = components[name]["properties"].get(key)
+            for member in field.get("anyOf", [field]) if field else []:
+                if member.get("type") == "integer":
+                    member["maximum"] = max_len - 1  # the prompt holds a token at least
+    score = components["ScoreRequest"]
+    items = score["properties"]["items"]["anyOf"][0]
+    _nonempty(items["items"])
+    pair = score["properties"]["pairs"]["anyOf"][0]["items"]
+    _nonempty(pair["prefixItems"][1])  # the continuation
+    null = {"type": "null"}
+    score["anyOf"] = [
+        {"required": ["pairs"], "properties": {"pairs": {"type": "array"}, "query": null, "items": null,
+                                                "label_token_ids": null}},
+        {"required": ["query", "items"], "properties": {"query": {"not": null}, "items": {"type": "array"},
+                                                         "pairs": null}}]

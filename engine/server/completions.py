@@ -156,8 +156,10 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     ids = _chat_prompt(state, req)
     max_tokens = req.max_completion_tokens or req.max_tokens or state.max_len - len(ids)
     state.check_length(len(ids), 1, "messages")
-    state.check_length(len(ids), max(max_tokens, 1),
-                       "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+    for key in ("max_completion_tokens", "max_tokens"):  # each one given must fit, the one used or not
+        if getattr(req, key) is not None:
+            state.check_length(len(ids), getattr(req, key), key)
+    state.check_length(len(ids), max(max_tokens, 1), "messages")
     top_k = max(req.top_logprobs or 0, 1) if req.logprobs else None
     if req.stream and top_k:
         raise bad_request("stream", "streaming with `logprobs` is not supported; ask without stream")

@@ -2,7 +2,7 @@
 
 Types are strict (a number is never taken for a string, nor "1" for a number), so a malformed request is a 400
 naming its field. Every string must be valid Unicode (a lone UTF-16 surrogate such as "\\ud800" is refused naming
-its field); integers are range-checked (a seed fits 64 bits, max_tokens 32 bits); a call holds at most
+its field); integers are range-checked (a seed is below 2**53, max_tokens 32 bits); a call holds at most
 MAX_PER_CALL prompts, items or pairs. Checks that need the model (token ids inside the vocabulary, lengths under the
 model's maximum, the model's name) are made by the handlers before any work is queued."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ MAX_LOGPROBS = 20  # top-k alternatives per token, at most
 MAX_N = 16  # choices per prompt, at most
 MAX_PER_CALL = 4096  # prompts, items, pairs, messages or label ids in one call (engine/client.py sends 256)
 MAX_STOP = 16  # stop strings
-MAX_SEED = 2 ** 63 - 1  # a seed plus its choice offset stays inside torch's 64-bit seeds
+MAX_SEED = 2 ** 53 - 1  # the integers every JSON implementation holds exactly (RFC 7493); inside torch's 64 bits
 MAX_TOKENS = 2 ** 31 - 1  # a bound on the number itself; the model's context is the real limit (checked later)
 
 
