@@ -96,6 +96,21 @@ def allure_eval_schema() -> dict:
                 ("stage", "id", "split", "truth", "p_correct", "label"))
 
 
+def allure_memory_schema() -> dict:
+    """An example of the ALLURE ICL memory (SQLite, icqs.allure.memory), its provenance parsed from JSON."""
+    text, maybe_text = {"type": "string"}, {"type": ["string", "null"]}
+    label = {"enum": [0, 1]}
+    return _row({"id": {"type": "integer", "minimum": 0}, "item_id": text, "user_text": text, "assistant_text": text,
+                 "response": text, "answer": maybe_text, "correct_label": label,
+                 "evaluator_label": {"enum": [0, 1, None]},
+                 "evaluator_prob": {"anyOf": [_PROB, {"type": "null"}]}, "error_kind": maybe_text,
+                 "failure_mode": maybe_text, "status": {"enum": ["pending", "accepted", "rejected"]},
+                 "run_id": maybe_text, "round": {"type": ["integer", "null"], "minimum": 0},
+                 "provenance": {"type": "object"}, "created_at": text, "reviewed_at": maybe_text},
+                ("id", "item_id", "user_text", "assistant_text", "response", "correct_label", "status",
+                 "provenance", "created_at"))
+
+
 def run_task_schema() -> dict:
     """The task a score run's run.json records, as far as a report or leaderboard reads it: M, N, L in range."""
     return {"type": "object", "properties": {

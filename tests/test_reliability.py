@@ -273,3 +273,30 @@ def test_a_chat_template_the_sandbox_refuses_is_an_input_error():
     tok = Tokenizer(None, bos_id=None, eos_ids=[], add_bos=False, chat_template="{{ messages.append(1) }}")
     with pytest.raises(UserError, match="chat template fails to render .SecurityError"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+# ---- the ALLURE memory: checked read-only before anything is created --------------------------------------------
+@pytest.mark.parametrize("damage", ["not_sqlite", "provenance", "prob", "label"])
+def test_a_bad_allure_memory_is_refused_before_the_run_folder_exists(damage, files, tmp_path, capsys):  # noqa: F811
+    import sqlite3
+
+    from icqs.allure.memory import Example, Memory
+
+    db = tmp_path / "memory.sqlite"
+    if damage == "not_sqlite":
+        db.write_bytes(b"not a database, my notes\n" * 40)
+    else:
+        with Memory(db) as mem:
+            mem.add(Example("i1", "user turn", "label: 1", "so 1", "1", 1, provenance={"run": "x"}))
+        sql = {"provenance": "UPDATE examples SET provenance = '{broken'",
+               "prob": "UPDATE examples SET evaluator_prob = 7.5",
+               "label": "UPDATE examples SET evaluator_label = 9"}[damage]
+        with sqlite3.connect(db) as con:
+            con.execute(sql)
+    before = db.read_bytes()
+    out = tmp_path / "run"
+    argv = commands(files, tmp_path / "no-model", out)["allure"] + ["--memory", str(db)]
+    assert icqs_main(argv) == 2
+    line = one_error_line(capsys)
+    assert str(db) in line and ("not an ICL memory" in line or "corrupt example 1" in line), line
+    assert not out.exists() and db.read_bytes() == before

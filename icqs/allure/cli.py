@@ -90,6 +90,11 @@ def cmd_run(args) -> int:
     run = AuditRun(args.out, items, _settings(args, template, args.items))  # checked, nothing written
     if args.memory and not Path(args.memory).is_file():  # made after the model loads (the default: in --out)
         check_output_file(args.memory)
+    memory_path = run.settings["memory"]
+    if os.path.exists(memory_path):  # read only, before anything is created: a bad memory leaves no run folder
+        if not Path(memory_path).is_file():
+            raise UserError("not a file, expected an ICL memory database", memory_path)
+        Memory.check(memory_path)
     engine = MeteredEngine(engine_from_args(args, keep_cache=True))
     evaluator = Evaluator(engine, template)
     with run.start():
