@@ -75,7 +75,7 @@ class Task:
 
     def check_ratio_grid(self, path: str | None = None, line: int | None = None) -> None:
         """Refuse an (M, N) whose rounded good counts repeat: two ratios would be the same hypothesis."""
-        if self.M > self.N:  # before listing M + 1 counts: M may be huge
+        if self.M > self.N and self.M > LIMITS["M"]:  # before listing M + 1 counts: M may be huge
             raise UserError(f"M = {self.M} ratios need N >= M demos per set (N = {self.N}); raise N or lower M",
                             path, line)
         counts = self.good_counts
