@@ -73,8 +73,8 @@ def test_report_output_never_lands_on_a_run_file_or_an_input(score_run, files, t
     assert icqs_main(["report", str(score_run), "--output", str(score_run / "report.html")]) == 0  # the default
 
 
-@pytest.mark.parametrize("bad, what", [([1], "field 'loglik'"), ("x", "field 'loglik'"), ([0.0, -1.0, 5.0], "loglik[2]"),
-                                       (None, "field 'loglik'")])
+@pytest.mark.parametrize("bad, what", [([1], "field 'loglik'"), ("x", "field 'loglik'"),
+                                       ([0.0, -1.0, 5.0], "loglik[2]"), (None, "field 'loglik'")])
 def test_a_corrupt_log_row_is_a_file_line_error_not_another_ranking(bad, what, score_run, capsys):
     log = score_run / "loglik.jsonl"
     lines = log.read_text().splitlines()

@@ -60,7 +60,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
     app = FastAPI(title="icqs-engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
-    app.add_middleware(Guard, api_key=state.api_key, max_body_bytes=max_body_bytes)  # inside AccessLog: its 401s and 500s are logged
+    # inside AccessLog, so that its 401s, 413s and 500s are logged and counted
+    app.add_middleware(Guard, api_key=state.api_key, max_body_bytes=max_body_bytes)
     app.add_middleware(AccessLog, metrics=metrics)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)
