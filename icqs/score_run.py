@@ -19,6 +19,7 @@ from engine.validation import RequestError, check_generate_length, check_score_l
 from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
 from .io import ResultWriter, atomic_write, read_results, strict_json
+from .logs import run_task_schema, score_log_validator, validator
 from .methods import METHODS, ordered
 from .run import MeteredEngine, RunDir, read_run_json
 from .task import task_from_dict, task_to_dict
@@ -79,12 +80,14 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
             method = METHODS[name]
             if name in methods:
                 metered = MeteredEngine(engine)
-                with ResultWriter(run.path / method.log, method.key) as writer:
+                check = score_log_validator(name, task, [c.id for c in candidates], sampler)
+                with ResultWriter(run.path / method.log, method.key, check) as writer:
                     method.compute(metered, task, candidates, writer, sampler, progress)
                     results = writer.rows  # passed on, not read back
                 run.add_stats(name, metered.stats)
             else:  # asked for by an earlier run in this directory
-                results = read_results(run.path / method.log)
+                results = read_results(run.path / method.log,
+                                       score_log_validator(name, task, [c.id for c in candidates], sampler))
             rows += _score_rows(name, candidates, method.score(task, candidates, results, sampler))
         atomic_write(run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n"
                                                         for r in rows))
@@ -108,7 +111,8 @@ def load_scores(out) -> tuple:
     rows = []
     for name in ordered(methods):
         method = METHODS[name]
-        rows += _score_rows(name, candidates, method.score(task, candidates, read_results(out / method.log), sampler))
+        results = read_results(out / method.log, score_log_validator(name, task, [c.id for c in candidates], sampler))
+        rows += _score_rows(name, candidates, method.score(task, candidates, results, sampler))
     return task, candidates, rows, meta
 
 
@@ -122,6 +126,9 @@ TYPES = {"str": str, "int": int, "bool": bool}  # Task fields of these (annotate
 
 def _recorded_task(d, out: Path):
     """The task run.json recorded, checked as far as the scoring reads it (the file may be damaged or edited)."""
+    bad = validator(run_task_schema())(d) if isinstance(d, dict) else "not an object"
+    if bad:
+        raise _corrupt(out, f"its task ({bad})")
     try:
         task = task_from_dict(d)
     except (KeyError, TypeError, ValueError, AttributeError):

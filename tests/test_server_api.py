@@ -144,7 +144,7 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, "model", "unknown model"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs", "less than or equal to 20"),
     ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs", "greater than or equal to 0"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, "prompt", "maximum context length"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, "max_tokens", "maximum context length"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, "max_tokens", "greater than or equal to 0"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, "temperature", "valid number"),
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p", "greater than 0"),

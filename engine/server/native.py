@@ -63,6 +63,7 @@ async def generate(state: ServerState, req: GenerateRequest) -> dict:
     prompts = [state.encode_prompt(p, f"prompts[{i}]") for i, p in enumerate(req.prompts)]
     for i, ids in enumerate(prompts):
         state.check_length(len(ids), 1, f"prompts[{i}]")
+        state.check_length(len(ids), req.max_tokens, "max_tokens")
     ticket = state.admit(len(prompts), "prompts")
     try:
         gens = await asyncio.gather(*(state.aengine.generate(
@@ -96,11 +97,13 @@ def tokenizer_full(state: ServerState) -> dict:
 
 
 def tokenize(state: ServerState, req: TokenizeRequest) -> dict:
+    state.check_model(req.model)
     ids = state.encode_prompt(req.prompt, "prompt", req.add_special_tokens) if req.prompt else []
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_len}
 
 
 def detokenize(state: ServerState, req: DetokenizeRequest) -> dict:
+    state.check_model(req.model)
     if req.tokens:
         state.check_ids(req.tokens, "tokens")
     return {"prompt": state.tokenizer.decode(req.tokens)}
