@@ -34,7 +34,7 @@ MODEL_SHAPES = {
 }
 
 KERNEL_MODULES = ("rmsnorm_triton", "rope_triton", "swiglu_triton", "kv_store_triton", "attention_triton",
-                  "logprob_triton", "dequant_triton")
+                  "logprob_triton")
 
 _force = {"gpu": False}
 
@@ -113,7 +113,7 @@ def _meta(*shape, dtype=torch.float32):
 
 
 def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[Launch]:
-    """Every kernel launch of one engine step (and of weight dequantisation) for a model of these widths."""
+    """Every kernel launch of one engine step for a model of these widths."""
     from .problems import cascade_problem, paged_problem
 
     H, Hkv, D = shape["heads"], shape["kv_heads"], shape["head_dim"]
@@ -158,11 +158,6 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         for top_k in (0, 5):
             m["logprob_triton"].target_logprobs_triton(x, _meta(shape["vocab"], shape["hidden"], dtype=dtype),
                                                        _meta(tokens, dtype=torch.int64), top_k)
-    out += rec
-    with recording(m["dequant_triton"]) as rec:
-        for qtype, nbytes in (("Q8_0", 34), ("Q4_1", 20)):
-            m["dequant_triton"].dequantize_triton(_meta(64, shape["hidden"] // 32 * nbytes, dtype=torch.uint8),
-                                                  qtype, dtype)
     out += rec
     return out
 

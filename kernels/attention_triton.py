@@ -156,13 +156,6 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
     return out, lse
 
 
-def paged_prefill_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                   page_size: int, scale: float):
-    out, _ = paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table,
-                                                prefix_lens, page_size, scale)
-    return out.to(q.dtype)
-
-
 def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
     """Rows q[rows] attend to cache[slots] (each up to its entry of limits, when given); the result is merged
     into out[rows], lse[rows] in place."""

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # `python -m kernels.aot` prints every model x dtype).
 CASES = [("smollm2-135m", "bfloat16"), ("llama3-8b", "bfloat16"), ("llama3-8b", "float32")]
 KERNELS = {"_rms_norm_kernel", "_rope_kernel", "_silu_and_mul_kernel", "_store_kv_kernel", "_paged_prefill_kernel",
-           "_segment_merge_kernel", "_target_logprob_kernel", "_dequant_kernel"}
+           "_segment_merge_kernel", "_target_logprob_kernel"}
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")

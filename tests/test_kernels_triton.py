@@ -11,15 +11,12 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
 from kernels import attention_triton as AT  # noqa: E402
 from kernels.attention import cascade_attention_ref, segment_attention_merge_ref  # noqa: E402
-from kernels.dequant import dequantize_ref  # noqa: E402
-from kernels.dequant_triton import dequantize_triton  # noqa: E402
 from kernels.kv_store import store_kv_ref  # noqa: E402
 from kernels.kv_store_triton import store_kv_triton  # noqa: E402
 from kernels.logprob import target_logprobs_ref  # noqa: E402
@@ -167,14 +164,3 @@ def test_target_logprobs(splits, dtype):
     ref_lp, ref_greedy = target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8)
     close(lp, ref_lp, dtype)
     assert torch.equal(greedy.cpu(), ref_greedy.cpu()) and bool(greedy[1])
-
-
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
-def test_dequantize_matches_reference_and_gguf(qtype):
-    gguf = pytest.importorskip("gguf")
-    x = np.random.default_rng(0).standard_normal((3, 96)).astype(np.float32)
-    kind = getattr(gguf.GGMLQuantizationType, qtype)
-    raw = gguf.quants.quantize(x, kind)
-    ref = dequantize_ref(torch.from_numpy(raw), qtype)
-    np.testing.assert_array_equal(ref.numpy(), gguf.quants.dequantize(raw, kind))
-    torch.testing.assert_close(dequantize_triton(torch.from_numpy(raw).to(DEVICE), qtype).cpu(), ref, atol=0, rtol=0)
