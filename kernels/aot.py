@@ -31,6 +31,7 @@ MODEL_SHAPES = {
     "smollm2-135m": dict(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152),
     "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256),
     "qwen2-7b": dict(hidden=3584, heads=28, kv_heads=4, head_dim=128, intermediate=18944, vocab=152064),
+    "gemma-3-270m": dict(hidden=640, heads=4, kv_heads=1, head_dim=256, intermediate=2048, vocab=262144),
 }
 
 KERNEL_MODULES = ("rmsnorm_triton", "rope_triton", "swiglu_triton", "kv_store_triton", "attention_triton",
