@@ -11,6 +11,7 @@ path everywhere.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 import statistics
 import sys
 import time
@@ -105,7 +106,7 @@ def bench_engine(repeat: int) -> bool:
     for backend in ("torch", "auto"):
         kernels.set_backend(backend)
         times[backend] = timed(lambda: engine.score(requests), repeat)
-        stats = engine.last_stats
+        stats = asdict(engine.last_stats)
         print(f"  {backend:<6} ({kernels.describe('cpu')}): {times[backend][0]:8.0f} ms wall, "
               f"{times[backend][1]:8.0f} ms CPU, {stats['tokens_computed'] / times[backend][0] * 1e3:7.0f} tokens/s")
     kernels.set_backend(None)

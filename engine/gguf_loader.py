@@ -47,13 +47,7 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
     path = Path(path)
     source = str(path)
-    reader = open_gguf(path)
-    meta = _Metadata(reader, source)
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHS:
-        raise UserError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})", source)
-    tensors = {t.name: t for t in reader.tensors}
-    config = _config(meta, arch, tensors)
+    meta, arch, tensors, config = _header(path)
     by_name = {}
     for name, t in tensors.items():
         if name == "rope_freqs.weight":  # llama3 frequency factors: already in config.rope_scaling
@@ -82,11 +76,27 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
 
 def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
     """Only the tokenizer of a GGUF file (no weights are read)."""
-    path = Path(path)
+    return load_gguf_info(path)[1]
+
+
+def load_gguf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
+    """The config and tokenizer of a GGUF file, from its metadata: no tensor data is read or dequantized (the
+    tensor list is the file's header; only a llama3 `rope_freqs` vector, if any, is read)."""
+    meta, _, tensors, config = _header(Path(path))
+    config.tie_embeddings = "output.weight" not in tensors
+    return config, _tokenizer(meta, config)
+
+
+def _header(path: Path):
+    """(metadata, architecture, tensor infos by GGUF name, config) of a GGUF file whose architecture is supported;
+    no tensor data is read."""
     reader = open_gguf(path)
     meta = _Metadata(reader, str(path))
     arch = meta.get("general.architecture")
-    return _tokenizer(meta, _config(meta, arch, {t.name: t for t in reader.tensors}))
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise UserError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})", str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    return meta, arch, tensors, _config(meta, arch, tensors)
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -19,16 +19,27 @@ from .weights import LazyWeights
 
 def load_hf_dir(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
     path = Path(path)
+    config = _load_config(path)
+    weights = _load_weights(path)
+    return config, weights, _load_tokenizer(path, config)
+
+
+def load_hf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
+    """The config and tokenizer of an HF model directory; the weight files are not opened."""
+    path = Path(path)
+    config = _load_config(path)
+    return config, _load_tokenizer(path, config)
+
+
+def _load_config(path: Path) -> ModelConfig:
     if not path.is_dir():
         raise UserError("no such model directory", str(path))
     try:
-        config = ModelConfig.from_hf(_hf_config(path), source=str(path / "config.json"))
+        return ModelConfig.from_hf(_hf_config(path), source=str(path / "config.json"))
     except KeyError as e:
         raise UserError(f"config.json lacks {e}", str(path / "config.json")) from None
     except (TypeError, ValueError, ZeroDivisionError) as e:  # e.g. "num_attention_heads": 0 or "64"
         raise UserError(f"a config value of the wrong type or range ({e})", str(path / "config.json")) from None
-    weights = _load_weights(path)
-    return config, weights, _load_tokenizer(path, config)
 
 
 def _read_json(path: Path, required: bool = True) -> dict | None:

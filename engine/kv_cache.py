@@ -30,11 +30,16 @@ class KVCache:
         self.epoch = [0] * num_pages  # bumped each time a page is handed out: older memo entries are stale
         self.memo: dict[int, tuple] = {}  # slot -> (epoch, logprob, is_greedy, top ids, top logprobs)
         self.free_pages = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
-        self.peak_used = 0
+        self.peak_used = 0  # the most pages held at once since the last reset_peak()
 
     @property
     def used_pages(self) -> int:
         return self.num_pages - len(self.free_pages)
+
+    def reset_peak(self) -> int:
+        """Start a new peak from the pages held now; returns the peak before."""
+        peak, self.peak_used = self.peak_used, self.used_pages
+        return peak
 
     def alloc(self, n: int) -> list[int] | None:
         """n fresh pages (refcount 1), or None when fewer than n are free."""
@@ -62,6 +67,14 @@ class KVCache:
             self.refcount[p] -= 1
             if self.refcount[p] == 0:
                 self.free_pages.append(p)
+
+    def write_hidden(self, slots: torch.Tensor, hidden: torch.Tensor):
+        """Keep the final hidden states of the tokens just computed at their slots."""
+        self.hidden[slots] = hidden
+
+    def read_hidden(self, slots: list[int]) -> torch.Tensor:
+        """The kept hidden states at these slots (a copy: later steps may reuse the slots)."""
+        return self.hidden[torch.tensor(slots, dtype=torch.long, device=self.hidden.device)]
 
     def memo_get(self, slot: int, top_k: int):
         """(logprob, is_greedy, top ids, top logprobs) of the token at `slot` given its prefix, if scored since

@@ -72,31 +72,47 @@ def resolve_model_path(model: str | Path | None) -> Path:
     return Path(model).expanduser()
 
 
-def load_model_info(model: str | Path | None = None) -> tuple[ModelConfig, Tokenizer]:
-    """The model's config and tokenizer, checked as load_model_files checks them; no tensor data is read."""
-    config, _, tokenizer = load_model_files(model)
-    return config, tokenizer
-
-
-def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
-    path = resolve_model_path(model)
+def model_format(path: Path) -> str:
+    """"hf" (a directory with config.json) or "gguf" (a GGUF file); else a UserError saying what the path is."""
     if path.is_dir():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         if ggufs and not (path / "config.json").exists():
             raise UserError(f"a folder without config.json; to load a GGUF file pass the file itself "
                             f"({', '.join(ggufs[:3])})", str(path))
+        return "hf"
+    if path.is_file() and is_gguf(path):
+        return "gguf"
+    if not path.exists():
+        raise UserError("no such model file or directory", str(path))
+    raise UserError("not a model: expected a .gguf file or an HF directory with config.json", str(path))
+
+
+def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
+    path = resolve_model_path(model)
+    if model_format(path) == "hf":
         from .hf_loader import load_hf_dir
         config, weights, tokenizer = load_hf_dir(path)
-    elif path.is_file() and is_gguf(path):
+    else:
         from .gguf_loader import load_gguf
         config, weights, tokenizer = load_gguf(path)
-    elif not path.exists():
-        raise UserError("no such model file or directory", str(path))
-    else:
-        raise UserError("not a model: expected a .gguf file or an HF directory with config.json", str(path))
     check_config(config, str(path))
     check_weights(config, weights, str(path))
     return config, weights, tokenizer
+
+
+def load_model_info(model: str | Path | None = None) -> tuple[ModelConfig, Tokenizer]:
+    """The model's config and tokenizer without loading its weights (for a process that only tokenizes and
+    validates requests, such as the Ray driver): a GGUF file's metadata, an HF directory's JSON files. The
+    weights are checked against the config where they are loaded (load_model_files)."""
+    path = resolve_model_path(model)
+    if model_format(path) == "hf":
+        from .hf_loader import load_hf_info
+        config, tokenizer = load_hf_info(path)
+    else:
+        from .gguf_loader import load_gguf_info
+        config, tokenizer = load_gguf_info(path)
+    check_config(config, str(path))
+    return config, tokenizer
 
 
 def check_config(config: ModelConfig, source: str) -> None:

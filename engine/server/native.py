@@ -92,7 +92,7 @@ def tokenizer_full(state: ServerState) -> dict:
     tok = state.tokenizer
     return {"model": state.model_name, "tokenizer_json": tok.backend.to_str(), "bos_id": tok.bos_id,
             "eos_ids": tok.eos_ids, "add_bos": tok.add_bos, "chat_template": tok.chat_template,
-            "config": asdict(state.config), "max_len": state.max_len}
+            "config": asdict(state.config), "max_len": state.max_len, "kv_tokens": state.limits.kv_tokens}
 
 
 def tokenize(state: ServerState, req: TokenizeRequest) -> dict:
