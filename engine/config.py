@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 
 from .errors import UserError
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 
 
 @dataclass
 class ModelConfig:
-    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -24,12 +24,22 @@ class ModelConfig:
     max_position: int = 2048
     tie_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm of queries and keys before RoPE (Qwen3)
+    qk_norm: bool = False  # per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma-3)
+    # Gemma-3: keys with query position - key position >= sliding_window are masked on the layers marked True in
+    # sliding_layers, which rotate with rope_local_theta (no scaling); attention scale query_pre_attn_scalar ** -0.5
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "ModelConfig":
+        if cfg.get("model_type") == "gemma3":  # the multimodal checkpoint: its weights are named otherwise
+            raise UserError("multimodal gemma3 checkpoints are not supported; use a gemma3_text one", source)
+        if cfg.get("model_type") == "gemma3_text":
+            return cls._from_gemma3(cfg, source)
         arch = cfg.get("model_type", "")
         if arch not in SUPPORTED_ARCHS:
             raise UserError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})", source)
@@ -58,10 +68,55 @@ class ModelConfig:
             eos_token_ids=eos,
         )
 
+    @classmethod
+    def _from_gemma3(cls, cfg: dict, source: str) -> "ModelConfig":
+        if cfg.get("final_logit_softcapping") or cfg.get("attn_logit_softcapping"):
+            raise UserError("gemma3 with logit softcapping is not supported", source)
+        if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise UserError(f"gemma3 hidden_activation {cfg['hidden_activation']!r} is not supported", source)
+        n = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types")
+        if types is None:
+            pattern = cfg.get("sliding_window_pattern", 6)
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+            raise UserError("gemma3 layer_types must name sliding_attention or full_attention for every layer",
+                            source)
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        return cls(
+            arch="gemma3",
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=n,
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or 256,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", 1000000.0),
+            rope_scaling=cfg.get("rope_scaling"),
+            max_position=cfg.get("max_position_embeddings", 131072),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=True,
+            sliding_window=cfg.get("sliding_window", 4096),
+            sliding_layers=tuple(t == "sliding_attention" for t in types),
+            rope_local_theta=cfg.get("rope_local_base_freq", 10000.0),
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos,
+        )
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
     def to_hf(self) -> dict:
         """The equivalent HF config.json dict (used to build reference models in tests)."""
         hf_arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                   "qwen3": "Qwen3ForCausalLM"}
+                   "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
         d = {
             "architectures": [hf_arch[self.arch]],
             "model_type": self.arch,
@@ -85,4 +140,11 @@ class ModelConfig:
             d["attention_bias"] = self.attention_bias
         if self.arch == "qwen3":
             d["use_sliding_window"] = False
+        if self.arch == "gemma3":
+            del d["hidden_act"]
+            d.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+                     attention_bias=self.attention_bias, sliding_window=self.sliding_window,
+                     layer_types=["sliding_attention" if s else "full_attention" for s in self.sliding_layers],
+                     rope_local_base_freq=self.rope_local_theta, query_pre_attn_scalar=self.query_pre_attn_scalar,
+                     final_logit_softcapping=None, attn_logit_softcapping=None)
         return d

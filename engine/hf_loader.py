@@ -62,7 +62,14 @@ def _hf_config(path: Path) -> dict:
     cfg = _read_json(path / "config.json")
     # transformers >= 5 writes `rope_parameters` (theta + scaling in one dict) instead of rope_theta/rope_scaling.
     rope = cfg.get("rope_parameters")
-    if isinstance(rope, dict):
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):  # per layer type (Gemma-3)
+        cfg = dict(cfg)
+        full, local = rope["full_attention"], rope.get("sliding_attention") or {}
+        cfg.setdefault("rope_theta", full.get("rope_theta", 1000000.0))
+        cfg.setdefault("rope_local_base_freq", local.get("rope_theta", 10000.0))
+        if full.get("rope_type", "default") != "default":
+            cfg.setdefault("rope_scaling", {k: v for k, v in full.items() if k != "rope_theta"})
+    elif isinstance(rope, dict):
         cfg = dict(cfg)
         cfg.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
         if rope.get("rope_type", "default") != "default":

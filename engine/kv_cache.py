@@ -54,6 +54,9 @@ class KVCache:
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.hidden = torch.empty(num_pages * page_size, config.hidden_size, dtype=dtype, device=device)
+        # absolute position of the token at each slot, written with its K/V: sliding-window layers mask by it
+        self.positions = (torch.empty(num_pages * page_size, dtype=torch.int64, device=device)
+                          if config.sliding_window else None)
         self.refcount = [0] * num_pages
         self.epoch = [0] * num_pages  # bumped each time a page is handed out: older memo entries are stale
         self.memo: dict[int, tuple] = {}  # slot -> (epoch, logprob, is_greedy, top ids, top logprobs)

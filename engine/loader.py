@@ -153,6 +153,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (config.head_dim,),
                            p + "self_attn.k_norm.weight": (config.head_dim,)})
+        if config.arch == "gemma3":
+            shapes.update({p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)})
     return shapes
 
 

@@ -1,4 +1,10 @@
-"""The Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3) over packed variable-length steps.
+"""The Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma-3 text) over packed
+variable-length steps.
+
+Gemma-3 differs in: the embedding scaled by sqrt(hidden) (rounded to the model dtype, as HF does), RMSNorm weights
+stored as w and applied as (1 + w) (folded in at load), norms after attention and after the MLP as well as before,
+GeGLU with the tanh-approximated GELU, the attention scale query_pre_attn_scalar ** -0.5, and local layers that
+attend within a sliding window and rotate with their own rope base.
 
 One forward step takes the new tokens of many sequences packed back to back (no padding) and an attention plan
 (`StepBatch`): where their K/V go in the paged cache and which cached segments each sequence attends to. Only the
@@ -47,22 +53,34 @@ class LlamaModel:
         def w(name):
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
 
+        gemma = c.arch == "gemma3"
+
+        def norm_w(name):  # Gemma's RMSNorm multiplies by (1 + w), in fp32 before the cast
+            return (weights[name].float() + 1).to(device=self.device, dtype=dtype) if gemma else w(name)
+
         def fused(*names):  # rows of several linears in one matrix, in its final layout
             return self.ops.weight(torch.cat([w(n) for n in names]) if len(names) > 1 else w(names[0]))
 
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = self.embed if c.tie_embeddings else w("lm_head.weight")
-        self.norm = w("model.norm.weight")
+        self.norm = norm_w("model.norm.weight")
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             bias = torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if c.attention_bias else None
             self.layers.append(dict(
-                attn_norm=w(p + "input_layernorm.weight"),
-                q_norm=w(p + "self_attn.q_norm.weight") if c.qk_norm else None,
-                k_norm=w(p + "self_attn.k_norm.weight") if c.qk_norm else None,
+                attn_norm=norm_w(p + "input_layernorm.weight"),
+                q_norm=norm_w(p + "self_attn.q_norm.weight") if c.qk_norm else None,
+                k_norm=norm_w(p + "self_attn.k_norm.weight") if c.qk_norm else None,
                 qkv=fused(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")), qkv_bias=bias,
-                o=fused(p + "self_attn.o_proj.weight"), mlp_norm=w(p + "post_attention_layernorm.weight"),
+                o=fused(p + "self_attn.o_proj.weight"),
+                # Gemma: post_attention_layernorm normalises the attention output; pre_feedforward_layernorm
+                # the MLP input, and post_feedforward_layernorm its output
+                post_attn_norm=norm_w(p + "post_attention_layernorm.weight") if gemma else None,
+                mlp_norm=norm_w(p + ("pre_feedforward_layernorm.weight" if gemma
+                                     else "post_attention_layernorm.weight")),
+                post_mlp_norm=norm_w(p + "post_feedforward_layernorm.weight") if gemma else None,
+                sliding=bool(c.sliding_layers[i]) if c.sliding_layers else False,
                 gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                 down=fused(p + "mlp.down_proj.weight")))
             release_free_memory()  # the layer's transient copies, not kept resident by malloc
@@ -70,7 +88,12 @@ class LlamaModel:
         self.logits_head = self.ops.weight(self.lm_head)
         self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position,
                                                   self.device)
-        self.scale = c.head_dim ** -0.5
+        self.local_cos, self.local_sin = (
+            kernels.rope_cos_sin(c.head_dim, c.rope_local_theta, None, c.max_position, self.device)
+            if any(c.sliding_layers) else (None, None))
+        self.scale = c.attention_scale
+        # HF rounds sqrt(hidden) to the model dtype before scaling the embedding
+        self.embed_scale = torch.tensor(c.hidden_size ** 0.5, dtype=dtype).item() if gemma else None
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
@@ -82,6 +105,12 @@ class LlamaModel:
         linear = ops.linear
         plan = ops.attention_plan(batch.cu_seqlens, batch.positions, batch.write_slots, batch.segments)
         h = F.embedding(batch.token_ids, self.embed)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        window = None
+        if kv.positions is not None:
+            kv.positions[batch.write_slots] = batch.positions
+            window = kernels.AttentionWindow(c.sliding_window, batch.positions, kv.positions)
         residual = None
         for i, L in enumerate(self.layers):
             x, residual = kernels.rms_norm(h, L["attn_norm"], c.rms_norm_eps, residual)
@@ -94,12 +123,23 @@ class LlamaModel:
                 k = kernels.rms_norm(k.reshape(T * c.num_kv_heads, c.head_dim), L["k_norm"], c.rms_norm_eps)[0]
                 q, k = q.view(T, c.num_heads, c.head_dim), k.view(T, c.num_kv_heads, c.head_dim)
             q, k = q.contiguous(), k.contiguous()
-            kernels.apply_rope(q, k, batch.positions, self.cos, self.sin)
+            if L["sliding"]:
+                kernels.apply_rope(q, k, batch.positions, self.local_cos, self.local_sin)
+            else:
+                kernels.apply_rope(q, k, batch.positions, self.cos, self.sin)
             kernels.store_kv(k, v, kv.k[i], kv.v[i], batch.write_slots)
-            attn = ops.attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments, self.scale, plan)
+            attn = ops.attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments, self.scale, plan,
+                                 window if L["sliding"] else None)
             h = linear(attn.reshape(T, q_dim), L["o"])
+            if L["post_attn_norm"] is not None:
+                h = kernels.rms_norm(h, L["post_attn_norm"], c.rms_norm_eps)[0]
             x, residual = kernels.rms_norm(h, L["mlp_norm"], c.rms_norm_eps, residual)
-            h = linear(kernels.silu_and_mul(linear(x, L["gate_up"])), L["down"])
+            if L["post_mlp_norm"] is not None:  # GeGLU (tanh GELU), then the post-MLP norm
+                gate, up = linear(x, L["gate_up"]).chunk(2, dim=-1)
+                h = linear(F.gelu(gate, approximate="tanh") * up, L["down"])
+                h = kernels.rms_norm(h, L["post_mlp_norm"], c.rms_norm_eps)[0]
+            else:
+                h = linear(kernels.silu_and_mul(linear(x, L["gate_up"])), L["down"])
         rows = batch.out_rows
         out, _ = kernels.rms_norm(h[rows], self.norm, c.rms_norm_eps, residual[rows])
         return out

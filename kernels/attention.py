@@ -7,9 +7,22 @@ batched matmul; the partial results are merged by log-sum-exp. All softmax stati
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 SELF_WINDOW = 256  # new tokens per dense block-diagonal window in the self-attention part
+
+
+@dataclass(frozen=True)
+class AttentionWindow:
+    """A sliding window (Gemma-3 local layers): a query at position p sees keys at positions > p - size.
+    positions [T]: the absolute positions of the step's new tokens; slot_positions [num_slots]: of each cache slot.
+    The mask depends on absolute positions only, so a shared prefix's K/V and results are the same for every
+    sequence below it."""
+    size: int
+    positions: torch.Tensor
+    slot_positions: torch.Tensor
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None):
@@ -47,10 +60,11 @@ def segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, ls
     out[rows], lse[rows] = merge_attention_ref(out[rows], lse[rows], o, l)
 
 
-def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale):
+def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window=None):
     """Self part: q [T, H, D], k/v [T, Hkv, D] hold the new tokens of sequences packed back to back, sequence b
     being rows cu_seqlens[b]:cu_seqlens[b+1]. Each token attends to itself and the earlier new tokens of its own
-    sequence. Computed in dense windows of whole sequences (block-diagonal causal mask)."""
+    sequence. Computed in dense windows of whole sequences (block-diagonal causal mask). With `window` (an
+    AttentionWindow), keys window.size or more positions before the query are masked too."""
     T, H, D = q.shape
     out = torch.empty(T, H, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
@@ -65,6 +79,9 @@ def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale):
             torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(b, e)], device=q.device))
         idx = torch.arange(hi - lo, device=q.device)
         mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
+        if window is not None:
+            pos = window.positions[lo:hi]
+            mask &= (pos[:, None] - pos[None, :]) < window.size
         out[lo:hi], lse[lo:hi] = _attend(q[lo:hi], k[lo:hi], v[lo:hi], scale, mask)
         b = e
     return out, lse
@@ -84,4 +101,24 @@ def cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segment
     out, lse = varlen_causal_attention_ref(q, k_new, v_new, cu_seqlens, scale)
     for rows, slots in segments:
         segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse)
+    return out.to(q.dtype)
+
+
+def windowed_cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
+                                   window: AttentionWindow):
+    """cascade_attention_ref under a sliding window: each cached segment's keys are masked by absolute position;
+    a row whose keys in a segment are all outside the window takes nothing from it."""
+    out, lse = varlen_causal_attention_ref(q, k_new, v_new, cu_seqlens, scale, window)
+    for rows, slots in segments:
+        if rows.numel() == 0 or slots.numel() == 0:
+            continue
+        qpos = window.positions.to(q.device)[rows]
+        kpos = window.slot_positions.to(q.device)[slots]
+        mask = (qpos[:, None] - kpos[None, :]) < window.size
+        seen = mask.any(dim=1)
+        if not bool(seen.any()):
+            continue
+        r = rows[seen]
+        o, l = _attend(q[r], k_cache[slots], v_cache[slots], scale, mask[seen])
+        out[r], lse[r] = merge_attention_ref(out[r], lse[r], o, l)
     return out.to(q.dtype)

@@ -28,6 +28,7 @@ import os
 import torch
 
 from . import batch_invariant, native_ops
+from .attention import windowed_cascade_attention_ref
 from .linear import linear as _packed_linear, prepack as _prepack
 
 log = logging.getLogger("kernels")
@@ -178,8 +179,17 @@ class StepKernels:
             return batch_invariant.chunk_segments(cu_seqlens, positions, write_slots, segments)
         return None
 
-    def attention(self, q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, plan):
-        """One layer's attention of the step (the new K/V are already in the cache). Returns [T, H, D]."""
+    def attention(self, q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, plan, window=None):
+        """One layer's attention of the step (the new K/V are already in the cache). Returns [T, H, D].
+        With a sliding `window` (attention.AttentionWindow) it runs the torch reference in every backend and
+        mode: the native, Triton and batch-invariant kernels have no window yet."""
+        if window is not None:
+            if not _state.get("window_logged"):
+                _state["window_logged"] = True
+                log.info("kernels: sliding-window attention -> torch reference (no native, Triton or "
+                         "batch-invariant windowed kernel)")
+            return windowed_cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
+                                                  window)
         if self.deterministic:  # every key from the cache, in fixed absolute chunks
             return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge)
         return cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale)

@@ -62,7 +62,20 @@ def test_tiny_models_match_transformers(arch, tiny_model_dirs):
         assert g.is_greedy == r.is_greedy
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_gemma3_deterministic_mode_matches_transformers(tiny_model_dirs):
+    """Sliding-window layers in the deterministic mode (they run the windowed torch reference there), with prompts
+    and shared prefixes longer than the window of 8."""
+    config, weights, tok = load_model_files(str(tiny_model_dirs["gemma3"]))
+    hf = hf_model_from_weights(config, weights)
+    reqs = _random_requests(config.vocab_size, 12, seed=5)
+    ref = hf_logprobs(hf, tok, reqs)
+    got = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=2048, token_budget=16,
+                 deterministic=True).score(reqs)
+    for g, r in zip(got, ref):
+        assert g.token_logprobs == pytest.approx(r.token_logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3"])
 def test_greedy_generation_matches_transformers(tiny_model_dirs, arch):
     config, weights, tok = load_model_files(str(tiny_model_dirs[arch]))
     hf = hf_model_from_weights(config, weights)

@@ -41,7 +41,7 @@ def _assert_same(got, ref, tol):
 
 # the interpreter is slow: Triton on one tiny architecture (llama3: scaled RoPE) and on SmolLM2 below
 CASES = [("llama3", "triton"), ("qwen3", "triton"), ("llama", "native"), ("llama3", "native"), ("qwen2", "native"),
-         ("qwen3", "native")]
+         ("qwen3", "native"), ("gemma3", "native"), ("gemma3", "triton")]
 
 
 @pytest.mark.parametrize("arch,backend", CASES)

@@ -110,8 +110,11 @@ def test_hf_dir_round_trip(tiny_model_dirs, arch):
     assert config == ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     stored = load_file(str(path / "model.safetensors"))
     assert set(weights) == set(stored) and all(torch.equal(weights[k], v) for k, v in stored.items())
-    assert config.tie_embeddings == (arch in ("smollm", "qwen3")) and config.attention_bias == (arch == "qwen2")
-    assert config.qk_norm == (arch == "qwen3")
+    assert config.tie_embeddings == (arch in ("smollm", "qwen3", "gemma3"))
+    assert config.attention_bias == (arch == "qwen2")
+    assert config.qk_norm == (arch in ("qwen3", "gemma3"))
+    windows = (8, (True, False, True)) if arch == "gemma3" else (None, ())
+    assert (config.sliding_window, config.sliding_layers) == windows
     assert tokenizer.add_bos and tokenizer.bos_id == 0 and tokenizer.eos_ids == [1, 3]
     assert tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]) == \
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"

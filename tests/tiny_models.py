@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ARCHS = ("llama", "mistral", "qwen2", "llama3", "smollm", "qwen3")
+ARCHS = ("llama", "mistral", "qwen2", "llama3", "smollm", "qwen3", "gemma3")
 SPECIAL_TOKENS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]  # ids 0..3
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
@@ -43,17 +43,17 @@ Many hands make light work, but too many cooks spoil the broth. Every cloud has 
 
 
 def hf_config(arch: str = "llama", **overrides) -> dict:
-    """A tiny config.json for `arch` (llama | mistral | qwen2 | llama3 | smollm)."""
+    """A tiny config.json for `arch` (one of ARCHS)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
     model_type = {"llama3": "llama", "smollm": "llama"}.get(arch, arch)
     cls = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "qwen3": "Qwen3ForCausalLM"}[model_type]
+           "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[model_type]
     cfg = {
         "architectures": [cls], "model_type": model_type, "vocab_size": 384, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
-        "tie_word_embeddings": arch in ("smollm", "qwen3"), "hidden_act": "silu", "bos_token_id": 0,
+        "tie_word_embeddings": arch in ("smollm", "qwen3", "gemma3"), "hidden_act": "silu", "bos_token_id": 0,
         "eos_token_id": [1, 3],
     }
     if model_type == "llama":
@@ -64,6 +64,14 @@ def hf_config(arch: str = "llama", **overrides) -> dict:
         cfg.update(use_sliding_window=False, attention_bias=True)
     if model_type == "qwen3":  # per-head q/k norms, no qkv bias, its own rope base
         cfg.update(use_sliding_window=False, attention_bias=False, rope_theta=1000000.0)
+    if model_type == "gemma3":  # a window shorter than most prompts, local and global layers, a query scale
+        # other than head_dim, each layer type with its own rope base
+        del cfg["hidden_act"]
+        cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", num_hidden_layers=3,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=8,
+                   query_pre_attn_scalar=24, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                   attention_bias=False, final_logit_softcapping=None, attn_logit_softcapping=None,
+                   rms_norm_eps=1e-6)
     if arch == "llama3":  # with head_dim 16 and an original context of 64, the three llama3 bands all occur
         cfg.update(rope_theta=500000.0, rope_scaling={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -99,6 +107,15 @@ def random_weights(cfg: dict, seed: int = 0, std: float = 0.05) -> dict[str, tor
         if cfg["model_type"] == "qwen3":  # far from 1, so that a missing or misplaced q/k norm shows
             w.update({p + "self_attn.q_norm.weight": 1 + normal(hd, scale=0.5),
                       p + "self_attn.k_norm.weight": 1 + normal(hd, scale=0.5)})
+        if cfg["model_type"] == "gemma3_text":  # Gemma stores w and applies (1 + w): noise around 0, q/k far from it
+            w.update({p + "self_attn.q_norm.weight": normal(hd, scale=0.5),
+                      p + "self_attn.k_norm.weight": normal(hd, scale=0.5),
+                      p + "pre_feedforward_layernorm.weight": normal(h, scale=0.1),
+                      p + "post_feedforward_layernorm.weight": normal(h, scale=0.1)})
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                w[p + name + ".weight"] -= 1
+    if cfg["model_type"] == "gemma3_text":
+        w["model.norm.weight"] -= 1
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = normal(v, h, scale=2 * std)
     return w
