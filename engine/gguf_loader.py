@@ -1,11 +1,12 @@
-"""Load a llama.cpp GGUF file (architectures llama and qwen2): config from the metadata, weights in HF naming and
-layout (a LazyWeights: each tensor dequantized to float32, or kept as F32/F16/BF16 as stored, only when the model
-asks for it, and its pages of the memory-mapped file then dropped), and the tokenizer rebuilt from the vocabulary
-(byte-level or SentencePiece BPE, cached on disk).
+"""Load a llama.cpp GGUF file (architectures llama, qwen2, qwen3, gemma3): config from the metadata, weights in HF
+naming and layout (a LazyWeights: each tensor dequantized to float32, or kept as F32/F16/BF16 as stored, only when
+the model asks for it, and its pages of the memory-mapped file then dropped), and the tokenizer rebuilt from the
+vocabulary (byte-level or SentencePiece BPE, cached on disk).
 
 llama.cpp's converter interleaves the two rotary halves of each Q and K head of `llama` models (its RoPE rotates
 adjacent pairs); the loader undoes that so the weights match HF's rotate-half layout. qwen2 and qwen3 files are
-not permuted.
+not permuted. llama.cpp's converter stores Gemma's RMSNorm weights as 1 + w (what the norm multiplies by); the
+loader subtracts the 1 so that they are HF's w (as transformers does when it reads such a file).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .tokenizer import (PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokeni
                         sentencepiece_bpe)
 from .weights import LazyWeights, release_pages
 
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 TOKENIZER_FORMAT = "icqs-tok-1"  # part of the tokenizer cache key: bump when a builder changes
@@ -41,6 +42,10 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
     "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+# gemma3 names its norms otherwise: ffn_norm is the pre-MLP norm, and there are norms after attention and the MLP
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
+                       "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                       "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
@@ -55,7 +60,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise UserError(f"unsupported tensor type {t.tensor_type.name} in {t.name} (supported: "
                             f"{', '.join(SUPPORTED_TYPES)})", source)
-        by_name[_hf_name(name, source)] = t
+        by_name[_hf_name(name, source, _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES)] = t
     rotary_heads = {}  # llama: undo the converter's interleaving of the rotary halves of Q and K
     if arch == "llama":
         for i in range(config.num_layers):
@@ -67,6 +72,8 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
         t = by_name[name]
         w = _dequantize(t)
         release_pages(t.data)
+        if arch == "gemma3" and name.endswith("norm.weight"):  # stored as 1 + w
+            w = w.float() - 1
         return unpermute_rotary(w, rotary_heads[name]) if name in rotary_heads else w
 
     config.tie_embeddings = "lm_head.weight" not in by_name
@@ -170,12 +177,12 @@ class _Metadata:
         return self.reader.data[field.offset:end].tobytes()
 
 
-def _hf_name(name: str, source: str) -> str:
+def _hf_name(name: str, source: str, layer_names: dict[str, str] = _LAYER_NAMES) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _LAYER_RE.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in layer_names:
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"
     raise UserError(f"unexpected tensor {name} (an unsupported variant of this architecture)", source)
 
 
@@ -218,10 +225,18 @@ def _read_config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         max_position=int(meta.get(f"{arch}.context_length", 2048)),
         attention_bias="blk.0.attn_q.bias" in tensors,
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id", None),
         eos_token_ids=[int(i) for i in eos if i is not None],
     )
+    if arch == "gemma3":  # llama.cpp's and transformers' defaults where the file says nothing: every 6th layer
+        # global, local rope base 10000, attention scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim)
+        pattern = int(meta.get("gemma3.attention.sliding_window_pattern", 6))
+        config.sliding_window = int(meta.get("gemma3.attention.sliding_window"))
+        config.sliding_layers = tuple(bool((i + 1) % pattern) for i in range(config.num_layers))
+        config.rope_local_theta = float(meta.get("gemma3.rope.freq_base_swa", 10000.0))
+        config.query_pre_attn_scalar = config.head_dim
+        config.rms_norm_eps = float(meta.get("gemma3.attention.layer_norm_rms_epsilon", 1e-6))
     config.rope_scaling = _rope_scaling(meta, arch, config, tensors.get("rope_freqs.weight"))
     return config
 

