@@ -21,7 +21,7 @@ from engine.errors import UserError
 from .factory import add_engine_args
 from engine.requests import encode_pairs
 from engine.stats import EngineStats
-from engine.validation import RequestError, check_score
+from engine.requests import RequestError, check_score
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
 
@@ -75,7 +75,7 @@ def cmd_score(args) -> int:
         return 0
     eng = engine_from_args(args, keep_cache=not args.no_share)  # chunks reuse each other's prefixes
     todo = rows[skip:]
-    try:  # the engine's own checks (engine/validation.py), before any work
+    try:  # the engine's own checks (engine/requests.py), before any work
         encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
         for i, (ctx, cont) in enumerate(encoded):
             check_score(ctx, cont, 0, eng.limits, index=i)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.requests import encode_pairs
-from engine.validation import RequestError, check_generate_length, check_score_length
+from engine.requests import RequestError, check_generate_length, check_score_length
 
 from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
