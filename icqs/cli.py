@@ -19,25 +19,23 @@ from engine.errors import UserError
 from commands.factory import add_engine_args, engine_from_args, model_label, positive_int
 
 from .methods import METHODS
-from .run import add_run_args
+from .run import add_run_args, deterministic_by_default
 from .sampler import SAMPLERS
 from .task import BALANCE
 from .score_run import load_scores, score_run, score_run_dir, write_leaderboard
 
 
 def cmd_score(args) -> None:
-    from .candidates import check_truth_dists, read_candidates
+    from .candidates import check_labels, check_truth_dists, read_candidates
     from .task import load_task
 
-    task = load_task(args.task)
-    for key in ("M", "N", "L", "seed", "balance", "calibrate"):
-        if getattr(args, key) is not None:
-            setattr(task, key, getattr(args, key))
-    task.check_ratio_grid()
+    task = load_task(args.task, {key: getattr(args, key) for key in ("M", "N", "L", "seed", "balance", "calibrate")})
     candidates = read_candidates(args.candidates)
     check_truth_dists(candidates, task.M + 1, args.candidates)
-    if "icl" in args.method and not task.labels:
-        raise UserError("the icl method needs label options ('labels' in the task)", args.task)
+    check_labels(candidates, task, args.candidates)
+    if "icl" in args.method and not task.is_label_task:
+        raise UserError("the icl method needs a label task (every pool answer one of a few 'labels'); this task's "
+                        "answers are free text, which plain ICL cannot predict: leave icl out of --method", args.task)
     model = model_label(args)
     run = score_run_dir(args.out, task, candidates, model, args.sampler, args.method)  # checked, nothing written
     engine = engine_from_args(args, keep_cache=True)  # chunks of one job reuse the demo sets
@@ -66,11 +64,30 @@ def cmd_demo(args) -> None:
     run_demo(args.out, args, progress=not args.quiet)
 
 
+def cmd_schema(args) -> None:
+    from .contracts import print_schema
+    print(print_schema(args.name), end="")
+
+
+def cmd_init(args) -> None:
+    from .demo import write_example
+    for path in write_example(args.dir):
+        print(f"wrote {path}")
+    print(f"next: icqs preview {args.dir}/task.yaml {args.dir}/candidates.jsonl\n"
+          f"      icqs score {args.dir}/task.yaml {args.dir}/candidates.jsonl --out {args.dir}/run")
+
+
 def register(subparsers) -> None:
     """This package's own subcommands (their heavy imports happen inside the handlers)."""
-    p = subparsers.add_parser("score", help="score candidate answers with ICQS and the baselines")
-    p.add_argument("task", help="task YAML")
-    p.add_argument("candidates", help="candidates JSONL (id, model, x, y, optional truth / truth_dist)")
+    from .contracts import FORMATS, NAMES
+    p = subparsers.add_parser("score", help="score candidate answers with ICQS and the baselines",
+                              description="Score each candidate answer with the chosen methods, audit every method "
+                              "on the task's own good/bad pool, and print the audit and the leaderboard. "
+                              + FORMATS["score"] + ".")
+    p.add_argument("task", help="task YAML: template, good and bad example pools, labels, M/N/L "
+                                "(`icqs schema task`; `icqs init DIR` writes an example)")
+    p.add_argument("candidates", help="candidates JSONL: id, model, x, y, optional truth / truth_dist "
+                                      "(`icqs schema candidates`)")
     add_run_args(p, seed_default=None, seed_help="sampling seed (default: the task's)")
     p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
     p.add_argument("--sampler", choices=SAMPLERS, default="coupled",
@@ -83,6 +100,7 @@ def register(subparsers) -> None:
     for key, what in (("M", "ratios r = j/M"), ("N", "demos per set"), ("L", "demo sets per ratio")):
         p.add_argument(f"--{key}", type=positive_int, default=None, help=f"{what} (default: the task's)")
     add_engine_args(p)
+    deterministic_by_default(p)
     p.set_defaults(func=cmd_score)
     p = subparsers.add_parser("leaderboard", help="print the leaderboard of a score run directory")
     p.add_argument("dir")
@@ -95,7 +113,16 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_engine_args(p)
+    deterministic_by_default(p)
     p.set_defaults(func=cmd_demo)
+    p = subparsers.add_parser("schema", help="print the JSON Schema of an input format",
+                              description="Print the JSON Schema of an input format: " + "; ".join(
+                                  f"{k}: {v}" for k, v in FORMATS.items()))
+    p.add_argument("name", choices=NAMES)
+    p.set_defaults(func=cmd_schema)
+    p = subparsers.add_parser("init", help="write a small working example task and candidates into DIR")
+    p.add_argument("dir")
+    p.set_defaults(func=cmd_init)
 
 
 def build_parser() -> argparse.ArgumentParser:

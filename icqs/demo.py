@@ -9,6 +9,7 @@ leaderboard prints it beside each method's.
 from __future__ import annotations
 
 import argparse
+import json
 import itertools
 
 import numpy as np
@@ -96,3 +97,41 @@ def run_demo(out, args=None, progress: bool = True) -> str:
         print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")
         print(f"report: {write_report(run.path)}")
     return text
+
+
+EXAMPLE_HEADER = """\
+# An ICQS task (`icqs schema task` lists every field). ICQS scores an answer by how much more likely the model finds
+# it after demos that are mostly right than after demos that are mostly wrong: `good` holds inputs with their RIGHT
+# answer, `bad` inputs with a WRONG answer. Texts are YAML strings: quote yes/no/true/null/numbers ("no", "3").
+"""
+
+
+def write_example(folder) -> list:
+    """`icqs init DIR`: a small working label task (DIR/task.yaml, 12 good and 12 bad reviews) and answers of three
+    simulated models to 8 held-out reviews (DIR/candidates.jsonl, with their truth); refuses to overwrite."""
+    from pathlib import Path
+
+    from engine.errors import UserError
+
+    folder = Path(folder)
+    paths = [folder / "task.yaml", folder / "candidates.jsonl"]
+    for p in paths:
+        if p.exists():
+            raise UserError("exists; `icqs init` does not overwrite files (choose another folder)", str(p))
+    if folder.exists() and not folder.is_dir():
+        raise UserError("is a file, not a folder", str(folder))
+    task = demo_task(pool=12, M=2, N=4, L=2)
+    task.name = "review-sentiment"
+    held_out = reviews()[24:32]
+    rng = np.random.default_rng(3)
+    rows = []
+    for model, accuracy in (("model-a", 0.9), ("model-b", 0.6), ("model-c", 0.3)):
+        right = set(rng.permutation(len(held_out))[:round(accuracy * len(held_out))].tolist())
+        for q, e in enumerate(held_out):
+            ok = q in right
+            rows.append({"id": f"{model}/q{q}", "model": model, "x": e.x, "y": e.y if ok else _flip(e.y),
+                         "truth": 1 if ok else 0})
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(paths[0], EXAMPLE_HEADER + task_yaml(task))
+    atomic_write(paths[1], "".join(json.dumps(r) + "\n" for r in rows))
+    return paths

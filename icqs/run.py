@@ -100,11 +100,11 @@ class RunDir:
             if old.get("command", self.command) != self.command:
                 raise UserError(f"this directory holds a `{old['command']}` run, not a `{self.command}` one; use "
                                 f"another --out", str(self.path))
-            for key in self.fixed:
-                if old.get(key) != self.given.get(key):
-                    raise UserError(f"this run directory holds results for a different {key} ({_short(old.get(key))}"
-                                    f", now {_short(self.given.get(key))}); use another --out",
-                                    str(self.path / "run.json"))
+            changed = [c for key in self.fixed for c in changes(key, old.get(key), self.given.get(key))]
+            if changed:
+                raise UserError(f"this run directory holds results for other settings: {'; '.join(changed[:6])}"
+                                f"{'; ...' if len(changed) > 6 else ''}; use another --out (or the same settings)",
+                                str(self.path / "run.json"))
         for key, values in self.accumulate.items():
             meta[key] = sorted(set((old or {}).get(key, [])) | set(values))
         return meta
@@ -169,8 +169,23 @@ class RunDir:
 
 
 def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def changes(name: str, old, new) -> list[str]:
+    """The settings that differ between two recorded values, as 'name.key: old -> new' (dicts compared key by key,
+    lists of different lengths by their length, others item by item)."""
+    if old == new:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in list(old) + [k for k in new if k not in old]
+                for c in changes(f"{name}.{k}", old.get(k), new.get(k))]
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return [f"{name}: {len(old)} items -> {len(new)} items"]
+        return [c for i, (a, b) in enumerate(zip(old, new)) for c in changes(f"{name}[{i}]", a, b)]
+    return [f"{name}: {_short(old)} -> {_short(new)}"]
 
 
 class MeteredEngine:
@@ -216,3 +231,11 @@ def add_run_args(p: argparse.ArgumentParser, seed_default: int | None = 0, seed_
     p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
     p.add_argument("--seed", type=non_negative_int, default=seed_default, help=seed_help)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def deterministic_by_default(p: argparse.ArgumentParser) -> None:
+    """Evaluation commands run the engine in its deterministic mode unless told otherwise: a score does not depend
+    on what else is in the job, so adding a method or an option never moves another method's scores."""
+    p.set_defaults(deterministic=True)
+    p.add_argument("--nondeterministic", dest="deterministic", action="store_false",
+                   help="faster batched kernels whose bf16 scores move with the batch (by up to ~0.1 nats)")

@@ -15,9 +15,9 @@ from icqs.task import load_task
 
 TASK = """name: tiny
 template: "Q: {x}\\nA: {y}"
-good: [{x: one, y: yes}, {x: two, y: no}, {x: three, y: yes}]
-bad: [{x: one, y: no}, {x: two, y: yes}, {x: three, y: no}]
-labels: [yes, no]
+good: [{x: one, y: "yes"}, {x: two, y: "no"}, {x: three, y: "yes"}]
+bad: [{x: one, y: "no"}, {x: two, y: "yes"}, {x: three, y: "no"}]
+labels: ["yes", "no"]
 M: 2
 N: 2
 L: 2
@@ -85,6 +85,6 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(files, tiny_model_dir,
     assert err == f"error: {files / 'c.jsonl'}:2: missing fields 'x', 'y'\n" and not out.exists()
     (files / "task.yaml").write_text(TASK.replace("N: 2", "N: two"))
     assert main(["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(out)]) == 2
-    assert capsys.readouterr().err == f"error: {files / 'task.yaml'}:7: 'N' must be a positive integer\n"
+    assert capsys.readouterr().err.startswith(f"error: {files / 'task.yaml'}:7: 'N': 'two' is not of type 'integer'")
     assert main(["leaderboard", str(files)]) == 2
     assert "not a score run directory" in capsys.readouterr().err

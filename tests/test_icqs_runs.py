@@ -84,8 +84,10 @@ def test_every_run_command_records_and_prints_engine_stats(command, files, tiny_
     meta = json.loads((out / "run.json").read_text())
     assert meta["command"] == command
     parts = meta["engine_stats"]
-    assert parts and all(p["tokens_requested"] > 0 and p["tokens_computed"] > 0 and p["seconds"] > 0
+    # (a part may compute nothing new: plain ICL's prompts are all in the cache the ICQS demo sets left)
+    assert parts and all(p["tokens_requested"] > 0 and p["tokens_computed"] >= 0 and p["seconds"] > 0
                          and p["cache_hit_tokens"] >= 0 for p in parts.values())
+    assert sum(p["tokens_computed"] for p in parts.values()) > 0
     assert "engine: " in printed.out + printed.err and "tokens requested" in printed.out + printed.err
     if command == "score":
         assert set(parts) == {"icqs", "epistemic", "icl", "judge"}
@@ -287,7 +289,7 @@ def test_lone_surrogate_is_an_input_error(where, files, tiny_model_dir, tmp_path
                                        '{"id": "b", "model": "m", "x": "%s", "y": "no"}\n' % bad)
         command, path, line = "score", files / "c.jsonl", 2
     elif where == "task":
-        (files / "task.yaml").write_text(TASK.replace("{x: two, y: no}", '{x: "%s", y: no}' % bad))
+        (files / "task.yaml").write_text(TASK.replace('{x: two, y: "no"}', '{x: "%s", y: "no"}' % bad))
         command, path, line = "score", files / "task.yaml", 3
     else:
         command = where

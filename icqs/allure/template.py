@@ -2,7 +2,14 @@
 response and the expected answer, the assistant turn gives the correct label. A query is written with the same user
 turn, so every example in memory is one past query of the evaluator with its right answer.
 
-A template is a built-in name ("answer", "summary") or a YAML file with the keys
+A template is a built-in name ("answer", "summary") or a YAML file (`icqs schema allure-template`), e.g.
+
+    system: "You grade answers. Reply 'label: 1' if the response's final answer equals the expected answer, else
+      'label: 0'."
+    user: "Question: {question}\nResponse: {response}\nExpected answer: {answer}"
+    match: text
+
+with the keys
   system        the instruction (system message)
   user          the user turn, a format string over the item's fields ({response}, {answer}, {question}, ...)
   label_prefix  what the assistant writes before the label digit (default "label:")
@@ -19,6 +26,7 @@ import yaml
 
 from engine.errors import UserError
 
+from ..contracts import check_yaml
 from .audit import MatchSpec, MatchSpecError
 
 LABELS = (0, 1)
@@ -109,14 +117,16 @@ def load_template(spec: str) -> Template:
     if not path.is_file():
         raise UserError(f"no such template file (built-in templates: {', '.join(BUILTIN)})", spec)
     try:
-        d = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        d, node = yaml.safe_load(text), yaml.compose(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise UserError(f"not valid YAML: {getattr(e, 'problem', e)}", spec, mark.line + 1 if mark else None) from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read a template file here ({e.__class__.__name__}: {e})", spec) from None
     if not isinstance(d, dict):
-        raise UserError("a template file must be a YAML mapping", spec)
+        raise UserError("a template file must be a YAML mapping (`icqs schema allure-template`)", spec)
+    check_yaml("allure-template", d, node, spec)
     return template_from_dict({"name": path.stem, **d}, spec)
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from engine.errors import UserError
 from commands.factory import add_engine_args, engine_from_args, positive_int
 
-from ..run import MeteredEngine, RunDir, add_run_args, format_stats
+from ..contracts import FORMATS
+from ..run import MeteredEngine, RunDir, add_run_args, deterministic_by_default, format_stats
 
 
 def register(subparsers) -> None:
@@ -52,22 +53,22 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("input", help="input JSONL")
+    p.add_argument("input", help=FORMATS[p.prog.split()[-1]])
     add_run_args(p)
     add_engine_args(p)
+    deterministic_by_default(p)
     p.add_argument("--batch", type=positive_int, default=16, help="items per engine call (the unit of resumption)")
 
 
-def _items(path: str, fields: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
-    """The rows of an input file, and the line of each row's id (for errors)."""
+def _items(path: str, fields: tuple[str, ...], schema: str) -> tuple[list[dict], dict[str, int]]:
+    """The rows of an input file, each checked against its JSON Schema, and the line of each row's id."""
+    from ..contracts import check_row
     from ..io import read_jsonl
 
     rows, lines = [], {}
     for n, (line, row) in enumerate(read_jsonl(path, required=fields, with_lines=True)):
+        check_row(schema, row, path, line)
         row["id"] = str(row.get("id", n))
-        for f in fields:
-            if not isinstance(row[f], str):
-                raise UserError(f"field {f!r} must be a string", path, line)
         if row["id"] in lines:
             raise UserError(f"duplicate id {row['id']!r} (first on line {lines[row['id']]})", path, line)
         lines[row["id"]] = line
@@ -108,10 +109,10 @@ def _run_judge(args) -> int:
     from .grading import build_prompts, fitting_shots, grade, prompt_tokens
     from .reinforced import demo_drawer, generate_demos
 
-    items, lines = _items(args.input, ("question", "response"))
+    items, lines = _items(args.input, ("question", "response"), "judge")
     pool = items
     if args.demos:  # a separate pool: its ids must not be taken for graded items (a graded item skips its own demo)
-        pool = [{**row, "id": f"demo:{row['id']}"} for row in _items(args.demos, ("question", "response"))[0]]
+        pool = [{**row, "id": f"demo:{row['id']}"} for row in _items(args.demos, ("question", "response"), "judge")[0]]
     auto = args.shots.strip() == "auto"
     try:
         ks = None if auto else sorted({int(k) for k in args.shots.split(",")})
@@ -188,10 +189,8 @@ def _run_pairwise(args) -> int:
                            verdict_options)
     from .prompts import VERDICT_PREFIX, chat_wrap
 
-    items, lines = _items(args.input, ("question", "answer_a", "answer_b"))
+    items, lines = _items(args.input, ("question", "answer_a", "answer_b"), "pairwise")
     for it in items:
-        if it.get("winner") not in (None, "model_a", "model_b", "tie"):
-            raise UserError("winner must be model_a, model_b or tie", args.input, lines[it["id"]])
         it["x"], it["y"] = it["answer_a"], it["answer_b"]
     run = RunDir(args.out, "pairwise", {"input": _digest(items), "model": args.model, "dtype": args.dtype,
                                         "max_tokens": args.max_tokens if args.generate else None})
