@@ -22,7 +22,8 @@ from .methods import METHODS
 from .run import add_run_args, deterministic_by_default
 from .sampler import SAMPLERS
 from .task import BALANCE
-from .score_run import load_scores, score_run, score_run_dir, write_leaderboard
+from .run import read_run_json
+from .score_run import load_scores, print_audit, score_run, score_run_dir, write_leaderboard
 
 
 def cmd_score(args) -> None:
@@ -37,10 +38,11 @@ def cmd_score(args) -> None:
         raise UserError("the icl method needs a label task (every pool answer one of a few 'labels'); this task's "
                         "answers are free text, which plain ICL cannot predict: leave icl out of --method", args.task)
     model = model_label(args)
-    run = score_run_dir(args.out, task, candidates, model, args.sampler, args.method)  # checked, nothing written
+    run = score_run_dir(args.out, task, candidates, model, args.sampler, args.method, args.draws)  # nothing written
     engine = engine_from_args(args, keep_cache=True)  # chunks of one job reuse the demo sets
     rows = score_run(engine, task, candidates, run, args.method, args.sampler, model, progress=not args.quiet,
-                     path=args.candidates)
+                     path=args.candidates, draws=args.draws, audit=not args.no_audit)
+    print_audit(run.path, task, run.meta)
     print(write_leaderboard(run.path, rows, task, run.meta["engine_stats"]), end="")
 
 
@@ -48,7 +50,13 @@ def cmd_leaderboard(args) -> None:
     task, _, rows, meta = load_scores(args.dir)
     if not rows:
         raise UserError("no method has complete results yet; run `icqs score` again to finish", args.dir)
+    print_audit(args.dir, task, meta)
     print(write_leaderboard(args.dir, rows, task, meta.get("engine_stats")), end="")
+
+
+def cmd_audit(args) -> None:
+    task = load_scores(args.dir)[0]
+    print_audit(args.dir, task, read_run_json(args.dir, "score"))
 
 
 def cmd_report(args) -> None:
@@ -97,6 +105,12 @@ def register(subparsers) -> None:
                    help="label tasks: the label counts of every demo set (default: the task's, marginal)")
     p.add_argument("--calibrate", action="store_true", default=None,
                    help="also report scores calibrated with a content-free input (the task's content_free)")
+    p.add_argument("--draws", type=positive_int, default=3,
+                   help="independent demo draws (seeds seed, seed+1, ...) for the methods that use demos: the "
+                        "leaderboard's CIs resample them with the questions and it shows the spread between them "
+                        "(default: 3; 1 is the cost of one)")
+    p.add_argument("--no-audit", action="store_true",
+                   help="skip the evaluator audit (each method cross-validated on the task's own good/bad pool)")
     for key, what in (("M", "ratios r = j/M"), ("N", "demos per set"), ("L", "demo sets per ratio")):
         p.add_argument(f"--{key}", type=positive_int, default=None, help=f"{what} (default: the task's)")
     add_engine_args(p)
@@ -105,6 +119,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("leaderboard", help="print the leaderboard of a score run directory")
     p.add_argument("dir")
     p.set_defaults(func=cmd_leaderboard)
+    p = subparsers.add_parser("audit", help="print the evaluator audit of a score run directory")
+    p.add_argument("dir")
+    p.set_defaults(func=cmd_audit)
     p = subparsers.add_parser("report", help="write the HTML report of a score run directory")
     p.add_argument("dir")
     p.add_argument("--output", default=None, help="HTML file (default: DIR/report.html)")
@@ -112,6 +129,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="score simulated models on a built-in task; leaderboard and report")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--draws", type=positive_int, default=3, help="independent demo draws (default: 3)")
+    p.add_argument("--no-audit", action="store_true", help="skip the evaluator audit")
     add_engine_args(p)
     deterministic_by_default(p)
     p.set_defaults(func=cmd_demo)

@@ -79,7 +79,7 @@ def run_demo(out, args=None, progress: bool = True) -> str:
 
     from .methods import METHODS
     from .report import write_report
-    from .score_run import score_run, score_run_dir, write_leaderboard
+    from .score_run import print_audit, score_run, score_run_dir, write_leaderboard
 
     if args is None:  # the defaults of `icqs demo`
         parser = argparse.ArgumentParser()
@@ -87,11 +87,13 @@ def run_demo(out, args=None, progress: bool = True) -> str:
         args = parser.parse_args([])
     task = demo_task()
     candidates = demo_candidates(task)
-    run = score_run_dir(out, task, candidates, model_label(args), "coupled", METHODS)  # checked, nothing written
+    draws, audit = getattr(args, "draws", 3), not getattr(args, "no_audit", False)
+    run = score_run_dir(out, task, candidates, model_label(args), "coupled", METHODS, draws)  # nothing written yet
     engine = engine_from_args(args, keep_cache=True)
-    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress)
+    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress, draws=draws, audit=audit)
     with run.start():
         atomic_write(run.path / "demo_task.yaml", task_yaml(task))  # `icqs score` reruns it with candidates.jsonl
+        print_audit(run.path, task, run.meta)
         text = write_leaderboard(run.path, rows, task, run.meta["engine_stats"])
         print(text, end="")
         print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")

@@ -22,6 +22,8 @@ class Method:
     #                    continuation, tokens generated)]: what it sends the engine, for the length check
     score: Callable  # (task, candidates, rows, sampler) -> one dict per candidate, or None while rows are missing
     curves: bool = False  # the report plots its log-likelihood against the ratio
+    demos: bool = True  # its scores depend on the demo draw (a run scores it once per draw)
+    explain: str = ""  # how to read its scores (the report)
 
 
 def _repeats(task, epistemic: bool) -> int:
@@ -93,7 +95,7 @@ METHODS = {m.name: m for m in (
     Method("judge", "verbalized judge (expected rating from rating-token log-probs; generated = parsed text)",
            ("score", "generated_score"), "judge.jsonl", "id",
            lambda engine, task, candidates, writer, sampler, progress: baselines.compute_judge(
-               engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score),
+               engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score, demos=False),
 )}
 MEASURE_NAMES = {"score": "score", "expected": "E[r]", "score_cal": "calibrated", "expected_cal": "E[r] cal",
                  "p_label": "p_label", "generated_score": "generated"}

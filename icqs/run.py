@@ -142,9 +142,10 @@ class RunDir:
     def save(self) -> None:
         atomic_write(self.path / "run.json", json.dumps(strict_json(self.meta), indent=1, ensure_ascii=False) + "\n")
 
-    def add_stats(self, part: str, stats: dict) -> dict:
-        """Add one run's engine stats for `part` (a method, a stage) to run.json's running totals; returns them."""
-        totals = self.meta.setdefault("engine_stats", {})
+    def add_stats(self, part: str, stats: dict, key: str = "engine_stats") -> dict:
+        """Add one run's engine stats for `part` (a method, a stage) to run.json's running totals under `key`
+        (engine_stats: the run's own work; audit_stats: the evaluator audit's); returns them."""
+        totals = self.meta.setdefault(key, {})
         old = totals.get(part, {})
         totals[part] = {k: round(old.get(k, 0) + stats.get(k, 0), 3) for k in STAT_KEYS}
         self.save()

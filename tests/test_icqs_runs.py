@@ -136,7 +136,7 @@ def test_second_process_on_the_same_run_directory_is_refused(files, tiny_model_d
          "score_run_dir; from icqs.task import load_task; from icqs.candidates import read_candidates; "
          "from commands.factory import model_label; a = build_parser().parse_args(sys.argv[1:]); "
          "score_run_dir(a.out, load_task(a.task), read_candidates(a.candidates), model_label(a), a.sampler, "
-         "a.method).start(); print('locked', flush=True); sys.stdin.read()", *argv],
+         "a.method, a.draws).start(); print('locked', flush=True); sys.stdin.read()", *argv],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
