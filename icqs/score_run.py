@@ -180,8 +180,11 @@ def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = N
     from .audit import flagged, read_audit
 
     boards = leaderboards(rows, engine_stats)
-    text = format_leaderboards(boards, title=f"task {task.name}, {len({r['id'] for r in rows})} candidates",
-                               flags=flagged(read_audit(out)))
+    title = f"task {task.name}, {len({r['id'] for r in rows})} candidates"
+    if task.calibrate:
+        title += (f"\ncalibrated scores: each answer's log-likelihood minus its log-likelihood after the "
+                  f"content-free input {task.content_free!r} (task key content_free)")
+    text = format_leaderboards(boards, title=title, flags=flagged(read_audit(out)))
     atomic_write(Path(out) / "leaderboard.txt", text)
     atomic_write(Path(out) / "leaderboard.json", json.dumps(strict_json(boards), indent=1, ensure_ascii=False))
     return text

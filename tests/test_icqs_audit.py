@@ -140,3 +140,13 @@ def test_evaluation_commands_run_the_engine_deterministically_by_default(files, 
                      "--quiet", *extra]) == 0
         logs.append({r["id"]: r["loglik"] for r in map(json.loads, (out / "loglik.jsonl").read_text().splitlines())})
     assert seen == [True, True, False] and logs[0] == logs[1]
+
+
+def test_the_content_free_input_is_named_and_settable(files, tiny_model_dir, capsys):
+    """Why: --calibrate fell back to the content-free input "N/A" without saying so."""
+    task = json.loads((files / "task.yaml").read_text())
+    (files / "task.yaml").write_text(json.dumps({**task, "content_free": "[nothing]"}))
+    assert main(["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(files / "run"), "--model",
+                 str(tiny_model_dir), "--method", "icqs", "--draws", "1", "--no-audit", "--calibrate",
+                 "--quiet"]) == 0
+    assert "after the content-free input '[nothing]' (task key content_free)" in capsys.readouterr().out
