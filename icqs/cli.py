@@ -72,6 +72,24 @@ def cmd_demo(args) -> None:
     run_demo(args.out, args, progress=not args.quiet)
 
 
+def cmd_preview(args) -> None:
+    from .candidates import Candidate, check_labels, read_candidates
+    from .preview import preview
+    from .task import load_task
+
+    task = load_task(args.task)
+    if args.candidates:
+        candidates = read_candidates(args.candidates)
+        check_labels(candidates, task, args.candidates)
+    else:  # the pool's first good example stands for a candidate
+        candidates = [Candidate("pool/good0", "pool", task.good[0].x, task.good[0].y)]
+    methods = [m for m in args.method if m != "icl" or task.is_label_task]
+    if len(methods) < len(args.method):
+        print("icl: skipped (a free-text task: plain ICL needs label options)")
+    engine = engine_from_args(args, keep_cache=False)
+    print(preview(engine, task, candidates, methods, args.sampler, args.draws, not args.no_audit), end="")
+
+
 def cmd_schema(args) -> None:
     from .contracts import print_schema
     print(print_schema(args.name), end="")
@@ -134,6 +152,20 @@ def register(subparsers) -> None:
     add_engine_args(p)
     deterministic_by_default(p)
     p.set_defaults(func=cmd_demo)
+    p = subparsers.add_parser("preview", help="show each method's rendered prompt, requests, tokens and time "
+                              "estimate without scoring", description="Per method: one fully rendered prompt with "
+                              "its token count, the engine requests and unique tokens the run (and its audit) would "
+                              "compute, and a time estimate from a short measurement on this machine. "
+                              + FORMATS["score"] + " (optional: without it, a pool example stands in).")
+    p.add_argument("task", help="task YAML (`icqs schema task`)")
+    p.add_argument("candidates", nargs="?", default=None, help="candidates JSONL (`icqs schema candidates`)")
+    p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
+    p.add_argument("--sampler", choices=SAMPLERS, default="coupled")
+    p.add_argument("--draws", type=positive_int, default=3, help="demo draws, as `icqs score --draws`")
+    p.add_argument("--no-audit", action="store_true", help="leave the audit's requests out")
+    add_engine_args(p)
+    deterministic_by_default(p)
+    p.set_defaults(func=cmd_preview)
     p = subparsers.add_parser("schema", help="print the JSON Schema of an input format",
                               description="Print the JSON Schema of an input format: " + "; ".join(
                                   f"{k}: {v}" for k, v in FORMATS.items()))
