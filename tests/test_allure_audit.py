@@ -109,3 +109,13 @@ def test_truth_uses_item_spec_or_label():
 def test_disagreements_name_error_kinds():
     assert disagreements([1, 0, 1, 0], [1, 1, 0, 0]) == [(1, "false_positive"), (2, "false_negative")]
     assert disagreements([], []) == []
+
+
+def test_rounds_plot_names_the_audit_line_instead_of_hiding_it_under_all():
+    """Why: the ALLURE report hid the audit line under 'all' (without a holdout they are the same)."""
+    from icqs.allure.plots import round_series
+    rounds = [{"round": r, "audit": {"f1": f}, "all": {"f1": f}} for r, f in ((0, 0.4), (1, 0.6))]
+    assert round_series(rounds, "f1") == {"audit (= all: no holdout)": [0.4, 0.6]}
+    rounds = [{"round": 0, "audit": {"f1": 0.4}, "holdout": {"f1": 0.5}, "all": {"f1": 0.45}}]
+    assert list(round_series(rounds, "f1")) == ["audit", "holdout", "all"]
+    assert round_series([{"round": 0, "audit": {"f1": 0.4}}], "auc") == {}  # no data: no (empty) legend entry

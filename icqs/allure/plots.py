@@ -26,21 +26,27 @@ def _get(row: dict, split: str, metric: str) -> float:
     return math.nan if v is None else v
 
 
+def round_series(rounds: list[dict], metric: str) -> dict[str, list[float]]:
+    """The lines of one panel of the rounds figure: a split with data, by name. Without a holdout the audit split
+    is all of the items: one line named so, rather than 'all' drawn over 'audit' and hiding it."""
+    series = {}
+    for split in SPLITS:
+        ys = [_get(r, split, metric) for r in rounds]
+        if not all(math.isnan(y) for y in ys):
+            series[split] = ys
+    if "all" in series and series.get("audit") == series["all"]:
+        del series["all"]
+        series["audit (= all: no holdout)"] = series.pop("audit")
+    return series
+
+
 def rounds_figure(rounds: list[dict]) -> bytes | None:
     if not rounds:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     x = [r["round"] for r in rounds]
     for ax, metric in zip(axes, ("accuracy", "f1", "auc")):
-        series = {}
-        for split in SPLITS:
-            ys = [_get(r, split, metric) for r in rounds]
-            if not all(math.isnan(y) for y in ys):
-                series[split] = ys
-        if "all" in series and series.get("audit") == series["all"]:  # no holdout: one line, named so, not hidden
-            del series["all"]
-            series["audit (= all: no holdout)"] = series.pop("audit")
-        for k, (split, ys) in enumerate(series.items()):
+        for k, (split, ys) in enumerate(round_series(rounds, metric).items()):
             ax.plot(x, ys, marker="os^"[k % 3], linestyle=("-", "--", ":")[k % 3], label=split)
         ax.set_title(f"{metric} per round")
         ax.set_xlabel("round")

@@ -41,7 +41,7 @@ def _fmt(v) -> str:
 def _table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class=wide><table><tr>{head}</tr>{body}</table></div>"  # a wide table scrolls, not the page
 
 
 def _img(png: bytes | None, alt: str) -> str:
@@ -100,7 +100,8 @@ def render_html(s: dict, examples: list, questions: dict | None = None) -> str:
                         [[e.id, e.status, e.round, e.error_kind, e.failure_mode,
                           str(questions.get(e.item_id, ""))[:300], e.user_text[:300], e.correct_label]
                          for e in examples]))
-    style = ("body{font-family:sans-serif;max-width:1300px;margin:auto}table{border-collapse:collapse;"
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 12px}.wide{overflow-x:auto}"
+             "table{border-collapse:collapse;"
              "margin:8px 0;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top;"
              "white-space:pre-wrap}img{max-width:100%}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ALLURE report</title><style>{style}"
