@@ -83,12 +83,26 @@ def current_rss() -> int:
 
 
 def engine_weight_bytes(engine) -> int:
-    """Bytes of the tensors the engine's model holds (tied LM head counted once)."""
-    m = engine.model
-    tensors = {id(t): t for t in [m.embed, m.lm_head, m.norm, m.cos, m.sin]}
-    for layer in m.layers:
-        tensors.update({id(t): t for t in layer.values() if t is not None})
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """Bytes of the tensors the engine's model holds (a tensor held twice, as a tied LM head, counted once; a
+    prepacked weight by its blocked copy)."""
+    from kernels.linear import Packed
+
+    seen: dict[int, torch.Tensor] = {}
+
+    def visit(value):
+        if isinstance(value, Packed):
+            value = value.blocked
+        if isinstance(value, torch.Tensor):
+            seen[id(value)] = value
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+
+    visit(list(vars(engine.model).values()))
+    return sum(t.numel() * t.element_size() for t in seen.values())
 
 
 def mib(n: float) -> str:

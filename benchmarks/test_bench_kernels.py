@@ -1,0 +1,71 @@
+"""Kernel and step microbenchmarks (pytest-benchmark): each CPU op the dispatch can pick, its native version
+against its torch reference, on the engine's shapes (bench_kernels.op_cases: SmolLM2), and one engine scoring step
+with the native ops against the torch references.
+
+    .venv/bin/python -m pytest benchmarks/ --benchmark-only --benchmark-autosave   # table saved in .benchmarks/
+
+`make test` collects tests/ only, so CI never runs these. Compare two saved runs with
+`pytest-benchmark compare`."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import kernels
+from bench_kernels import impl, op_cases
+from kernels import dispatch, native_ops
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CASES = 9  # cases of bench_kernels.op_cases; an index past its end is skipped
+
+
+@functools.cache
+def cases(dtype: str) -> list:
+    return list(op_cases(DTYPES[dtype]))
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("case", range(CASES))
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_op(benchmark, dtype, case, backend):
+    if case >= len(cases(dtype)):
+        pytest.skip("no such case")
+    op, label, kwargs = cases(dtype)[case]
+    if op not in dispatch.IMPLS or backend not in dispatch.IMPLS[op]:
+        pytest.skip(f"{op} has no {backend} version")
+    if backend == "native" and not native_ops.load():
+        pytest.skip("the native library is not built")
+    benchmark.group = f"{op}: {label}, {dtype}"
+    benchmark.extra_info.update(op=op, backend=backend, picked_by_auto=backend == _auto_pick(op))
+    benchmark(impl(op, backend), **kwargs)
+
+
+def _auto_pick(op: str) -> str:
+    kernels.set_backend(None)
+    fn = dispatch.resolve(op, torch.device("cpu"))
+    return next((b for b in ("native", "torch") if b in dispatch.IMPLS[op] and impl(op, b) is fn), "torch")
+
+
+@functools.cache
+def _engine():
+    from engine import Engine
+
+    return Engine.load(None, dtype="bfloat16")
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_engine_scoring_step(benchmark, backend):
+    """40 requests on a ~600-token shared context (bench_kernels.bench_engine's job): prefill of the context once,
+    then the candidates' tokens, LM-head rows included."""
+    engine = _engine()
+    context = " ".join(f"Item {i}: a short sentence about topic number {i}." for i in range(40))
+    requests = [(context + "\nRating:", f" {i}") for i in range(1, 11)]
+    requests += [(context + f"\nCandidate {i} says:", " this is a fine answer to the question.") for i in range(30)]
+    kernels.set_backend(backend)
+    try:
+        benchmark.group = "engine scoring job, bf16"
+        benchmark.pedantic(engine.score, args=(requests,), rounds=3, warmup_rounds=1)
+    finally:
+        kernels.set_backend(None)
