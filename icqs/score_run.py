@@ -76,7 +76,7 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
         for name in ordered(run.meta["methods"]):
             method = METHODS[name]
             metered = MeteredEngine(engine)
-            method_rows = []
+            parts = []
             for d in range(draws if method.demos else 1):
                 task_d = draw_task(task, d)
                 if name in methods:
@@ -85,11 +85,10 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
                         results = writer.rows  # passed on, not read back
                 else:  # asked for by an earlier run in this directory
                     results = read_results(run.path / draw_log(method, d))
-                part = _score_rows(name, candidates, method.score(task_d, candidates, results, sampler), d)
-                method_rows = method_rows + part if part and method_rows is not None else None
+                parts.append(_score_rows(name, candidates, method.score(task_d, candidates, results, sampler), d))
             if name in methods:
                 run.add_stats(name, metered.stats)
-            rows += method_rows or []
+            rows += _complete(parts)
         atomic_write(run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n"
                                                         for r in rows))
         if audit:
@@ -106,6 +105,11 @@ def draw_task(task, draw: int):
 def draw_log(method, draw: int) -> str:
     """A method's result log for demo draw `draw` (draw 0: the log a single-draw run writes)."""
     return method.log if draw == 0 else method.log.replace(".jsonl", f".draw{draw}.jsonl")
+
+
+def _complete(parts: list[list[dict]]) -> list[dict]:
+    """A method's score rows over its demo draws, or none while some draw is incomplete."""
+    return [r for part in parts for r in part] if all(parts) else []
 
 
 def _score_rows(method: str, candidates, scores, draw: int = 0) -> list[dict]:
@@ -128,13 +132,10 @@ def load_scores(out) -> tuple:
     rows = []
     for name in ordered(methods):
         method = METHODS[name]
-        method_rows = []
-        for d in range(draws if method.demos else 1):
-            task_d = draw_task(task, d)
-            part = _score_rows(name, candidates, method.score(task_d, candidates,
-                                                              read_results(out / draw_log(method, d)), sampler), d)
-            method_rows = method_rows + part if part and method_rows is not None else None
-        rows += method_rows or []
+        rows += _complete([_score_rows(name, candidates, method.score(draw_task(task, d), candidates,
+                                                                      read_results(out / draw_log(method, d)),
+                                                                      sampler), d)
+                           for d in range(draws if method.demos else 1)])
     return task, candidates, rows, meta
 
 
