@@ -45,12 +45,14 @@ BAD_VERDICTS = ("at chance", "inverted")
 
 
 def n_folds(task) -> int:
-    """The fewest folds (2 to 5) whose training part still holds N good and N bad examples: every fold draws its
-    own demo sets, so fewer folds cost less; with none, 5 (the largest training part; its demos repeat)."""
-    for k in range(2, MAX_FOLDS + 1):
+    """The fewest folds (2 to 5, at most the smaller pool's size) whose training part still holds N good and N bad
+    examples: every fold draws its own demo sets, so fewer folds cost less; with none, the most (the largest
+    training part; its demos repeat)."""
+    most = max(2, min(MAX_FOLDS, len(task.good), len(task.bad)))
+    for k in range(2, most + 1):
         if all(len(pool) - math.ceil(len(pool) / k) >= task.N for pool in (task.good, task.bad)):
             return k
-    return MAX_FOLDS
+    return most
 
 
 def _split(examples, k: int, seed: int, stratify: bool) -> list[np.ndarray]:
@@ -66,6 +68,8 @@ def _split(examples, k: int, seed: int, stratify: bool) -> list[np.ndarray]:
 
 def folds(task, draw: int) -> list[tuple]:
     """[(training task, held-out candidates)] of one demo draw: k folds of the good and of the bad pool."""
+    if min(len(task.good), len(task.bad)) < 2:
+        raise UserError("cross-validation needs at least 2 good and 2 bad examples")
     k = n_folds(task)
     seed = task.seed + draw
     stratify = task.is_label_task

@@ -31,6 +31,14 @@ from .io import TMP_SUFFIX, atomic_write, strict_json
 LOCK = ".lock"
 # The engine's counters a run sums (Engine.last_stats) and the wall-clock seconds of its engine calls.
 STAT_KEYS = ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "forward_steps", "seconds")
+STAT_HELP = {  # what each counter counts (written beside the counters in run.json)
+    "requests": "score requests (context, continuation) and generation prompts sent to the engine",
+    "tokens_requested": "tokens of those requests, contexts and continuations, as if none were shared",
+    "tokens_computed": "tokens the model actually ran (the rest came from the prefix cache or shared prefixes)",
+    "cache_hit_tokens": "tokens found in the engine's prefix cache from earlier calls",
+    "forward_steps": "model forward passes",
+    "seconds": "wall-clock seconds of the engine calls",
+}
 
 
 def read_run_json(out, command: str | None = None) -> dict:
@@ -145,6 +153,7 @@ class RunDir:
     def add_stats(self, part: str, stats: dict, key: str = "engine_stats") -> dict:
         """Add one run's engine stats for `part` (a method, a stage) to run.json's running totals under `key`
         (engine_stats: the run's own work; audit_stats: the evaluator audit's); returns them."""
+        self.meta["stats_help"] = STAT_HELP
         totals = self.meta.setdefault(key, {})
         old = totals.get(part, {})
         totals[part] = {k: round(old.get(k, 0) + stats.get(k, 0), 3) for k in STAT_KEYS}
