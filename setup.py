@@ -53,14 +53,14 @@ setup(
         "jinja2",
         "tqdm",
         "PyYAML",
-        "jsonschema",
+        "jsonschema",  # icqs/logs.py: the schemas of the logs read back
         "scipy",
         "scikit-learn",
         "matplotlib",
     ],
     extras_require={
         "test": ["pytest", "pytest-benchmark", "transformers", "accelerate", "triton", "hypothesis", "openai",
-                 "httpx"],
+                 "httpx", "schemathesis"],
         "serve": ["fastapi", "uvicorn", "prometheus-client"],
         "lm-eval": ["lm-eval[api]==0.4.13"],  # [api]: tenacity, aiohttp for its local-completions model
         "ray": ["ray[data]", "pyarrow"],

@@ -82,7 +82,7 @@ def memory_bandwidth(repeat: int, mib: int = 1024) -> float:
 
 
 def engine_stat(engine, name: str) -> int:
-    return int(engine.last_stats[name])
+    return int(getattr(engine.last_stats, name))
 
 
 def part_scoring(engine, config, requests, share: bool, rate: float) -> list:

@@ -53,7 +53,7 @@ def main(argv=None):
     t = time.perf_counter()
     local = eng.score(requests)
     local_s = time.perf_counter() - t
-    base = eng.last_stats["tokens_computed"]
+    base = eng.last_stats.tokens_computed
     rows = [("single process", cores, base, base, load_s, local_s, local_s, 0.0)]
     del eng
 
@@ -72,10 +72,10 @@ def main(argv=None):
                 wall = time.perf_counter() - t
             s = d.last_stats
             diff = max(abs(a.logprob - b.logprob) for a, b in zip(got, local))
-            rows.append((name, threads, s["tokens_computed"], sum(d.last_plan.shard_tokens), start_s, wall,
-                         max(s["busy_seconds"].values()), diff))
+            rows.append((name, threads, s.tokens_computed, sum(d.last_plan.shard_tokens), start_s, wall,
+                         max(d.busy_seconds.values()), diff))
             print(f"{name}: seconds inside Engine.score per worker: "
-                  f"{', '.join(f'{v:.1f}' for v in sorted(s['busy_seconds'].values()))}")
+                  f"{', '.join(f'{v:.1f}' for v in sorted(d.busy_seconds.values()))}")
     finally:
         ray.shutdown()
 

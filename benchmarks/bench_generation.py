@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -144,7 +145,7 @@ def part_judge(args, config, weights, tok) -> dict:
                 for i in range(64)]
         scores = [engine.add_score(c, x) for c, x in scorings]
         engine.run()
-    s = engine.stats
+    s = asdict(engine.stats)
     unique = set()
     for c, x in scorings:
         unique |= {tuple((c + x)[:i]) for i in range(1, len(c + x))}
@@ -183,7 +184,7 @@ def part_threads(args, config, weights, tok) -> dict:
                 engine.score(job[:2], share_prefix=False)
                 with timed() as t:
                     engine.score(job, share_prefix=False)
-                tokens = engine.last_stats["tokens_computed"]
+                tokens = engine.last_stats.tokens_computed
                 out[(label, name)] = tokens / t.wall
                 rows.append([label, load_average(), name, t.wall, tokens / t.wall])
         finally:

@@ -29,7 +29,7 @@ import gc
 import itertools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +145,7 @@ def stream_job(engine, tok, requests, pretokenized: bool):
     from engine.requests import encode_pairs
 
     ids = encode_pairs(tok, requests) if pretokenized else None
-    before = dict(engine.stats)
+    before = asdict(engine.stats)
     tokenizing = [0.0]
 
     async def run():
@@ -171,7 +171,7 @@ def stream_job(engine, tok, requests, pretokenized: bool):
 
     with timed() as t:
         scores = asyncio.run(run())
-    after = engine.stats
+    after = asdict(engine.stats)
     return t, {k: after[k] - before[k] for k in before if isinstance(before[k], int)}, scores, tokenizing[0]
 
 
@@ -266,7 +266,7 @@ def main(argv=None) -> dict:
     rss_before, reset = current_rss(), reset_peak_rss()
     with timed() as t:
         shared = engine.score(requests, share_prefix=True, progress=True)
-    rss_peak, stats = peak_rss(), dict(engine.last_stats)
+    rss_peak, stats = peak_rss(), asdict(engine.last_stats)
     job = Run("engine", "engine (share_prefix=True), whole job", len(requests), t, None)
     streamed = compare_stream(args, config, weights, tok, requests, job, stats, shared) if args.stream else None
 

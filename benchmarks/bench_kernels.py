@@ -11,6 +11,7 @@ path everywhere.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 import statistics
 import sys
 import time
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 from kernels import dispatch, native_ops  # noqa: E402
-from kernels.problems import cascade_problem, paged_problem  # noqa: E402
+from kernels.problems import cascade_problem  # noqa: E402
 
 H, HKV, D, HIDDEN, INTER, VOCAB = 9, 3, 64, 576, 1536, 49152  # SmolLM2-135M
 
@@ -55,8 +56,6 @@ def op_cases(dtype):
         cascade_problem([5] * 40, 600, [20] * 40, H, HKV, D, dtype)
     yield "cascade_attention", "512-token chunk after 2000 cached tokens", \
         cascade_problem([512], 2000, [0], H, HKV, D, dtype)
-    yield "paged_prefill_attention", "512-token chunk after 2000 cached, page 16", \
-        paged_problem([512], [2000], H, HKV, D, 16, dtype)
     yield "rms_norm", f"{T} x {HIDDEN} with residual", dict(x=rand(T, HIDDEN), weight=rand(HIDDEN), eps=1e-5,
                                                             residual=rand(T, HIDDEN))
     yield "apply_rope", f"{T} tokens", dict(q=rand(T, H, D), k=rand(T, HKV, D), positions=torch.arange(T), cos=cos,
@@ -107,7 +106,7 @@ def bench_engine(repeat: int) -> bool:
     for backend in ("torch", "auto"):
         kernels.set_backend(backend)
         times[backend] = timed(lambda: engine.score(requests), repeat)
-        stats = engine.last_stats
+        stats = asdict(engine.last_stats)
         print(f"  {backend:<6} ({kernels.describe('cpu')}): {times[backend][0]:8.0f} ms wall, "
               f"{times[backend][1]:8.0f} ms CPU, {stats['tokens_computed'] / times[backend][0] * 1e3:7.0f} tokens/s")
     kernels.set_backend(None)

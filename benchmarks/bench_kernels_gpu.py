@@ -48,7 +48,7 @@ def bench(fn) -> float:
 
 
 def attention_cases(H, Hkv, D, dev, dtype, smoke):
-    from kernels.problems import cascade_problem, paged_problem
+    from kernels.problems import cascade_problem
 
     def to_dev(p):
         out = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in p.items()}
@@ -60,15 +60,10 @@ def attention_cases(H, Hkv, D, dev, dtype, smoke):
         p = to_dev(cascade_problem([cand_len] * n_cand, shared, [0] * n_cand, H, Hkv, D, dtype))
         pairs = n_cand * (cand_len * shared + cand_len * (cand_len + 1) // 2)
         yield "cascade_attention", f"{n_cand} cands x {cand_len} tok, {shared} shared", p, n_cand * cand_len, pairs
-    for chunk, cached in ((16, 0), (16, 40)) if smoke else ((2048, 0), (2048, 4096)):
-        p = to_dev(paged_problem([chunk], [cached], H, Hkv, D, 16, dtype))
-        pairs = chunk * cached + chunk * (chunk + 1) // 2
-        yield "paged_prefill_attention", f"{chunk} new after {cached} cached, page 16", p, chunk, pairs
 
 
 def run(model: str, rows: list, smoke: bool = False):
     from kernels import dispatch
-    from kernels import flash_attention
 
     H, Hkv, D, hidden, inter, vocab = SMOKE_MODEL if smoke else MODELS[model]
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -89,12 +84,6 @@ def run(model: str, rows: list, smoke: bool = False):
         for backend in ("triton", "torch"):
             fn = impl(op, backend)
             report(op, case, backend, bench(lambda: fn(**p)), tokens, flops)
-        if op == "paged_prefill_attention" and int(p["prefix_lens"][0]) == 0 and dev.type == "cuda" \
-                and flash_attention.available():
-            cu = p["cu_seqlens"]
-            ms = bench(lambda: flash_attention.varlen_causal_attention_flash(p["q"], p["k_new"], p["v_new"], cu,
-                                                                             p["scale"]))
-            report(op, case, "flash", ms, tokens, flops)
 
     T = 16 if smoke else 4096
     g = torch.Generator(device=dev).manual_seed(0)

@@ -31,8 +31,8 @@ def main() -> None:
     quick = time.perf_counter() - t0
     t0 = time.perf_counter()
     jobs = [j for m in methods for j in METHODS[m].requests(task, cands, "coupled")]
-    encoded = encode_pairs(eng.tokenizer, [(shared + rest, cont) for _, shared, rest, cont, _ in jobs])
-    longest = max(len(a) + len(b) + j[4] for j, (a, b) in zip(jobs, encoded))
+    encoded = encode_pairs(eng.tokenizer, [(j.context, j.continuation) for j in jobs])
+    longest = max(len(a) + len(b) + j.generated for j, (a, b) in zip(jobs, encoded))
     whole = time.perf_counter() - t0
     print(f"{len(cands)} candidates, {len(jobs)} requests, longest {longest} tokens (limit {eng.max_request_tokens}): "
           f"check_lengths {quick:.2f} s, every request tokenized whole {whole:.2f} s ({whole / quick:.0f}x)")

@@ -13,6 +13,7 @@ log-prob spread that bf16 costs: engine bf16, transformers bf16 and engine fp32 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -112,7 +113,7 @@ def main(argv=None) -> dict:
     engine = Engine(config, weights, tok, dtype=dtype, token_budget=args.token_budget)
     engine.score(requests[:2], share_prefix=False)  # warm-up
     eng_scores, eng_t = best_of(args.repeat, lambda: engine.score(requests, share_prefix=False))
-    stats = engine.last_stats
+    stats = asdict(engine.last_stats)
     requested, computed = stats["tokens_requested"], stats["tokens_computed"]
 
     hf = hf_model(config, weights, dtype)

@@ -153,9 +153,9 @@ def main() -> None:
              f"seed {args.seed}; model {args.model or 'SmolLM2-135M-Instruct Q4_1 (bf16)'}", ""]
     tokens, seconds = {}, {}
     for sampler in ("coupled", "independent"):  # ICQS likelihoods first, timed and counted per sampler
-        before, t0 = eng.stats["tokens_computed"], time.time()
+        before, t0 = eng.stats.tokens_computed, time.time()
         score_run(eng, task, cands, out / sampler, ("icqs", "epistemic"), sampler, args.model or "default")
-        tokens[sampler], seconds[sampler] = eng.stats["tokens_computed"] - before, time.time() - t0
+        tokens[sampler], seconds[sampler] = eng.stats.tokens_computed - before, time.time() - t0
     main_rows = score_run(eng, task, cands, out / "coupled", ("icqs", "epistemic", "icl", "judge"), "coupled",
                           args.model or "default")
     # 1. primary verification

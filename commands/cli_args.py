@@ -1,9 +1,12 @@
 """The argument parser of every command line (`python -m engine ...`, `icqs ...`): a bad option is one stderr line
 `error: ...` and exit status 2, like every other bad input (argparse's own usage block is left out: `--help`
-shows it). `check_output_file` checks an output path before any work."""
+shows it). `check_output_file` checks an output path before any work; `check_report_output` the `--output` of a
+command that only reads a run directory (a report): never a file of that or any run directory, never a file that
+is not an HTML report."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -36,3 +39,60 @@ def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
         raise UserError("not writable", output)
     if os.path.exists(output) and any(os.path.exists(p) and os.path.samefile(p, output) for p in inputs):
         raise UserError("is also an input file; expected a separate output file", output)
+    _probe(output)
+
+
+def _probe(output: str) -> None:
+    """Open the output for appending (and remove it again if this made it): what os.access cannot tell (a root
+    user in /proc, a read-only or full file system) fails here, before any work."""
+    existed = os.path.exists(output)
+    try:
+        fd = os.open(output, os.O_WRONLY | os.O_APPEND | (0 if existed else os.O_CREAT | os.O_EXCL), 0o644)
+    except OSError as e:
+        raise UserError(f"cannot be written ({e.strerror or e})", output) from None
+    os.close(fd)
+    if not existed:
+        os.unlink(output)
+
+
+ENVIRONMENT = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}  # the machine's fault, not the input's: status 1
+
+
+def os_error(e: OSError) -> tuple[str, int]:
+    """An OSError that reached a command's main (disk full while writing, a folder made unwritable mid-run): its
+    one-line `error:` message and exit status (1 for the environment's failures, 2 otherwise)."""
+    where = e.filename if e.filename is not None else None
+    what = e.strerror or str(e)
+    hint = "; free some space and run the same command again to resume" if e.errno in (errno.ENOSPC,
+                                                                                        errno.EDQUOT) else ""
+    return f"error: {UserError(f'{what}{hint}', where)}", 1 if e.errno in ENVIRONMENT else 2
+
+
+RUN_MARKER = "run.json"  # what makes a folder a run directory (icqs.run)
+
+
+def check_report_output(output: str, run_dir: str, default_name: str) -> None:
+    """The `--output` of a command that reads the run directory `run_dir` and writes an HTML report: allowed only
+    as the default `run_dir/default_name` or outside every run directory, and an existing file is replaced only if
+    it is an HTML report (so a run's logs, run.json, or the user's task or candidates file are never destroyed)."""
+    check_output_file(output)
+    target = os.path.realpath(output)
+    if target == os.path.realpath(os.path.join(run_dir, default_name)):
+        return
+    folder = os.path.dirname(target)
+    while True:
+        if os.path.isfile(os.path.join(folder, RUN_MARKER)):
+            raise UserError(f"is inside the run directory {folder} (which this command only reads); write the report "
+                            "outside it, or leave --output out for the default", output)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    if os.path.isfile(target):
+        try:
+            with open(target, "rb") as f:
+                head = f.read(64).lstrip().lower()
+        except OSError as e:
+            raise UserError(f"cannot read: {e.strerror or e}", output) from None
+        if not head.startswith((b"<!doctype html", b"<html")):
+            raise UserError("exists and is not an HTML report; refusing to overwrite it (choose another name)", output)

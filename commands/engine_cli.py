@@ -13,14 +13,15 @@ the input's first rows (same id, context and continuation) and scores only the r
 from __future__ import annotations
 
 import logging
-import re
 import sys
 
 from . import tables
-from .cli_args import ArgumentParser
+from .cli_args import ArgumentParser, os_error
 from engine.errors import UserError
 from .factory import add_engine_args
 from engine.requests import encode_pairs
+from engine.stats import EngineStats
+from engine.validation import RequestError, check_score
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
 
@@ -51,10 +52,9 @@ def _finished_rows(output: str, rows: list[tuple[int, dict]], input_path: str) -
 
 
 def _at_line(error: UserError, rows: list[tuple[int, dict]], path: str) -> UserError:
-    """The engine names a request by its index in the call ("request 3: ..."): name its input line instead."""
-    m = re.match(r"request (\d+): (.*)", str(error))
-    if m and int(m.group(1)) < len(rows):
-        return UserError(m.group(2), path, rows[int(m.group(1))][0])
+    """A request's error (RequestError: its index in the call) named by the request's input line instead."""
+    if isinstance(error, RequestError) and error.index is not None and error.index < len(rows):
+        return error.at(path, rows[error.index][0])
     return error
 
 
@@ -75,22 +75,19 @@ def cmd_score(args) -> int:
         return 0
     eng = engine_from_args(args, keep_cache=not args.no_share)  # chunks reuse each other's prefixes
     todo = rows[skip:]
-    try:
+    try:  # the engine's own checks (engine/validation.py), before any work
         encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
+        for i, (ctx, cont) in enumerate(encoded):
+            check_score(ctx, cont, 0, eng.limits, index=i)
     except UserError as e:
         raise _at_line(e, todo, args.input) from None
-    limit = min(eng.config.max_position, args.kv_tokens)
-    for (line, _), (ctx, cont) in zip(todo, encoded):
-        if len(ctx) + len(cont) > limit:
-            raise UserError(f"{len(ctx) + len(cont)} tokens exceed the model's maximum of {limit} (context + "
-                            "continuation)", args.input, line)
     if skip:
         print(f"resuming: {skip} rows already in {args.output}", file=sys.stderr)
     if args.ray is not None:  # the same checks, then the shards on a Ray cluster: engine/distributed.py
         from .ray_score import score_rows
         with tables.open_results(args.output, out_schema) as out:
             return score_rows(args, eng, todo, encoded, out)
-    totals = dict(tokens_computed=0, tokens_requested=0, forward_steps=0, peak_kv_pages=0)
+    totals = EngineStats()
     with tables.open_results(args.output, out_schema) as out, \
             tqdm(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
         for start in range(0, len(todo), CHUNK_ROWS):
@@ -101,12 +98,10 @@ def cmd_score(args) -> int:
                 raise _at_line(e, part, args.input) from None
             for (line, row), res in zip(part, results):
                 tables.write_result(out, row, res, args.input, line)
-            for key in totals:
-                value = eng.last_stats.get(key) or 0  # an engine may not count everything
-                totals[key] = max(totals[key], value) if key == "peak_kv_pages" else totals[key] + value
+            totals = totals.plus(eng.last_stats)
             bar.update(len(part))
-    print(f"scored {len(todo)} requests: {totals['tokens_computed']} tokens computed of {totals['tokens_requested']} "
-          f"requested, {totals['forward_steps']} steps, peak {totals['peak_kv_pages']} KV pages", file=sys.stderr)
+    print(f"scored {len(todo)} requests: {totals.tokens_computed} tokens computed of {totals.tokens_requested} "
+          f"requested, {totals.forward_steps} steps, peak {totals.peak_kv_pages} KV pages", file=sys.stderr)
     return 0
 
 
@@ -138,6 +133,10 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
+        message, status = os_error(e)
+        print(message, file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         print("interrupted (finished rows are kept; run the same command again to resume)", file=sys.stderr)
         return 130

@@ -16,14 +16,28 @@ from engine.device import resolve_device  # noqa: F401  (re-exported for the com
 from engine.errors import UserError
 
 
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 30 else text[:27] + "...")
+
+
 def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+    except ValueError:  # a word, or thousands of digits
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {_shown(text)}") from None
     if value < low:
-        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {value if len(text) <= 30 else _shown(text)}")
     return value
+
+
+def int_in_range(low: int, high: int):
+    """An argparse type: an integer from `low` to `high` (a bound on the work an option can ask for)."""
+    def parse(text: str) -> int:
+        value = _int_at_least(text, low, "positive" if low == 1 else f">= {low}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"expected an integer of at most {high:,}, got {_shown(text)}")
+        return value
+    return parse
 
 
 def positive_int(text: str) -> int:

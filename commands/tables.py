@@ -22,6 +22,7 @@ import re
 
 from .cli_args import check_output_file
 from engine.errors import UserError
+from .output_lock import FolderLock
 from .jsonl import ResultWriter, dump_line, read_jsonl
 from .jsonl import read_results as read_jsonl_results
 
@@ -159,11 +160,13 @@ class ParquetParts:
     def __init__(self, path: str, schema, rows_per_part: int = ROWS_PER_PART):
         self.path, self.schema, self.rows_per_part = str(path), schema, rows_per_part
         self.buffer: list[dict] = []
-        self.parts = len(_parts(self.path)) if os.path.isdir(self.path) else 0
-        if os.path.isdir(self.path):  # what a killed write left under its temporary name
-            for name in os.listdir(self.path):
-                if name.startswith(".part-"):
-                    os.remove(os.path.join(self.path, name))
+        self._created = not os.path.isdir(self.path)
+        os.makedirs(self.path, exist_ok=True)
+        self._lock = FolderLock(self.path)  # a second writer of this folder stops naming the holder
+        self.parts = len(_parts(self.path))
+        for name in os.listdir(self.path):  # what a killed write left under its temporary name
+            if name.startswith(".part-"):
+                os.remove(os.path.join(self.path, name))
 
     def write(self, row: dict) -> None:
         if not math.isfinite(row["logprob"]):
@@ -178,7 +181,6 @@ class ParquetParts:
 
         if not self.buffer:
             return
-        os.makedirs(self.path, exist_ok=True)
         name = f"part-{self.parts:06d}.parquet"
         tmp, final = os.path.join(self.path, f".{name}.tmp"), os.path.join(self.path, name)
         with open(tmp, "wb") as f:
@@ -190,7 +192,12 @@ class ParquetParts:
         self.buffer = []
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            self._lock.close()
+            if self._created and not os.listdir(self.path):  # a failure before the first part: no empty output
+                os.rmdir(self.path)
 
     def __enter__(self) -> "ParquetParts":
         return self

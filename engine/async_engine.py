@@ -1,37 +1,73 @@
 """An asyncio front for the engine: one worker thread runs the loop (add -> step -> results) while coroutines
 submit requests and await them, or iterate over a sequence's tokens as they are generated.
 
-Everything that touches the engine runs in the worker thread: a coroutine posts a closure into the inbox, the
-worker runs it between two steps, and results come back to the event loop with call_soon_threadsafe. A cancelled
-awaiting task (a client gone) aborts its requests in the engine; `shutdown()` lets in-flight work finish."""
+It drives the engine through its declared interface only (engine/protocol.py: add_score_ids / add_generate / abort /
+step / has_pending / stats), and only from the worker thread: a coroutine posts a command into the inbox, the worker
+runs it between two steps, and results come back to the event loop with call_soon_threadsafe. The event loop
+never waits for a step: rather than take the engine's lock (held for a whole step) it reads a snapshot of the
+engine's counters that the worker publishes (before answering calls, when it goes idle, and at most every
+SNAPSHOT_SECONDS while busy); the front's own step times sit under its own lock, held for a copy. A
+cancelled awaiting task (a client gone) aborts its requests in the engine; `shutdown()` lets in-flight work finish.
+
+A step that raises is an engine bug, not a request's: every request in flight is aborted; each score request
+(pure: nothing was sent for it yet) is then run again alone and fails with EngineFailure only if it fails alone
+too; generations fail with EngineFailure (their tokens may have been streamed)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
 
-from .engine import Engine, Generation, ScoreResult, TokenEvent
 from .errors import EngineFailure
-from .requests import Request, ScoreRequest, Status, encode_pairs
+from .protocol import EngineProtocol
+from .requests import Generation, Request, ScoreResult, TokenEvent, encode_pairs
+from .stats import EngineStats
 
 log = logging.getLogger("engine")
+SNAPSHOT_SECONDS = 0.05  # how stale the published counters may be while the loop is busy
 
 
 class QueueFull(Exception):
     """More requests are waiting than max_queue allows (a server answers 429 / 503)."""
 
 
+@dataclass(eq=False)
+class _Call:
+    """One coroutine's requests in the engine (touched by the worker thread only, until `done` is set)."""
+    handles: list[Request]
+    on_done: object  # called in the event loop once every request is done
+    retry: list | None = None  # score calls: (context ids, continuation ids, top_k) per request, to run one again
+    failed: dict[int, BaseException] = field(default_factory=dict)  # index -> EngineFailure after a failed step
+    left: int = 0  # requests not yet done
+    done: asyncio.Future | None = None  # set in the event loop once every request is done
+
+    def result(self, i: int):
+        if i in self.failed:
+            raise self.failed[i]
+        return self.handles[i].result()
+
+    def error(self, i: int) -> BaseException | None:
+        return self.failed.get(i) or self.handles[i].error
+
+
 class AsyncEngine:
-    def __init__(self, engine: Engine, max_queue: int | None = None):
+    def __init__(self, engine: EngineProtocol, max_queue: int | None = None):
         self.engine, self.max_queue = engine, max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _in_flight and _step_seconds (read by the event loop's thread)
         self._in_flight = 0  # requests submitted and not done
+        self._step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
+        self._snapshot: EngineStats = engine.stats  # the engine's counters as the worker last published them
+        self._published = 0.0
+        self._calls: set[_Call] = set()  # calls with requests in the engine (the worker thread's)
+        self._completed: list[_Call] = []  # calls whose last request finished in this round, answered after it
+        self._recovering = False
         self._stopping = False
-        self._error: BaseException | None = None
-        self._retry: list | None = None  # score requests to run again alone, while a failed step is handled
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -39,6 +75,8 @@ class AsyncEngine:
     def _run(self):
         while True:
             busy = self.engine.has_pending()
+            if not busy:
+                self._publish()
             try:
                 job = self._inbox.get(block=not busy)
             except queue.Empty:
@@ -53,35 +91,75 @@ class AsyncEngine:
                 except queue.Empty:
                     job = None
             if self.engine.has_pending():
+                t0 = time.perf_counter()
                 try:
                     self.engine.step()
                 except BaseException as e:  # an engine bug: fail the requests in flight rather than hang them
                     self._step_failed(e)
+                else:
+                    with self._lock:
+                        self._step_seconds.append(time.perf_counter() - t0)
+                    if t0 - self._published > SNAPSHOT_SECONDS:
+                        self._publish()
             elif self._stopping:
+                self._answer()
+                self._publish()
                 return
+            self._answer()
+
+    def _publish(self):
+        self._snapshot, self._published = self.engine.stats, time.perf_counter()
+
+    def _answer(self):
+        """Answer the calls completed in this round, after publishing the counters that include their work."""
+        if self._completed:
+            self._publish()
+            done, self._completed = self._completed, []
+            for call in done:
+                call.on_done()
 
     def _step_failed(self, error: BaseException):
-        """A step raised. Which request caused it is unknown, so every request in flight leaves the engine; each
-        score request (pure: nothing was sent for it yet) is then run again alone, and fails with EngineFailure
-        only if it fails alone too. Generations fail with EngineFailure (their tokens may have been streamed)."""
+        """See the module docstring. Which request caused the failure is unknown, so all leave the engine (aborted,
+        their done callbacks not counted), and the score requests are tried again one by one."""
         log.exception("engine step failed")
-        self._error, self._retry = error, []
-        for req in list(self.engine.scheduler.active.values()):
-            self.engine.scheduler.drop(req, Status.FAILED, EngineFailure(
-                f"{req.label}: internal engine failure: {type(error).__name__}: {error}"))
-        self.engine.scheduler.finished.clear()
-        retry, self._retry = self._retry, None
-        for handles, i, on_done in retry:  # _track put them here instead of reporting them done
-            old = handles[i]
-            new = handles[i] = self.engine._add_score_ids(old.context, old.continuation, old.top_k, True, old.label)
-            new.add_done_callback(on_done)
-            try:
-                self.engine.run([new])
-            except Exception as e:  # fails alone too: this is the request that fails
-                log.exception("engine step failed for %s alone", old.label)
-                self.engine.scheduler.drop(new, Status.FAILED, EngineFailure(
-                    f"{old.label}: internal engine failure: {type(e).__name__}: {e}"))
-                self.engine.scheduler.finished.clear()
+        hit = [(call, i) for call in list(self._calls) for i, h in enumerate(call.handles) if not h.done]
+        self._recovering = True
+        try:
+            for call, i in hit:
+                self.engine.abort(call.handles[i])
+            healthy = self._drain()
+            for call, i in hit:
+                label = call.handles[i].label
+                if not (healthy and call.retry is not None):
+                    call.failed[i] = _failure(label, error)
+                    continue
+                ctx, cont, top_k = call.retry[i]
+                new = self.engine.add_score_ids(ctx, cont, top_k, True, label)
+                try:
+                    while not new.done:
+                        self.engine.step()
+                except Exception as e:  # fails alone too: this is the request that fails
+                    log.exception("engine step failed for %s alone", label)
+                    self.engine.abort(new)
+                    call.failed[i] = _failure(label, e)
+                    healthy = self._drain()
+                else:
+                    call.handles[i] = new
+        finally:
+            self._recovering = False
+        for call, _ in hit:
+            self._count_done(call)
+
+    def _drain(self) -> bool:
+        """Step until the aborted requests have left the engine; False if even that fails (then nothing more is
+        tried on it: the requests hit fail with EngineFailure)."""
+        try:
+            while self.engine.has_pending():
+                self.engine.step()
+        except Exception:  # noqa: BLE001 - logged; the caller fails the requests
+            log.exception("engine step failed while dropping aborted requests")
+            return False
+        return True
 
     def _call(self, fn):
         """Run fn() in the worker thread; an awaitable for its return value (or exception)."""
@@ -107,111 +185,119 @@ class AsyncEngine:
                 raise QueueFull(f"{self._in_flight} requests in flight, the queue holds {self.max_queue}")
             self._in_flight += n
 
-    def _track(self, handles: list[Request], loop, on_done):
-        """Call on_done() in the event loop once every handle is done."""
-        left = [len(handles)]
-        lock = threading.Lock()
+    def _release(self, n: int):
+        with self._lock:
+            self._in_flight -= n
 
-        def one(req):
-            if self._retry is not None and isinstance(req, ScoreRequest) and not req.abort_requested:
-                self._retry.append((handles, handles.index(req), one))
-                return
-            with self._lock:
-                self._in_flight -= 1
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                loop.call_soon_threadsafe(on_done)
+    def _track(self, call: _Call):
+        """In the worker thread: call.on_done() in the event loop once every handle is done."""
+        call.left = len(call.handles)
+        self._calls.add(call)
+        for h in list(call.handles):
+            h.add_done_callback(lambda _, call=call: None if self._recovering else self._count_done(call))
 
-        for h in handles:
-            h.add_done_callback(one)
+    def _count_done(self, call: _Call):
+        self._release(1)
+        call.left -= 1
+        if call.left == 0:
+            self._calls.discard(call)
+            self._completed.append(call)
+
+    def _abort(self, call: _Call):
+        """From the event loop: abort the call's requests (in the worker thread, between two steps)."""
+        self._inbox.put(lambda: self._abort_now(call))
+
+    def _abort_now(self, call: _Call):
+        for h in call.handles:
+            if not h.done:
+                self.engine.abort(h)
 
     # ---- the API ------------------------------------------------------------------------------------------------
     async def score(self, requests, top_k: int = 0) -> list[ScoreResult]:
         """ScoreResults for (context, continuation) pairs, as Engine.score; raises the first failed request's error
         (UserError: bad input; EngineFailure: an internal failure)."""
         encoded = encode_pairs(self.engine.tokenizer, list(requests))
-        self._admit(len(encoded))
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def add():
-            handles = [self.engine._add_score_ids(ctx, cont, top_k, True, f"request {i}")
-                       for i, (ctx, cont) in enumerate(encoded)]
-            self._track(handles, loop, lambda: _set_result(done, None))
-            return handles
-
-        try:
-            handles = await self._call(add)
-        except BaseException:
-            with self._lock:
-                self._in_flight -= len(encoded)
-            raise
-        if not handles:
+        if not encoded:
             return []
-        try:
-            await asyncio.shield(done)
-        except asyncio.CancelledError:
-            for h in handles:
-                h.abort()
-            raise
-        return [h.result() for h in handles]
+        call = await self._submit(len(encoded), lambda: [self.engine.add_score_ids(ctx, cont, top_k, True,
+                                                                                   f"request {i}")
+                                                         for i, (ctx, cont) in enumerate(encoded)],
+                                  retry=[(ctx, cont, top_k) for ctx, cont in encoded])
+        await self._finished(call)
+        return [call.result(i) for i in range(len(encoded))]
 
     async def generate(self, prompt, **params) -> Generation:
         """One Generation (params as Engine.add_generate)."""
-        handle, done = await self._start_generate(prompt, params, None)
-        try:
-            await asyncio.shield(done)
-        except asyncio.CancelledError:
-            handle.abort()
-            raise
-        return handle.result()
+        call = await self._submit(1, lambda: [self.engine.add_generate(prompt, **params)])
+        await self._finished(call)
+        return call.result(0)
 
     async def stream(self, prompt, **params) -> AsyncIterator[TokenEvent]:
         """TokenEvents of one generation as they come; the last one has finish_reason set. Closing the iterator
         early (or cancelling the task reading it) aborts the request; a failed request raises its error."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        handle, done = await self._start_generate(
-            prompt, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
-        done.add_done_callback(lambda _: events.put_nowait(_DONE))
+        on_token = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)  # noqa: E731
+        call = await self._submit(1, lambda: [self.engine.add_generate(prompt, on_token=on_token, **params)])
+        call.done.add_done_callback(lambda _: events.put_nowait(_DONE))
         try:
             while (ev := await events.get()) is not _DONE:
                 yield ev
-            if handle.error is not None:
-                raise handle.error
+            if (error := call.error(0)) is not None:
+                raise error
         finally:
-            if not handle.done:
-                handle.abort()
+            if not call.done.done():
+                self._abort(call)
 
-    async def _start_generate(self, prompt, params, on_token):
-        self._admit(1)
+    async def _submit(self, n: int, add, retry: list | None = None) -> _Call:
+        """Add n requests (add() -> their handles, run in the worker thread); the call, tracked until done. A caller
+        that gives up before the worker took its job (cancelled, say) leaves nothing behind: the job, when its turn
+        comes, adds nothing; one that gives up after has its requests aborted, counted out as they finish."""
+        self._admit(n)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        state = {"taken": False, "abandoned": False, "call": None}  # under self._lock
 
-        def add():
-            h = self.engine.add_generate(prompt, on_token=on_token, **params)
-            self._track([h], loop, lambda: _set_result(done, None))
-            return h
+        def job():
+            with self._lock:
+                if state["abandoned"]:
+                    return None
+                state["taken"] = True
+            call = state["call"] = _Call(add(), lambda: loop.call_soon_threadsafe(_set_result, done, None), retry)
+            self._track(call)
+            return call
 
         try:
-            handle = await self._call(add)
+            call = await self._call(job)
         except BaseException:
             with self._lock:
-                self._in_flight -= 1
+                taken = state["taken"]
+                state["abandoned"] = True
+                if not taken:
+                    self._in_flight -= n
+            if taken:  # the job ran (or is running): its requests leave the engine, after it (the inbox is FIFO)
+                self._inbox.put(lambda: state["call"] is not None and self._abort_now(state["call"]))
             raise
-        return handle, done
+        call.done = done  # the worker calls on_done through the event loop, so not before this line has run
+        return call
+
+    async def _finished(self, call: _Call):
+        try:
+            await asyncio.shield(call.done)
+        except asyncio.CancelledError:
+            self._abort(call)
+            raise
 
     def queue_depth(self) -> int:
         """Requests submitted and not yet started (waiting for pages or for their turn)."""
-        return self.engine.count(Status.WAITING) + self._inbox.qsize()
+        return self._snapshot.waiting + self._inbox.qsize()
 
     def stats(self) -> dict:
-        s = self.engine.stats
-        s.update(queue_depth=self.queue_depth(), in_flight=self._in_flight,
-                 step_seconds=_copy(lambda: list(self.engine.step_seconds)))
-        return s
+        """The engine's counters (as last published by the worker), the queue, and the latest steps' times."""
+        with self._lock:
+            in_flight, steps = self._in_flight, list(self._step_seconds)
+        return {**asdict(self._snapshot), "queue_depth": self.queue_depth(), "in_flight": in_flight,
+                "step_seconds": steps}
 
     async def shutdown(self):
         """Finish in-flight work, then stop the worker thread."""
@@ -222,13 +308,8 @@ class AsyncEngine:
 _STOP, _DONE = object(), object()
 
 
-def _copy(read):
-    """read() of a container the worker thread may change meanwhile: try again until a copy succeeds."""
-    while True:
-        try:
-            return read()
-        except RuntimeError:
-            continue
+def _failure(label: str, error: BaseException) -> EngineFailure:
+    return EngineFailure(f"{label}: internal engine failure: {type(error).__name__}: {error}")
 
 
 def _set_result(fut, value):

@@ -16,8 +16,9 @@ from tqdm import tqdm
 from .config import ModelConfig
 from .errors import UserError
 from .tokenizer import Tokenizer
+from .stats import COUNTERS, EngineStats
+from .validation import Limits
 
-COUNTERS = ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "forward_steps")
 RETRIES_WHEN_BUSY = 60  # a 503 (queue full) is retried after its Retry-After, this many times at most
 
 
@@ -35,8 +36,13 @@ class Client:
                                    eos_ids=info["eos_ids"], add_bos=info["add_bos"],
                                    chat_template=info["chat_template"])
         self.config = ModelConfig(**info["config"])
-        self.max_request_tokens = info["max_len"]  # the served engine's limit (model maximum or KV capacity)
-        self.last_stats: dict = {}
+        # the served engine's limits (a server without kv_tokens in /v1/tokenizer: its max_len stands for it)
+        self.limits = Limits(self.config.vocab_size, self.config.max_position, info.get("kv_tokens", info["max_len"]))
+        self.last_stats = EngineStats()
+
+    @property
+    def max_request_tokens(self) -> int:
+        return self.limits.max_request_tokens
 
     def close(self) -> None:
         self.http.close()
@@ -78,8 +84,8 @@ class Client:
         """last_stats: the server engine's counters over the job (other clients' work in that time included);
         peak_kv_pages is the server's peak since it started."""
         after = self._engine_stats()
-        self.last_stats = {k: after[k] - before.get(k, 0) for k in COUNTERS if k in after}
-        self.last_stats["peak_kv_pages"] = after.get("peak_kv_pages", after.get("kv_pages_used"))
+        self.last_stats = EngineStats(**{k: after[k] - before.get(k, 0) for k in COUNTERS if k in after},
+                                      peak_kv_pages=after.get("peak_kv_pages", after.get("kv_pages_used")))
 
     # ---- the engine's interface ----------------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False):

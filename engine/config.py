@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 
 from .errors import UserError
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass
 class ModelConfig:
-    arch: str  # "llama" | "mistral" | "qwen2"
+    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -24,6 +24,7 @@ class ModelConfig:
     max_position: int = 2048
     tie_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of queries and keys before RoPE (Qwen3)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -32,6 +33,8 @@ class ModelConfig:
         arch = cfg.get("model_type", "")
         if arch not in SUPPORTED_ARCHS:
             raise UserError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})", source)
+        if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+            raise UserError(f"{arch} with use_sliding_window is not supported", source)
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
@@ -50,13 +53,15 @@ class ModelConfig:
             max_position=cfg.get("max_position_embeddings", 2048),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            qk_norm=arch == "qwen3",
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos,
         )
 
     def to_hf(self) -> dict:
         """The equivalent HF config.json dict (used to build reference models in tests)."""
-        hf_arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+        hf_arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                   "qwen3": "Qwen3ForCausalLM"}
         d = {
             "architectures": [hf_arch[self.arch]],
             "model_type": self.arch,
@@ -76,6 +81,8 @@ class ModelConfig:
             "eos_token_id": self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else self.eos_token_ids or None,
             "hidden_act": "silu",
         }
-        if self.arch == "llama":
+        if self.arch in ("llama", "qwen3"):
             d["attention_bias"] = self.attention_bias
+        if self.arch == "qwen3":
+            d["use_sliding_window"] = False
         return d

@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields
-from types import SimpleNamespace
 
 from .engine import Engine, EngineOptions
 from .errors import UserError
-from .loader import load_model_files
-from .requests import Generation, ScoreResult, encode_pairs
-from .scheduler import new_stats
+from .loader import load_model_info
+from .requests import Generation, ScoreResult, encode_pairs, prompt_ids
+from .validation import Limits, check_generate, check_score
+from .stats import COUNTERS, EngineStats
 
 SHARDS_PER_WORKER = 2
-STATS = ("tokens_requested", "tokens_computed", "forward_steps")
 
 
 # ---- planning: shards along the prefix tree ---------------------------------------------------------------------
@@ -142,8 +141,9 @@ class EngineWorker:
             out = [asdict(g) for g in self.engine.generate(batch.column("prompt").to_pylist(), **(options or {}))]
         table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
         stats = self.engine.last_stats
-        for name in STATS:  # this call's engine counters, on its first row
-            table = table.append_column(f"_{name}", pa.array([stats[name]] + [0] * (len(rows) - 1), pa.int64()))
+        for name in COUNTERS:  # this call's engine counters, on its first row
+            table = table.append_column(f"_{name}", pa.array([getattr(stats, name)] + [0] * (len(rows) - 1),
+                                                             pa.int64()))
         seconds = time.perf_counter() - start
         table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
         return table.append_column("_worker", pa.array([self.worker] * len(rows)))
@@ -199,18 +199,20 @@ class Cluster:
 
 
 class DistributedEngine:
-    """The Engine's scoring interface over a pool of Ray actors: `score`, `generate`, `last_stats`, `tokenizer`,
-    `config`. The driver holds the tokenizer (and loads the model files once, to check them before any worker
-    starts); the workers hold the engines, from the first call to `close()` (also a context manager)."""
+    """The Engine's closed-job interface (engine/protocol.py's JobEngine) over a pool of Ray actors: `score`,
+    `generate`, `last_stats`, `tokenizer`, `config`, `limits`. The driver reads the model's config and tokenizer
+    only (no weights) and validates every request as a worker's Engine would (engine/validation.py, the workers'
+    limits), before any worker starts; the workers hold the engines, from the first call to `close()` (also a
+    context manager)."""
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
-        self.config, _, self.tokenizer = load_model_files(cluster.model)
+        self.config, self.tokenizer = load_model_info(cluster.model)
         self.options = EngineOptions.checked(**{k: v for k, v in cluster.engine_options.items()
                                                 if k in ("kv_tokens", "token_budget", "keep_cache")})  # each worker's
-        o = self.options
-        self.kv = SimpleNamespace(num_pages=-(-o.kv_tokens // o.page_size), page_size=o.page_size)  # for the checks
-        self.last_stats = new_stats()
+        self.limits = Limits.of(self.config, self.options.kv_tokens, self.options.page_size)
+        self.last_stats = EngineStats()
+        self.busy_seconds: dict[str, float] = {}  # the last score call's seconds in Engine.score, per worker
         self.last_plan: Plan | None = None
         self._gpus = str(cluster.engine_options.get("device")).startswith("cuda")
         self._workers = None  # the Ray actors, once started
@@ -219,12 +221,12 @@ class DistributedEngine:
         """Token ids of every request, checked as Engine.score checks them (same errors as the local path)."""
         encoded = encode_pairs(self.tokenizer, requests)
         for i, (ctx, cont) in enumerate(encoded):
-            if (error := self._check_score(ctx, cont, 0, f"request {i}")) is not None:
-                raise error
+            check_score(ctx, cont, 0, self.limits, index=i)
         return encoded
 
-    # the Engine's own checks, on the workers' cache shape (self.kv)
-    _check_score, max_request_tokens, _limit_text = Engine._check_score, Engine.max_request_tokens, Engine._limit_text
+    @property
+    def max_request_tokens(self) -> int:
+        return self.limits.max_request_tokens
 
     def _run_blocks(self, tables, op: str = "score", options: dict | None = None):
         """An iterator of each block's result table (the worker's output columns) as the workers finish them: one
@@ -286,12 +288,12 @@ class DistributedEngine:
         c, done = self.cluster, set(done)
         todo = [i for i in range(len(encoded)) if i not in done]
         results: list[ScoreResult | None] = [None] * len(encoded)
-        self.last_stats = stats = {**new_stats(), "busy_seconds": {}}  # busy: worker -> seconds in Engine.score
-        stats["requests"] = len(todo)
+        self.last_stats = stats = EngineStats()  # the workers' counters summed, as their results come
+        self.busy_seconds = busy = {}
         if not todo:
             return results
         plan = self.last_plan = plan_shards([encoded[i] for i in todo], c.workers * SHARDS_PER_WORKER, naive=c.naive)
-        stats["unique_tokens"] = sum(plan.shard_tokens)
+        stats.unique_tokens = sum(plan.shard_tokens)
         members = [[] for _ in range(plan.shards)]
         for i, s in zip(todo, plan.shard):
             members[s].append(i)
@@ -300,10 +302,10 @@ class DistributedEngine:
         blocks = self._run_blocks(tables)
         bar = tqdm(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress)
         for table in blocks:
-            for name in STATS:
-                stats[name] += sum(table.column(f"_{name}").to_pylist())
+            stats = self.last_stats = stats.plus(EngineStats(**{name: sum(table.column(f"_{name}").to_pylist())
+                                                                for name in COUNTERS}))
             worker = table.column("_worker")[0].as_py()
-            stats["busy_seconds"][worker] = stats["busy_seconds"].get(worker, 0.0) + sum(
+            busy[worker] = busy.get(worker, 0.0) + sum(
                 table.column("_seconds").to_pylist())
             for row in table.to_pylist():
                 i = row["_row"]
@@ -318,13 +320,19 @@ class DistributedEngine:
             raise RuntimeError(f"{len(missing)} requests came back without a result (first: {missing[0]})")
         return results
 
-    def generate(self, prompts, progress: bool = False, **options):
+    def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False):
         """Engine.generate on the workers: the prompts cut into contiguous shards of the sorted order (prompts
-        sharing a prefix stay together). Sampling with a seed follows the shard, not the whole list."""
+        sharing a prefix stay together), each checked here first. Sampling with a seed follows the shard, not the
+        whole list."""
         import pyarrow as pa
 
         if not prompts:
             return []
+        for i, p in enumerate(prompts):
+            check_generate(prompt_ids(self.tokenizer, p), max_tokens, temperature, top_p, seed, self.limits, index=i,
+                           label=f"prompt {i}")
+        options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
         c = self.cluster
         order = sorted(range(len(prompts)), key=lambda i: prompts[i])
         n = c.workers * SHARDS_PER_WORKER

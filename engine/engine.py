@@ -4,13 +4,16 @@ One loop serves every caller. `add_score` / `add_generate` hand a request to the
 and return its handle; `step()` runs one step: the scheduler's plan (prefill chunks, one decode token of every
 generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), the scored rows
 through the fused target log-prob kernel, the generating rows through the batched sampler (sampling.py); the
-scheduler then records the step and the requests that finished come back. `score()` and `generate()` add a
+scheduler then records the step and its output events come back (scores, tokens, finished and failed requests,
+each already consumed by its handle). One lock makes add / abort / stats safe from other threads while the loop's
+thread steps. `score()` and `generate()` add a
 whole job and run the loop until it is done; engine/async_engine.py runs the same loop in a worker thread for
 asyncio callers (the server)."""
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields
@@ -25,11 +28,13 @@ from .errors import UserError
 from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
-from .requests import (GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status, TokenEvent,
-                       check_token_ids, encode_pairs, start_token, with_bos)
+from .requests import (Event, Finished, GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status,
+                       TokenEvent, encode_pairs, prompt_ids)
 from .sampling import new_generator, sample
-from .scheduler import Scheduler, new_stats
+from .scheduler import SampleOutput, Scheduler, ScoreOutput, StepPlan
+from .stats import EngineStats
 from .step import build_step
+from .validation import Limits, RequestError, check_generate, check_score
 
 log = logging.getLogger("engine")
 
@@ -111,9 +116,15 @@ class Engine:
         self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic)
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
+        self.limits = Limits.of(config, self.options.kv_tokens, self.options.page_size)  # what one request may hold
         self.scheduler = Scheduler(self.kv, self.options.token_budget, self.options.keep_cache)
         self.step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
-        self.last_stats = new_stats()
+        self.last_stats = EngineStats()  # the counters of the last score() / generate() call
+        self._peak_before = 0  # the most KV pages held at once before the cache's current peak was started
+        # One lock for the loop's state: add_*, abort, stats and count may be called from any thread while another
+        # steps; a step holds it from planning to recording (callers on the loop's own thread pay an uncontended
+        # acquire per call).
+        self._lock = threading.RLock()
         self._next_id = 0
         tok = tokenizer
         self.eos = set(tok.eos_ids) | ({tok.eos_id} if tok.eos_id is not None else set())
@@ -136,59 +147,70 @@ class Engine:
         return cls(config, weights, tokenizer, dtype=dtype, device=device, **vars(opts))
 
     @property
-    def stats(self) -> dict:
-        """Counters since the engine was made (requests, tokens computed, cache hits, steps, ...)."""
-        return dict(self.scheduler.stats, kv_pages_used=self.kv.used_pages, kv_pages_total=self.kv.num_pages,
-                    running=self.count(Status.RUNNING), waiting=self.count(Status.WAITING))
+    def stats(self) -> EngineStats:
+        """A snapshot: the counters since the engine was made (requests, tokens computed, cache hits, steps, ...)
+        and the state now (KV pages held, requests running and waiting). Safe from any thread."""
+        with self._lock:
+            stats = self.scheduler.stats.copy()
+            stats.peak_kv_pages = max(self._peak_before, self.kv.peak_used)
+            stats.kv_pages_used, stats.kv_pages_total = self.kv.used_pages, self.kv.num_pages
+            stats.running, stats.waiting = self.count(Status.RUNNING), self.count(Status.WAITING)
+            return stats
 
     def count(self, status: Status) -> int:
-        """Requests in flight with this status (safe to call from another thread)."""
-        while True:
-            try:
-                return sum(1 for r in list(self.scheduler.active.values()) if r.status is status)
-            except RuntimeError:  # the loop's thread changed the dict meanwhile
-                continue
+        """Requests in flight with this status (safe from any thread)."""
+        with self._lock:
+            return self.scheduler.count(status)
 
     # ---- the loop ------------------------------------------------------------------------------------------
     def add_score(self, context, continuation, top_k: int = 0, share_prefix: bool = True,
                   label: str | None = None) -> Request:
         """Score one (context, continuation) pair, text or token ids (the rules of score()); returns its handle."""
         ctx, cont = encode_pairs(self.tokenizer, [(context, continuation)])[0]
-        return self._add_score_ids(ctx, cont, top_k, share_prefix, label)
+        return self.add_score_ids(ctx, cont, top_k, share_prefix, label)
 
-    def _add_score_ids(self, ctx, cont, top_k, share_prefix, label) -> Request:
-        rid = self._new_id()
-        req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
-        self._admit(req, self._check_score(ctx, cont, top_k, req.label), share_prefix)
-        return req
+    def add_score_ids(self, context: list[int], continuation: list[int], top_k: int = 0, share_prefix: bool = True,
+                      label: str | None = None) -> Request:
+        """add_score for a request already encoded (requests.encode_pairs)."""
+        ctx, cont = context, continuation
+        with self._lock:
+            rid = self._new_id()
+            req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
+            try:
+                check_score(ctx, cont, top_k, self.limits, label=req.label)
+            except UserError as e:
+                self._admit(req, e)
+            else:
+                self._admit(req, None, share_prefix)
+            return req
 
     def add_generate(self, prompt, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                      seed: int | None = None, stop: list[str] | None = None, on_token=None,
                      label: str | None = None) -> Request:
         """Generate from one prompt (text or token ids); on_token(TokenEvent) is called (in the engine's thread)
         after every token. Returns the handle; its result() is a Generation."""
-        rid = self._new_id()
-        label = label or f"request {rid}"
-        error, ids = None, [0]
-        try:
-            ids = self.encode_prompt(prompt, label)
-            self._check_generate(ids, max_tokens, temperature, top_p, label)
-        except UserError as e:
-            error = e
-        req = GenerateRequest(rid, label, ids, max_tokens if error is None else 0, temperature, top_p,
-                              new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
-                              [s for s in (stop or []) if s], self.eos,
-                              lambda out: self.tokenizer.decode(out, skip_special_tokens=True), on_token)
-        if error is None and max_tokens == 0:
-            req.finish_reason = "length"
-            req._finish(Status.FINISHED)
+        with self._lock:
+            rid = self._new_id()
+            label = label or f"request {rid}"
+            error, ids = None, [0]
+            try:
+                ids = prompt_ids(self.tokenizer, prompt)
+                check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
+            except UserError as e:
+                error = e
+            req = GenerateRequest(rid, label, ids, max_tokens if error is None else 0, temperature, top_p,
+                                  new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
+                                  [s for s in (stop or []) if s], self.eos,
+                                  lambda out: self.tokenizer.decode(out, skip_special_tokens=True), on_token)
+            if error is None and max_tokens == 0:
+                req.consume(Finished(req, Status.FINISHED, finish_reason="length"))
+                return req
+            self._admit(req, error)
             return req
-        self._admit(req, error)
-        return req
 
     def _admit(self, req: Request, error: UserError | None, share_prefix: bool = True):
         if error is not None:
-            req._finish(Status.FAILED, error)
+            req.consume(Finished(req, Status.FAILED, error))
             return
         self.scheduler.add(req, share_prefix)
 
@@ -196,54 +218,72 @@ class Engine:
         self._next_id += 1
         return self._next_id - 1
 
+    def check_pages(self):
+        """Raise PageError unless every KV page's reference count matches the prefix-cache nodes holding it and
+        the cache's victim indexes are complete (the tests' invariant; walks the whole tree)."""
+        with self._lock:
+            self.scheduler.check_pages()
+
     def has_pending(self) -> bool:
         return self.scheduler.has_pending()
 
-    def _score(self, plan) -> tuple[list, list, list, list]:
-        """The step's score rows through the fused LM head + log-softmax: (log-probs, is_greedy, top ids, top
-        log-probs) per row. Rows asking the same (one position's hidden state, one target: requests that arrived
-        before their shared prefix was computed) go through it once."""
+    def abort(self, handle: Request) -> None:
+        """Stop a request: it finishes ABORTED at the next step (safe from any thread)."""
+        with self._lock:
+            handle.abort()
+
+    def _score(self, plan: StepPlan) -> ScoreOutput:
+        """The step's score rows through the fused LM head + log-softmax: log-prob, is-greedy and top k per row.
+        Rows asking the same (one position's hidden state, one target: requests that arrived before their shared
+        prefix was computed) go through it once."""
+        rows = plan.score_rows
         cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
-        slots = torch.tensor([r[0] for r in plan.score_rows[cached:]], dtype=torch.long, device=self.device)
-        hidden = self.kv.hidden[slots] if not cached else torch.cat([plan.cached_hidden, self.kv.hidden[slots]])
-        targets = torch.tensor([r[3] for r in plan.score_rows], device=self.device)
-        top_k = max(r[1].top_k for r in plan.score_rows)
+        hidden = self.kv.read_hidden([r.slot for r in rows[cached:]])
+        if cached:
+            hidden = torch.cat([plan.cached_hidden, hidden])
+        targets = torch.tensor([r.target for r in rows], device=self.device)
+        top_k = max(r.request.top_k for r in rows)
         first: dict[tuple[int, int], int] = {}  # (slot, target) -> its row in the LM head's batch
         pick, inverse = [], []  # the rows that go through it; each score row's row there
-        for i, r in enumerate(plan.score_rows):
-            if (r[0], r[3]) not in first:
-                first[r[0], r[3]] = len(pick)
+        for i, r in enumerate(rows):
+            if (r.slot, r.target) not in first:
+                first[r.slot, r.target] = len(pick)
                 pick.append(i)
-            inverse.append(first[r[0], r[3]])
+            inverse.append(first[r.slot, r.target])
         if len(pick) < len(inverse):
             idx = torch.tensor(pick, device=self.device)
             hidden, targets = hidden[idx], targets[idx]
-        self.scheduler.stats["lm_head_rows"] += len(pick)
         out = self.model.target_logprobs(hidden, targets, top_k=top_k)
         if top_k:
             lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
         else:
             (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(pick), [None] * len(pick)
-        return tuple([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps))
+        if len(pick) < len(inverse):
+            lp, greedy, top_ids, top_lps = ([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps))
+        return ScoreOutput(lp, greedy, top_ids, top_lps, len(pick))
+
+    def step(self) -> list[Event]:
+        """Run one step of the loop; returns its output events (engine/requests.py: scores, tokens, and the
+        requests that finished, failed or were aborted), already consumed by their handles."""
+        with self._lock:
+            return self._step()
 
     @torch.inference_mode()
-    def step(self) -> list[Request]:
-        """Run one step of the loop; returns the requests that finished (or failed, or were aborted) in it."""
+    def _step(self) -> list[Event]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.chunks:
             batch = build_step(plan.chunks, self.device)
-            self.kv.hidden[batch.write_slots] = self.model.forward(batch, self.kv)
+            self.kv.write_hidden(batch.write_slots, self.model.forward(batch, self.kv))
         score_out = sample_out = None
         if plan.score_rows:
             score_out = self._score(plan)
         if plan.sample_rows:
-            reqs = [r for _, r in plan.sample_rows]
-            slots = torch.tensor([s for s, _ in plan.sample_rows], device=self.device)
-            logits = self.model.logits(self.kv.hidden[slots])
+            reqs = [r.request for r in plan.sample_rows]
+            logits = self.model.logits(self.kv.read_hidden([r.slot for r in plan.sample_rows]))
             tokens, lps = sample(logits, [r.temperature for r in reqs], [r.top_p for r in reqs],
                                  [r.generator for r in reqs])
-            sample_out = (tokens.tolist(), lps.tolist())
+            sample_out = SampleOutput(tokens.tolist(), lps.tolist())
         seconds = time.perf_counter() - t0
         if not plan.empty:
             self.step_seconds.append(seconds)
@@ -252,10 +292,10 @@ class Engine:
     def run(self, handles: list[Request] | None = None, progress=None):
         """Step until the given requests (default: all pending ones) are done."""
         while (self.has_pending() if handles is None else not all(h.done for h in handles)):
-            before = self.scheduler.stats["tokens_computed"]
+            before = self.scheduler.stats.tokens_computed
             self.step()
             if progress is not None:
-                progress.update(self.scheduler.stats["tokens_computed"] - before)
+                progress.update(self.scheduler.stats.tokens_computed - before)
 
     # ---- closed jobs: add all, run, collect ------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0
@@ -263,93 +303,46 @@ class Engine:
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
         encoded = encode_pairs(self.tokenizer, requests)
         for i, (ctx, cont) in enumerate(encoded):
-            error = self._check_score(ctx, cont, top_k, f"request {i}")
-            if error is not None:
-                raise error
+            check_score(ctx, cont, top_k, self.limits, index=i)
         start = self._job_start()
-        handles = [self._add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}")
+        handles = [self.add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}")
                    for i, (ctx, cont) in enumerate(encoded)]
         return self._job_end(start, handles, "scoring", progress)
 
     def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop: list[str] | None = None, progress: bool = False
                  ) -> list[Generation]:
-        """One Generation per prompt; with a seed, prompt i samples with seed + i."""
-        for i, p in enumerate(prompts):
-            error = None
-            try:
-                self._check_generate(self.encode_prompt(p, f"prompt {i}"), max_tokens, temperature, top_p,
-                                     f"prompt {i}")
-            except UserError as e:
-                error = e
-            if error is not None:
-                raise error
+        """One Generation per prompt; with a seed, prompt i samples with seed + i. Every prompt is encoded once and
+        checked before any is added."""
+        encoded = [prompt_ids(self.tokenizer, p) for p in prompts]
+        for i, ids in enumerate(encoded):
+            check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, index=i, label=f"prompt {i}")
         start = self._job_start()
-        handles = [self.add_generate(p, max_tokens, temperature, top_p, None if seed is None else seed + i, stop,
-                                     label=f"prompt {i}") for i, p in enumerate(prompts)]
+        handles = [self.add_generate(ids, max_tokens, temperature, top_p, None if seed is None else seed + i, stop,
+                                     label=f"prompt {i}") for i, ids in enumerate(encoded)]
         return self._job_end(start, handles, "generating", progress)
 
-    def _job_start(self) -> tuple[dict, int]:
-        self.kv.peak_used = self.kv.used_pages
-        return dict(self.scheduler.stats), self.scheduler.pending_tokens()
+    def _job_start(self) -> tuple[EngineStats, int]:
+        with self._lock:
+            self._peak_before = max(self._peak_before, self.kv.reset_peak())
+            return self.scheduler.stats.copy(), self.scheduler.pending_tokens()
 
     def _job_end(self, start, handles, desc, progress):
         before, pending_before = start
         unique = self.scheduler.pending_tokens() - pending_before
         with tqdm(total=unique, unit="tok", desc=desc, disable=not progress) as bar:
             self.run(handles, bar)
-        after = self.scheduler.stats
-        stats = {k: after[k] - before[k] for k in after}
-        stats.update(unique_tokens=unique, peak_kv_pages=self.kv.peak_used)
+        stats = self.stats.since(before)
+        stats.unique_tokens, stats.peak_kv_pages = unique, self.kv.peak_used
         self.last_stats = stats
+        for i, h in enumerate(handles):  # a failed request raises with its index in the call
+            if isinstance(h.error, RequestError):
+                raise h.error.with_index(i) from None
         return [h.result() for h in handles]
 
-    # ---- validation ----------------------------------------------------------------------------------------
+    # ---- validation (engine/validation.py) --------------------------------------------------------------------
     @property
     def max_request_tokens(self) -> int:
         """The most tokens one request (prompt + scored or generated tokens) may hold: the model's maximum or the
         KV cache's capacity, whichever is smaller."""
-        return min(self.config.max_position, self.kv.num_pages * self.kv.page_size)
-
-    def _check_score(self, ctx, cont, top_k, label) -> UserError | None:
-        try:
-            check_token_ids(ctx, self.config.vocab_size, label)
-            check_token_ids(cont, self.config.vocab_size, label)
-        except UserError as e:
-            return e
-        if not isinstance(top_k, int) or top_k < 0:
-            return UserError(f"{label}: top_k must be a non-negative integer, got {top_k!r}")
-        if top_k > self.config.vocab_size:
-            return UserError(f"{label}: top_k={top_k} exceeds the vocabulary ({self.config.vocab_size})")
-        n, limit = len(ctx) + len(cont), self.max_request_tokens
-        if n > limit:
-            return UserError(f"{label}: {n} tokens exceed {self._limit_text()}")
-        return None
-
-    def encode_prompt(self, prompt, label) -> list[int]:
-        """A generation prompt's token ids (text: encoded, BOS as the model asks; ids: range-checked)."""
-        tok = self.tokenizer
-        if isinstance(prompt, str):
-            ids = with_bos(tok, tok.encode(prompt))
-        else:
-            ids = [int(t) for t in prompt]
-            check_token_ids(ids, self.config.vocab_size, label)
-        return ids or [start_token(tok)]
-
-    def _check_generate(self, ids, max_tokens, temperature, top_p, label):
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise UserError(f"{label}: max_tokens must be a non-negative integer, got {max_tokens!r}")
-        if not temperature >= 0:
-            raise UserError(f"{label}: temperature must be >= 0, got {temperature!r}")
-        if not 0 <= top_p <= 1:
-            raise UserError(f"{label}: top_p must be in [0, 1], got {top_p!r}")
-        limit = self.max_request_tokens
-        if len(ids) + max_tokens > limit:
-            raise UserError(f"{label}: a prompt of {len(ids)} tokens plus max_tokens={max_tokens} exceeds "
-                            f"{self._limit_text()}")
-
-    def _limit_text(self) -> str:
-        kv = self.kv.num_pages * self.kv.page_size
-        if self.config.max_position <= kv:
-            return f"the model's maximum of {self.config.max_position}"
-        return f"the KV cache of {kv} tokens (kv_tokens)"
+        return self.limits.max_request_tokens

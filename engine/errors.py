@@ -5,6 +5,8 @@ class UserError(Exception):
     """Bad input from the user (a file, a flag, a request). The message is one line and says what is wrong."""
 
     def __init__(self, message: str, path: str | None = None, line: int | None = None):
+        if path is not None and not str(path).isprintable():  # a newline in a file name must not split the line
+            path = ascii(str(path))[1:-1]
         where = f"{path}:{line}: " if path is not None and line is not None else f"{path}: " if path else ""
         super().__init__(f"{where}{message}")
         self.path, self.line = path, line

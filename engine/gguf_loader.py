@@ -1,9 +1,11 @@
-"""Load a llama.cpp GGUF file (architectures llama and qwen2): config from the metadata, weights dequantized to
-float32 in HF naming and layout, and the tokenizer rebuilt from the vocabulary (byte-level or SentencePiece BPE,
-cached on disk).
+"""Load a llama.cpp GGUF file (architectures llama and qwen2): config from the metadata, weights in HF naming and
+layout (a LazyWeights: each tensor dequantized to float32, or kept as F32/F16/BF16 as stored, only when the model
+asks for it, and its pages of the memory-mapped file then dropped), and the tokenizer rebuilt from the vocabulary
+(byte-level or SentencePiece BPE, cached on disk).
 
 llama.cpp's converter interleaves the two rotary halves of each Q and K head of `llama` models (its RoPE rotates
-adjacent pairs); the loader undoes that so the weights match HF's rotate-half layout. qwen2 files are not permuted.
+adjacent pairs); the loader undoes that so the weights match HF's rotate-half layout. qwen2 and qwen3 files are
+not permuted.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from .config import ModelConfig
 from .errors import UserError
 from .tokenizer import (PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokenizer, end_of_generation_ids,
                         sentencepiece_bpe)
+from .weights import LazyWeights, release_pages
 
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 TOKENIZER_FORMAT = "icqs-tok-1"  # part of the tokenizer cache key: bump when a builder changes
@@ -36,42 +39,64 @@ _LAYER_NAMES = {
     "attn_v.bias": "self_attn.v_proj.bias",
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
     path = Path(path)
+    source = str(path)
+    meta, arch, tensors, config = _header(path)
+    by_name = {}
+    for name, t in tensors.items():
+        if name == "rope_freqs.weight":  # llama3 frequency factors: already in config.rope_scaling
+            continue
+        if t.tensor_type.name not in SUPPORTED_TYPES:
+            raise UserError(f"unsupported tensor type {t.tensor_type.name} in {t.name} (supported: "
+                            f"{', '.join(SUPPORTED_TYPES)})", source)
+        by_name[_hf_name(name, source)] = t
+    rotary_heads = {}  # llama: undo the converter's interleaving of the rotary halves of Q and K
+    if arch == "llama":
+        for i in range(config.num_layers):
+            for proj, heads in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
+                for kind in ("weight", "bias"):
+                    rotary_heads[f"model.layers.{i}.self_attn.{proj}.{kind}"] = heads
+
+    def read(name: str) -> torch.Tensor:
+        t = by_name[name]
+        w = _dequantize(t)
+        release_pages(t.data)
+        return unpermute_rotary(w, rotary_heads[name]) if name in rotary_heads else w
+
+    config.tie_embeddings = "lm_head.weight" not in by_name
+    shapes = {name: tuple(int(d) for d in reversed(t.shape)) for name, t in by_name.items()}
+    return config, LazyWeights(shapes, read), _tokenizer(meta, config)
+
+
+def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """Only the tokenizer of a GGUF file (no weights are read)."""
+    return load_gguf_info(path)[1]
+
+
+def load_gguf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
+    """The config and tokenizer of a GGUF file, from its metadata: no tensor data is read or dequantized (the
+    tensor list is the file's header; only a llama3 `rope_freqs` vector, if any, is read)."""
+    meta, _, tensors, config = _header(Path(path))
+    config.tie_embeddings = "output.weight" not in tensors
+    return config, _tokenizer(meta, config)
+
+
+def _header(path: Path):
+    """(metadata, architecture, tensor infos by GGUF name, config) of a GGUF file whose architecture is supported;
+    no tensor data is read."""
     reader = open_gguf(path)
     meta = _Metadata(reader, str(path))
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHS:
         raise UserError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})", str(path))
     tensors = {t.name: t for t in reader.tensors}
-    config = _config(meta, arch, tensors)
-    weights = {}
-    for name, t in tensors.items():
-        if name == "rope_freqs.weight":  # llama3 frequency factors: already in config.rope_scaling
-            continue
-        weights[_hf_name(name, str(path))] = _dequantize(t, str(path))
-    if arch == "llama":  # undo the converter's interleaving of the rotary halves
-        for i in range(config.num_layers):
-            for proj, heads in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
-                for kind in ("weight", "bias"):
-                    name = f"model.layers.{i}.self_attn.{proj}.{kind}"
-                    if name in weights:
-                        weights[name] = unpermute_rotary(weights[name], heads)
-    config.tie_embeddings = "lm_head.weight" not in weights
-    return config, weights, _tokenizer(meta, config)
-
-
-def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
-    """Only the tokenizer of a GGUF file (no weights are read)."""
-    path = Path(path)
-    reader = open_gguf(path)
-    meta = _Metadata(reader, str(path))
-    arch = meta.get("general.architecture")
-    return _tokenizer(meta, _config(meta, arch, {t.name: t for t in reader.tensors}))
+    return meta, arch, tensors, _config(meta, arch, tensors)
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -154,14 +179,16 @@ def _hf_name(name: str, source: str) -> str:
     raise UserError(f"unexpected tensor {name} (an unsupported variant of this architecture)", source)
 
 
-def _dequantize(t, source: str) -> torch.Tensor:
+def _dequantize(t) -> torch.Tensor:
+    """The tensor in memory of its own: F32 and F16 as stored, BF16 as bfloat16 (its bits), quantized types
+    dequantized to float32 by the gguf package."""
     kind = t.tensor_type.name
-    if kind not in SUPPORTED_TYPES:
-        raise UserError(f"unsupported tensor type {kind} in {t.name} (supported: {', '.join(SUPPORTED_TYPES)})",
-                        source)
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first; HF is [out, in]
-    values = np.array(t.data, dtype=np.float32) if kind in ("F32", "F16") else \
-        gguf.quants.dequantize(t.data, t.tensor_type)
+    if kind in ("F32", "F16"):
+        return torch.from_numpy(np.array(t.data).reshape(shape))
+    if kind == "BF16":
+        return torch.from_numpy(np.array(t.data).view(np.int16).reshape(shape)).view(torch.bfloat16)
+    values = gguf.quants.dequantize(t.data, t.tensor_type)
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(shape))
 
 
@@ -191,6 +218,7 @@ def _read_config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         max_position=int(meta.get(f"{arch}.context_length", 2048)),
         attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm=arch == "qwen3",
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id", None),
         eos_token_ids=[int(i) for i in eos if i is not None],
     )

@@ -1,7 +1,8 @@
 """Load a Hugging Face model directory: config.json, safetensors weights (single or sharded), tokenizer.json.
 
-Weights come back as stored (names and layout are already HF's). `.bin` checkpoints are read only with
-`torch.load(weights_only=True)`: nothing is ever unpickled.
+Weights come back as stored (names and layout are already HF's), as a LazyWeights: safetensors tensors are read
+one at a time with pread (no mapping of the file, so no page of it stays resident) when the model asks for them.
+`.bin` checkpoints are read only with `torch.load(weights_only=True, mmap=True)`: nothing is ever unpickled.
 """
 from __future__ import annotations
 
@@ -13,20 +14,32 @@ import torch
 from .config import ModelConfig
 from .errors import UserError
 from .tokenizer import Tokenizer, end_of_generation_ids
+from .weights import LazyWeights
 
 
-def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
     path = Path(path)
+    config = _load_config(path)
+    weights = _load_weights(path)
+    return config, weights, _load_tokenizer(path, config)
+
+
+def load_hf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
+    """The config and tokenizer of an HF model directory; the weight files are not opened."""
+    path = Path(path)
+    config = _load_config(path)
+    return config, _load_tokenizer(path, config)
+
+
+def _load_config(path: Path) -> ModelConfig:
     if not path.is_dir():
         raise UserError("no such model directory", str(path))
     try:
-        config = ModelConfig.from_hf(_hf_config(path), source=str(path / "config.json"))
+        return ModelConfig.from_hf(_hf_config(path), source=str(path / "config.json"))
     except KeyError as e:
         raise UserError(f"config.json lacks {e}", str(path / "config.json")) from None
     except (TypeError, ValueError, ZeroDivisionError) as e:  # e.g. "num_attention_heads": 0 or "64"
         raise UserError(f"a config value of the wrong type or range ({e})", str(path / "config.json")) from None
-    weights = _load_weights(path)
-    return config, weights, _load_tokenizer(path, config)
 
 
 def _read_json(path: Path, required: bool = True) -> dict | None:
@@ -57,20 +70,19 @@ def _hf_config(path: Path) -> dict:
     return cfg
 
 
-def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+def _load_weights(path: Path) -> LazyWeights:
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = _read_json(path / index_name, required=False)
         if index is not None:
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise UserError("index has no weight_map (tensor name -> shard file)", str(path / index_name))
-            weights = {}
-            for name in sorted(set(map(str, weight_map.values()))):
-                weights.update(_load_file(_shard_file(path, name, str(path / index_name))))
-            return _drop_buffers(weights)
+            files = [_shard_file(path, name, str(path / index_name))
+                     for name in sorted(set(map(str, weight_map.values())))]
+            return _lazy_weights(files)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
-            return _drop_buffers(_load_file(path / name))
+            return _lazy_weights([path / name])
     raise UserError("no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)", str(path))
 
 
@@ -89,29 +101,57 @@ def _shard_file(path: Path, name: str, index: str) -> Path:
     return file
 
 
-def _load_file(file: Path) -> dict[str, torch.Tensor]:
-    if not file.is_file():
-        raise UserError("missing weight shard", str(file))
-    if file.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+def _lazy_weights(files: list[Path]) -> LazyWeights:
+    """The tensors of all shards by name (RoPE frequency buffers of older checkpoints left out: they are
+    recomputed from the config), read when asked for."""
+    shapes, readers = {}, {}
+    for file in files:
+        read = _shard_reader(file)
+        for name, shape in read.shapes.items():
+            if not name.endswith("rotary_emb.inv_freq"):
+                shapes[name], readers[name] = shape, read
+    return LazyWeights(shapes, lambda name: readers[name](name))
+
+
+class _Safetensors:
+    """One safetensors shard, opened for pread: its header is checked now, each tensor read when called."""
+
+    def __init__(self, file: Path):
+        from safetensors import SafetensorError, safe_open
+
+        self.file = file
         try:
-            return load_file(str(file))
+            self.handle = safe_open(str(file), framework="pt", backend="pread")
+            self.shapes = {name: tuple(self.handle.get_slice(name).get_shape()) for name in self.handle.keys()}
         except (SafetensorError, OSError) as e:
             raise UserError(f"not a readable safetensors file ({e})", str(file)) from None
-    try:
-        state = torch.load(str(file), map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle.UnpicklingError for anything beyond plain tensors, RuntimeError if corrupt
-        raise UserError(f"cannot read as a plain tensor checkpoint (weights_only=True): {e}".splitlines()[0],
-                        str(file)) from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError("checkpoint is not a name -> tensor dict", str(file))
-    return state
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return self.handle.get_tensor(name)
 
 
-def _drop_buffers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Older checkpoints also store the RoPE frequency buffers; they are recomputed from the config."""
-    return {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+class _TorchCheckpoint:
+    """One `.bin` shard: torch.load(weights_only=True) over a memory map of the file."""
+
+    def __init__(self, file: Path):
+        try:
+            state = torch.load(str(file), map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # pickle.UnpicklingError for anything beyond plain tensors, RuntimeError if corrupt
+            raise UserError(f"cannot read as a plain tensor checkpoint (weights_only=True): {e}".splitlines()[0],
+                            str(file)) from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise UserError("checkpoint is not a name -> tensor dict", str(file))
+        self.state = state
+        self.shapes = {name: tuple(t.shape) for name, t in state.items()}
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return self.state[name].clone()
+
+
+def _shard_reader(file: Path):
+    if not file.is_file():
+        raise UserError("missing weight shard", str(file))
+    return _Safetensors(file) if file.suffix == ".safetensors" else _TorchCheckpoint(file)
 
 
 def _token_text(value) -> str | None:

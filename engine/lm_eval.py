@@ -28,14 +28,15 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from .engine import Engine, EngineOptions, new_stats
+from .engine import Engine, EngineOptions
+from .stats import COUNTERS, EngineStats
 from .errors import UserError
+from .validation import RequestError
 from .device import resolve_device
 from .requests import encode_pairs, start_token, with_bos
 
 NAME = "icqs-engine"
 log = logging.getLogger("lm_eval.icqs_engine")  # under lm-eval's logger, so its command line shows these lines
-STAT_KEYS = ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "forward_steps")
 MODEL_ARGS = ("model", "dtype", "device", "token_budget", "kv_tokens", "threads", "deterministic", "max_length",
               "add_bos_token", "prefix_token_id", "batch_size", "max_batch_size")
 GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "seed"}
@@ -116,7 +117,7 @@ class EngineLM(LM):
         if self.prefix_token_id >= tok.vocab_size:
             raise UserError(f"{NAME}: prefix_token_id={self.prefix_token_id}: not a token id of this model "
                             f"(vocabulary of {tok.vocab_size})")
-        self.totals: dict[str, dict] = {}  # request type -> summed engine counters
+        self.totals: dict[str, EngineStats] = {}  # request type -> summed engine counters
 
     # ---- lm-eval's LM interface ----------------------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -175,7 +176,6 @@ class EngineLM(LM):
                             "left", NAME, keep)
                 prompts = [p[-keep:] for p in prompts]
             temperature = float(kwargs["temperature"]) if kwargs["do_sample"] else 0.0
-            self.engine.last_stats = new_stats()
             gens = self.engine.generate(prompts, max_tokens=max_gen, temperature=temperature,
                                         top_p=float(kwargs.get("top_p", 1.0)),
                                         seed=int(kwargs.get("seed", torch.initial_seed())),
@@ -202,7 +202,8 @@ class EngineLM(LM):
         e = self.engine
         return {"model_path": self.model_path or "default", "dtype": str(e.dtype).removeprefix("torch."),
                 "engine_device": str(e.device), "token_budget": e.options.token_budget,
-                "kv_tokens": e.options.kv_tokens, "engine_stats": {k: dict(v) for k, v in self.totals.items()}}
+                "kv_tokens": e.options.kv_tokens,
+                "engine_stats": {k: {name: getattr(v, name) for name in COUNTERS} for k, v in self.totals.items()}}
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _score(self, encoded, kind: str, disable_tqdm: bool):
@@ -213,21 +214,19 @@ class EngineLM(LM):
 
     def _record(self, kind: str, n: int) -> None:
         stats = self.engine.last_stats
-        totals = self.totals.setdefault(kind, {k: 0 for k in STAT_KEYS})
-        for k in STAT_KEYS:
-            totals[k] += stats.get(k, 0)
+        self.totals[kind] = self.totals.get(kind, EngineStats()).plus(stats)
         log.info("%s %s: %d requests, %d tokens requested, %d computed, %d cache hits, %d forward steps",
-                 NAME, kind, n, stats.get("tokens_requested", 0), stats.get("tokens_computed", 0),
-                 stats.get("cache_hit_tokens", 0), stats.get("forward_steps", 0))
+                 NAME, kind, n, stats.tokens_requested, stats.tokens_computed, stats.cache_hit_tokens,
+                 stats.forward_steps)
 
     def _truncate(self, encoded: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's rule for a request longer than max_length: the model reads the last max_length tokens of
         context + continuation (within what the engine holds), so the context loses tokens on the left."""
         keep, out, cut = min(self.max_length + 1, self.limit), [], 0
-        for ctx, cont in encoded:
-            if len(cont) >= keep:
-                raise UserError(f"{NAME}: a continuation of {len(cont)} tokens does not fit in max_length="
-                                f"{self.max_length}")
+        for i, (ctx, cont) in enumerate(encoded):
+            if len(cont) >= keep:  # not even one token of context would be left
+                raise RequestError(f"a continuation of {len(cont)} tokens does not fit in max_length={self.max_length}",
+                                   index=i, field="continuation", label=f"{NAME}: request {i}")
             if len(ctx) + len(cont) > keep:
                 ctx, cut = ctx[len(ctx) + len(cont) - keep:], cut + 1
             out.append((ctx, cont))

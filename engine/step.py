@@ -1,23 +1,33 @@
 """Packs the chunks of a step plan into one forward step (`StepBatch`).
 
-A chunk is (node, a, b): the node's tokens a..b-1, whose cache slots are already allocated. Every cached segment
+A `Chunk` is a node's tokens start..end-1, whose cache slots are already allocated. Every cached segment
 a chunk attends to (each ancestor, and the node's own earlier tokens) becomes one cascade segment whose query
 rows are the rows of all chunks below it. Every row's final hidden state comes out (it is kept in the cache
 beside the row's K/V, see kv_cache.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .model import StepBatch
-from .prefix_tree import Node
+from .prefix_cache import Node
 
-Chunk = tuple[Node, int, int]
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Tokens start..end-1 of one prefix-tree node, computed in one step."""
+    node: Node
+    start: int
+    end: int
 
 
 def build_step(chunks: list[Chunk], device) -> StepBatch:
     tokens, positions, slots, cu = [], [], [], [0]
     segments: dict = {}
-    for node, a, b in chunks:
+    for chunk in chunks:
+        node, a, b = chunk.node, chunk.start, chunk.end
         r0 = cu[-1]
         tokens += node.tokens[a:b]
         positions.append(torch.arange(node.start + a, node.start + b))

@@ -62,8 +62,16 @@ class Tokenizer:
             self._template = _compile_template(self.chat_template)
         bos = self.id_to_token(self.bos_id) if self.bos_id is not None else ""
         eos = self.id_to_token(self.eos_id) if self.eos_id is not None else ""
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=bos, eos_token=eos, **variables)
+        from jinja2.exceptions import TemplateError
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=bos, eos_token=eos, **variables)
+        except UserError:
+            raise
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
+                RecursionError, MemoryError) as e:  # the model's template is input: a sandbox refusal is not a crash
+            raise UserError(f"the model's chat template fails to render ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:200]})") from None
 
 
 def _compile_template(source: str):

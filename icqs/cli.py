@@ -14,14 +14,14 @@ import signal
 import sys
 import threading
 
-from commands.cli_args import ArgumentParser, check_output_file
+from commands.cli_args import ArgumentParser, check_report_output, os_error
 from engine.errors import UserError
-from commands.factory import add_engine_args, engine_from_args, model_label, positive_int
+from commands.factory import add_engine_args, engine_from_args, int_in_range, model_label, positive_int
 
 from .methods import METHODS
 from .run import add_run_args, deterministic_by_default
 from .sampler import SAMPLERS
-from .task import BALANCE
+from .task import BALANCE, LIMITS
 from .run import read_run_json
 from .score_run import load_scores, print_audit, score_run, score_run_dir, write_leaderboard
 
@@ -62,7 +62,7 @@ def cmd_audit(args) -> None:
 def cmd_report(args) -> None:
     from .report import write_report
     if args.output:
-        check_output_file(args.output)  # its folder must exist; a report is never written into a new one
+        check_report_output(args.output, args.dir, "report.html")  # never over a run's files or an input
     path = write_report(args.dir, args.output)
     print(f"wrote {path}")
 
@@ -130,7 +130,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-audit", action="store_true",
                    help="skip the evaluator audit (each method cross-validated on the task's own good/bad pool)")
     for key, what in (("M", "ratios r = j/M"), ("N", "demos per set"), ("L", "demo sets per ratio")):
-        p.add_argument(f"--{key}", type=positive_int, default=None, help=f"{what} (default: the task's)")
+        p.add_argument(f"--{key}", type=int_in_range(1, LIMITS[key]), default=None,
+                       help=f"{what}, at most {LIMITS[key]} (default: the task's)")
     add_engine_args(p)
     deterministic_by_default(p)
     p.set_defaults(func=cmd_score)
@@ -205,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
+        message, status = os_error(e)
+        print(message, file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         print("interrupted (finished results are kept; run the same command again to resume)", file=sys.stderr)
         return 130

@@ -7,7 +7,23 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import baselines, scoring
+from .candidates import Candidate
 from .sampler import demo_sets
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request a method will send the engine, for the length check before any work: the context as the part
+    many requests share (a demo set, tokenized once) and the rest."""
+    candidate: Candidate
+    shared: str  # the context's prefix shared with other requests ("" if none)
+    rest: str  # the rest of the context
+    continuation: str
+    generated: int = 0  # tokens the engine generates after it (a judge's reply)
+
+    @property
+    def context(self) -> str:
+        return self.shared + self.rest
 
 
 @dataclass(frozen=True)
@@ -18,8 +34,8 @@ class Method:
     log: str  # its append-only result log in the run directory
     key: str | tuple[str, ...]  # what identifies a row of that log (icqs.io.ResultWriter)
     compute: Callable  # (engine, task, candidates, writer, sampler, progress) -> None: the missing rows
-    requests: Callable  # (task, candidates, sampler) -> [(candidate, shared prefix, rest of the context,
-    #                    continuation, tokens generated)]: what it sends the engine, for the length check
+    requests: Callable  # (task, candidates, sampler) -> [PlannedRequest]: what it sends the engine, for the length
+    #                    check
     score: Callable  # (task, candidates, rows, sampler) -> one dict per candidate, or None while rows are missing
     curves: bool = False  # the report plots its log-likelihood against the ratio
     demos: bool = True  # its scores depend on the demo draw (a run scores it once per draw)
@@ -45,7 +61,7 @@ def _loglik_requests(epistemic: bool):
                 requests += scoring.mixture_requests(task, [s], candidates, x=task.content_free)
             for c, (ctx, cont) in zip(candidates * (2 if task.calibrate else 1), requests):
                 shared = demos if ctx.startswith(demos) else ""
-                out.append((c, shared, ctx[len(shared):], cont, 0))
+                out.append(PlannedRequest(c, shared, ctx[len(shared):], cont))
         return out
     return requests
 
@@ -63,7 +79,7 @@ def _by_id(candidates, rows) -> dict | None:
 
 def _icl_requests(task, candidates, sampler):
     demos = task.demo_text(list(demo_sets(task, sampler, repeats=1)[0][task.M].examples))
-    return [(c, demos, baselines.icl_prompt(task, "", c), task.y_part(label), 0) for c in candidates
+    return [PlannedRequest(c, demos, baselines.icl_prompt(task, "", c), task.y_part(label)) for c in candidates
             for label in task.labels]
 
 
@@ -73,8 +89,8 @@ def _icl_score(task, candidates, rows, sampler):
 
 
 def _judge_requests(task, candidates, sampler):
-    return [(c, "", baselines.judge_prompt(task, c), option, 4) for c in candidates  # 4: compute_judge's max_tokens
-            for option in baselines.RATING_OPTIONS]
+    return [PlannedRequest(c, "", baselines.judge_prompt(task, c), option, generated=4)  # compute_judge's max_tokens
+            for c in candidates for option in baselines.RATING_OPTIONS]
 
 
 def _judge_score(task, candidates, rows, sampler):

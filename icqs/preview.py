@@ -22,11 +22,11 @@ def _requests(task, candidates, methods, sampler: str, draws: int, audit: bool) 
         method = METHODS[name]
         run, aud = [], []
         for d in range(draws if method.demos else 1):
-            run += [(shared + rest, cont, gen) for _, shared, rest, cont, gen in
+            run += [(r.context, r.continuation, r.generated) for r in
                     method.requests(draw_task(task, d), candidates, sampler)]
             if audit:
                 for train, cands in folds(task, d):
-                    aud += [(shared + rest, cont, gen) for _, shared, rest, cont, gen in
+                    aud += [(r.context, r.continuation, r.generated) for r in
                             method.requests(train, cands, sampler)]
         out[name] = (run, aud)
     return out
@@ -59,12 +59,12 @@ def measure_rate(engine, requests, size: int = 48) -> float:
     sample = [(ctx, cont) for ctx, cont, _ in requests[::step][:size]]
     n = sum(len(ctx) + len(cont) for ctx, cont in sample) // 4
     engine.score(sample[:2], share_prefix=True)
-    before = dict(getattr(engine, "last_stats", {}) or {})
     t0 = time.perf_counter()
     engine.score(sample, share_prefix=True)
     seconds = time.perf_counter() - t0
-    computed = (getattr(engine, "last_stats", {}) or {}).get("tokens_computed", 0)
-    if computed == before.get("tokens_computed") or not computed:
+    stats = getattr(engine, "last_stats", None)
+    computed = stats.get("tokens_computed", 0) if isinstance(stats, dict) else getattr(stats, "tokens_computed", 0)
+    if not computed:
         computed = max(n, 1)
     return computed / max(seconds, 1e-6)
 

@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.stats import COUNTERS, EngineStats
 from commands.factory import non_negative_int
 
 from .io import TMP_SUFFIX, atomic_write, strict_json
 
 LOCK = ".lock"
-# The engine's counters a run sums (Engine.last_stats) and the wall-clock seconds of its engine calls.
-STAT_KEYS = ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "forward_steps", "seconds")
+# The engine's counters a run sums (Engine.last_stats: engine/stats.py) and the wall-clock seconds of its engine calls.
+STAT_KEYS = (*COUNTERS, "seconds")
 STAT_HELP = {  # what each counter counts (written beside the counters in run.json)
     "requests": "score requests (context, continuation) and generation prompts sent to the engine",
     "tokens_requested": "tokens of those requests, contexts and continuations, as if none were shared",
@@ -204,7 +205,12 @@ class MeteredEngine:
 
     def __init__(self, engine):
         self.engine = engine
-        self.stats = dict.fromkeys(STAT_KEYS, 0)
+        self.totals, self.seconds = EngineStats(), 0.0
+
+    @property
+    def stats(self) -> dict:
+        """The summed counters and seconds, as run.json records them (STAT_KEYS)."""
+        return {**{k: getattr(self.totals, k) for k in COUNTERS}, "seconds": self.seconds}
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -216,17 +222,14 @@ class MeteredEngine:
         return self._counted(self.engine.generate, args, kwargs)
 
     def _counted(self, call, args, kwargs):
-        before = getattr(self.engine, "last_stats", {})
-        snapshot = dict(before)
+        before = self.engine.last_stats
         t0 = time.perf_counter()
         try:
             return call(*args, **kwargs)
         finally:
-            after = getattr(self.engine, "last_stats", {})
-            base = snapshot if after is before else {}  # a call may add to the same dict instead of a new one
-            for k in STAT_KEYS[:-1]:
-                self.stats[k] += after.get(k, 0) - base.get(k, 0)
-            self.stats["seconds"] += time.perf_counter() - t0
+            if self.engine.last_stats is not before:  # each call's counters are a new EngineStats
+                self.totals = self.totals.plus(self.engine.last_stats)
+            self.seconds += time.perf_counter() - t0
 
 
 def format_stats(stats: dict) -> str:

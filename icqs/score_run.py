@@ -14,10 +14,12 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.requests import encode_pairs
+from engine.validation import RequestError, check_generate_length, check_score_length
 
 from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
 from .io import ResultWriter, atomic_write, read_results, strict_json
+from .logs import run_task_schema, score_log_validator, validator
 from .methods import METHODS, ordered
 from .run import MeteredEngine, RunDir, read_run_json
 from .task import task_from_dict, task_to_dict
@@ -42,19 +44,23 @@ def check_lengths(engine, task, candidates, methods, sampler: str, path: str | N
     """Every request the methods will send fits the model (and the KV cache); else a one-line UserError naming
     the candidate's file:line, before any work. The shared prefixes (demo sets) and each candidate's own part are
     tokenized once each; only requests whose two parts come within SLACK tokens of the limit are tokenized whole."""
-    limit = engine.max_request_tokens
-    tok = engine.tokenizer
+    limits, tok = engine.limits, engine.tokenizer
     for name in ordered(methods):
         jobs = METHODS[name].requests(task, candidates, sampler)
-        texts = list(dict.fromkeys([j[1] for j in jobs] + [j[2] + j[3] for j in jobs]))
+        texts = list(dict.fromkeys([j.shared for j in jobs] + [j.rest + j.continuation for j in jobs]))
         length = dict(zip(texts, map(len, tok.encode_batch(texts))))
-        near = [j for j in jobs if length[j[1]] + length[j[2] + j[3]] + j[4] + SLACK > limit]
-        encoded = encode_pairs(tok, [(shared + rest, cont) for _, shared, rest, cont, _ in near])
-        for (c, _, _, _, generated), (ctx, cont) in zip(near, encoded):
-            n = len(ctx) + len(cont) + generated
-            if n > limit:
-                raise UserError(f"candidate {c.id!r}: its {name} prompt (demos, x and y) has {n} tokens, over the "
-                                f"{limit} the model takes; shorten it or use fewer demos (--N)", path, c.line)
+        near = [j for j in jobs if length[j.shared] + length[j.rest + j.continuation] + j.generated + SLACK >
+                limits.max_request_tokens]
+        encoded = encode_pairs(tok, [(j.context, j.continuation) for j in near])
+        for j, (ctx, cont) in zip(near, encoded):
+            try:  # the engine's own checks: a scored prompt, or a prompt and the tokens generated after it
+                if j.generated:
+                    check_generate_length(len(ctx) + len(cont), j.generated, limits)
+                else:
+                    check_score_length(len(ctx), len(cont), limits)
+            except RequestError as e:
+                raise UserError(f"candidate {j.candidate.id!r}: its {name} prompt (demos, x and y): {e.reason}; "
+                                "shorten it or use fewer demos (--N)", path, j.candidate.line) from None
 
 
 def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), sampler: str = "coupled",
@@ -79,12 +85,13 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
             parts = []
             for d in range(draws if method.demos else 1):
                 task_d = draw_task(task, d)
+                check = score_log_validator(name, task_d, [c.id for c in candidates], sampler)
                 if name in methods:
-                    with ResultWriter(run.path / draw_log(method, d), method.key) as writer:
+                    with ResultWriter(run.path / draw_log(method, d), method.key, check) as writer:
                         method.compute(metered, task_d, candidates, writer, sampler, progress)
                         results = writer.rows  # passed on, not read back
                 else:  # asked for by an earlier run in this directory
-                    results = read_results(run.path / draw_log(method, d))
+                    results = read_results(run.path / draw_log(method, d), check)
                 parts.append(_score_rows(name, candidates, method.score(task_d, candidates, results, sampler), d))
             if name in methods:
                 run.add_stats(name, metered.stats)
@@ -132,10 +139,10 @@ def load_scores(out) -> tuple:
     rows = []
     for name in ordered(methods):
         method = METHODS[name]
-        rows += _complete([_score_rows(name, candidates, method.score(draw_task(task, d), candidates,
-                                                                      read_results(out / draw_log(method, d)),
-                                                                      sampler), d)
-                           for d in range(draws if method.demos else 1)])
+        ids = [c.id for c in candidates]
+        rows += _complete([_score_rows(name, candidates, method.score(
+            draw_task(task, d), candidates, read_results(out / draw_log(method, d), score_log_validator(
+                name, draw_task(task, d), ids, sampler)), sampler), d) for d in range(draws if method.demos else 1)])
     return task, candidates, rows, meta
 
 
@@ -149,6 +156,9 @@ TYPES = {"str": str, "int": int, "bool": bool}  # Task fields of these (annotate
 
 def _recorded_task(d, out: Path):
     """The task run.json recorded, checked as far as the scoring reads it (the file may be damaged or edited)."""
+    bad = validator(run_task_schema())(d) if isinstance(d, dict) else "not an object"
+    if bad:
+        raise _corrupt(out, f"its task ({bad})")
     try:
         task = task_from_dict(d)
     except (KeyError, TypeError, ValueError, AttributeError):

@@ -30,10 +30,11 @@ import yaml
 from engine.errors import UserError
 
 from .contracts import check_row, check_yaml
-from .io import check_text, read_jsonl
+from .io import check_text, read_jsonl, read_yaml
 
 DEFAULTS = {"separator": "\n\n", "header": "", "M": 4, "N": 8, "L": 3, "seed": 0, "balance": "marginal",
             "calibrate": False, "content_free": "N/A"}
+LIMITS = {"M": 256, "N": 4096, "L": 1024}  # ratios, demos per set, demo sets: beyond these no model context holds it
 BALANCE = ("marginal", "uniform", "none")
 
 
@@ -73,6 +74,9 @@ class Task:
 
     def check_ratio_grid(self, path: str | None = None, line: int | None = None) -> None:
         """Refuse an (M, N) whose rounded good counts repeat: two ratios would be the same hypothesis."""
+        if self.M > self.N and self.M > LIMITS["M"]:  # before listing M + 1 counts: M may be huge
+            raise UserError(f"M = {self.M} ratios need N >= M demos per set (N = {self.N}); raise N or lower M",
+                            path, line)
         counts = self.good_counts
         if len(set(counts)) != len(counts):
             raise UserError(f"M = {self.M} ratios need N >= M demos per set: with N = {self.N} the good counts "
@@ -156,21 +160,7 @@ def load_task(path, overrides: dict | None = None) -> Task:
     given on the command line (M, N, L, seed, balance, calibrate), checked with the file's (an error about one of
     them names no line)."""
     path = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError("no such file", path) from None
-    except IsADirectoryError:
-        raise UserError("is a directory, not a task file", path) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read a task file here ({e.__class__.__name__}: {e})", path) from None
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or "invalid YAML"
-        raise UserError(f"invalid YAML: {problem}", path, mark.line + 1 if mark else None) from None
+    node, data = read_yaml(path, "a task file")  # bounded: size, aliases expanded, depth
     if not isinstance(data, dict):
         raise UserError("a task file is a YAML mapping (name, template, good, bad, ...)", path, 1)
     lines = _key_lines(node)
@@ -182,6 +172,9 @@ def load_task(path, overrides: dict | None = None) -> Task:
     template = values["template"]
     if template.count("{x}") != 1 or template.count("{y}") != 1 or template.index("{x}") > template.index("{y}"):
         raise UserError("'template' must contain {x} once and then {y} once", path, lines.get("template"))
+    for key in ("M", "N", "L"):
+        if values[key] > LIMITS[key]:
+            raise UserError(f"{key!r} = {values[key]} is over the limit of {LIMITS[key]}", path, lines.get(key))
     good = _examples(values["good"], "good", path, lines)
     bad = _examples(values["bad"], "bad", path, lines)
     labels = values.get("labels")

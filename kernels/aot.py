@@ -31,10 +31,11 @@ MODEL_SHAPES = {
     "smollm2-135m": dict(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152),
     "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256),
     "qwen2-7b": dict(hidden=3584, heads=28, kv_heads=4, head_dim=128, intermediate=18944, vocab=152064),
+    "gemma-3-270m": dict(hidden=640, heads=4, kv_heads=1, head_dim=256, intermediate=2048, vocab=262144),
 }
 
 KERNEL_MODULES = ("rmsnorm_triton", "rope_triton", "swiglu_triton", "kv_store_triton", "attention_triton",
-                  "logprob_triton", "dequant_triton")
+                  "logprob_triton")
 
 _force = {"gpu": False}
 
@@ -113,7 +114,7 @@ def _meta(*shape, dtype=torch.float32):
 
 
 def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[Launch]:
-    """Every kernel launch of one engine step (and of weight dequantisation) for a model of these widths."""
+    """Every kernel launch of one engine step for a model of these widths."""
     from .problems import cascade_problem, paged_problem
 
     H, Hkv, D = shape["heads"], shape["kv_heads"], shape["head_dim"]
@@ -158,11 +159,6 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         for top_k in (0, 5):
             m["logprob_triton"].target_logprobs_triton(x, _meta(shape["vocab"], shape["hidden"], dtype=dtype),
                                                        _meta(tokens, dtype=torch.int64), top_k)
-    out += rec
-    with recording(m["dequant_triton"]) as rec:
-        for qtype, nbytes in (("Q8_0", 34), ("Q4_1", 20)):
-            m["dequant_triton"].dequantize_triton(_meta(64, shape["hidden"] // 32 * nbytes, dtype=torch.uint8),
-                                                  qtype, dtype)
     out += rec
     return out
 

@@ -123,9 +123,12 @@ def _blocks(q: torch.Tensor, group: int):
     """(BLOCK_R, BLOCK_N, BLOCK_D, precision, num_warps): small tiles under the CPU interpreter, flash-sized ones
     on a GPU; BLOCK_R holds at least one token's group of heads. fp32 inputs are multiplied exactly (no TF32), on
     key tiles of 32: with 64, head_dim 128 needs 224 KiB of shared memory, over an A100's 163 (tests/
-    test_kernels_aot.py)."""
+    test_kernels_aot.py). Beyond head_dim 128 (Gemma-3's 256) the row and key tiles are halved to stay within
+    sm_80's and sm_90's shared memory."""
     bd = max(16, triton.next_power_of_2(q.shape[-1]))
     br, bn, warps = (128, 64 if q.element_size() <= 2 else 32, 8) if gpu_tiles(q) else (16, 16, 4)
+    if gpu_tiles(q) and bd > 128:
+        br, bn = br // 2, bn // 2
     return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32", warps
 
 
@@ -154,13 +157,6 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
             bt.stride(0), page_size, scale * LOG2E, H, Hkv, D,
             G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=warps)
     return out, lse
-
-
-def paged_prefill_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                   page_size: int, scale: float):
-    out, _ = paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table,
-                                                prefix_lens, page_size, scale)
-    return out.to(q.dtype)
 
 
 def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):

@@ -3,19 +3,21 @@
 Backends (env ENGINE_KERNELS, or set_backend()):
   auto    CUDA tensors -> Triton. CPU tensors -> the path measured faster on the CPU by
           benchmarks/bench_kernels.py: the native ops (kernels/native, C++/OpenMP) where the library is built and
-          the op is in CPU_NATIVE_OPS, the torch references for the others (KV store, target log-prob, dequant).
+          the op is in CPU_NATIVE_OPS, the torch references for the others (KV store, target log-prob).
           Without the library, the torch references, and a warning says so once.
   torch   the torch references (*_ref) everywhere.
-  triton  the Triton kernels everywhere; on a CPU this is the Triton interpreter (TRITON_INTERPRET=1, set here
-          when triton is not yet imported), slow, meant for tests.
+  triton  the Triton kernels everywhere; on a CPU this is the Triton interpreter, which needs TRITON_INTERPRET=1
+          in the environment from the start (an error says so otherwise), slow, meant for tests.
   native  the native ops where they exist, torch references for the rest; an error if the library is not built.
 One log line per (op, device) says which path runs.
 
 IMPLS registers every op that has a reference and a kernel, tested and benchmarked (benchmarks/bench_kernels*.py)
-pair by pair. The engine calls the ENGINE_OPS, through the entry points at the bottom of this file. Two registered
-ops are not on its path: paged_prefill_attention (the cascade attention superseded it; its native version still
-computes the cascade's self part inside cascade_attention_native) and dequantize (GGUF weights are dequantized once
-at load by the gguf package, engine/gguf_loader.py; these kernels are checked against it but nothing calls them).
+pair by pair; the engine calls all of them, through the entry points at the bottom of this file. The model reaches
+its matmuls, attention and target log-prob through a `StepKernels` (one per model): the fast mode (bf16 CPU weights
+prepacked for oneDNN, kernels/linear.py; the cascade attention) or the deterministic mode (the batch-invariant
+forms of kernels/batch_invariant.py) is chosen there, once, not in the model.
+
+Process settings are made by `configure_cpu` (called where the engine sets its thread count), never at import.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import os
 
 import torch
 
-from . import native_ops
+from . import batch_invariant, native_ops
+from .linear import linear as _packed_linear, prepack as _prepack
 
 log = logging.getLogger("kernels")
 BACKENDS = ("auto", "torch", "triton", "native")
@@ -45,18 +48,14 @@ IMPLS = {
     "segment_attention_merge": {"torch": "attention:segment_attention_merge_ref",
                                 "triton": "attention_triton:segment_attention_merge_triton",
                                 "native": "native_ops:segment_attention_merge_native"},
-    "paged_prefill_attention": {"torch": "paged_attention:paged_prefill_attention_ref",
-                                "triton": "attention_triton:paged_prefill_attention_triton",
-                                "native": "native_ops:paged_prefill_attention_native"},
     "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
-    "dequantize": {"torch": "dequant:dequantize_ref", "triton": "dequant_triton:dequantize_triton"},
 }
 ENGINE_OPS = ("rms_norm", "apply_rope", "silu_and_mul", "store_kv", "cascade_attention", "segment_attention_merge",
               "target_logprobs")
 # Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
 # shapes). store_kv (one index_copy_ per tensor) and target_logprobs (matmul-bound) have no native version.
-CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "paged_prefill_attention", "rms_norm",
-                            "apply_rope", "silu_and_mul"})
+CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "rms_norm", "apply_rope",
+                            "silu_and_mul"})
 
 _state = {"backend": None}
 _chosen: dict[tuple[str, str, str], object] = {}
@@ -78,9 +77,12 @@ def get_backend() -> str:
 
 
 def _import_triton_module(module: str):
-    """Without a GPU, Triton kernels run in the interpreter, which must be on when @triton.jit runs (import)."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    """Without a GPU, Triton kernels run in Triton's interpreter, which must be on before triton itself is imported
+    (its own library functions are decorated then): the user starts the process with TRITON_INTERPRET=1 (the test
+    suite does); it is not switched on behind their back."""
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the Triton kernels on a machine without CUDA run in Triton's interpreter: start the "
+                           "process with TRITON_INTERPRET=1 (slow; meant for tests)")
     return importlib.import_module(f"{__package__}.{module}")
 
 
@@ -131,6 +133,65 @@ def describe(device: str | None = None) -> str:
     common = max(set(picks.values()), key=list(picks.values()).count)
     rest = ", ".join(f"{op}={impl}" for op, impl in picks.items() if impl != common)
     return f"{get_backend()} on {dev.type}: {rest + ', ' if rest else ''}others={common}"
+
+
+# oneDNN (torch's CPU GEMMs) picks AMX on CPUs that list amx_bf16; on virtual machines that list the flag without
+# enabling the AMX tile state, a bf16 matmul then dies with SIGILL. The engine caps oneDNN at AVX-512 BF16 (what AMD
+# Zen4 runs anyway) unless the user chose an ISA (export ONEDNN_MAX_CPU_ISA=ALL where AMX works). oneDNN reads the
+# variable at its first GEMM, so this must run before the model's first matmul.
+ONEDNN_ISA_CAP = "AVX512_CORE_BF16"
+
+
+def configure_cpu(threads: int | None = None) -> None:
+    """The process settings the engine's CPU kernels need: the oneDNN ISA cap (unless the user set one) and, when
+    given, torch's thread count. Called by the engine where it configures threads and when a model is built."""
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", ONEDNN_ISA_CAP)
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+class StepKernels:
+    """The matmuls, attention and target log-prob of one model, in its mode, chosen here once:
+
+    fast           linear weights prepacked once (bf16 on the CPU: oneDNN's blocked layout, kernels/linear.py),
+                   the cascade attention over the step's new K/V and the shared cached segments.
+    deterministic  the batch-invariant forms (kernels/batch_invariant.py): fixed-shape row tiles for matmuls and
+                   the target log-prob, attention from the cache in fixed absolute KV chunks."""
+
+    def __init__(self, deterministic: bool = False):
+        self.deterministic = deterministic
+        configure_cpu()
+
+    def weight(self, w: torch.Tensor):
+        """The form of a linear weight that `linear` runs fastest in this mode (plain in the deterministic one)."""
+        return w if self.deterministic else _prepack(w)
+
+    def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.deterministic:
+            return batch_invariant.linear(x, w, bias)
+        return _packed_linear(x, w, bias)
+
+    def attention_plan(self, cu_seqlens, positions, write_slots, segments):
+        """What `attention` needs beyond the step's cascade description, computed once per step (the
+        deterministic mode's fixed KV chunks; None in the fast mode)."""
+        if self.deterministic:
+            return batch_invariant.chunk_segments(cu_seqlens, positions, write_slots, segments)
+        return None
+
+    def attention(self, q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, plan):
+        """One layer's attention of the step (the new K/V are already in the cache). Returns [T, H, D]."""
+        if self.deterministic:  # every key from the cache, in fixed absolute chunks
+            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge)
+        return cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale)
+
+    def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
+        """Full-vocabulary logits (fp32) of a few rows, `head` as `weight` returned it."""
+        return _packed_linear(hidden, head).float()
+
+    def target_logprobs(self, hidden, weight, targets, top_k=0):
+        if self.deterministic:
+            return batch_invariant.target_logprobs(hidden, weight, targets, top_k)
+        return target_logprobs(hidden, weight, targets, top_k)
 
 
 def rms_norm(x, weight, eps, residual=None):

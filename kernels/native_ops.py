@@ -41,13 +41,6 @@ def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_c
                                           int(page_size), float(scale))
 
 
-def paged_prefill_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                   page_size: int, scale: float):
-    out, _ = paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table,
-                                                prefix_lens, page_size, scale)
-    return out.to(q.dtype)
-
-
 def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float):
     """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32)."""
     nseq = len(cu_seqlens) - 1

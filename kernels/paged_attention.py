@@ -37,11 +37,3 @@ def paged_prefill_attention_lse_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cach
         mask = torch.arange(p + n, device=q.device)[None, :] <= p + torch.arange(n, device=q.device)[:, None]
         out[lo:hi], lse[lo:hi] = _attend(q[lo:hi], k, v, scale, mask)
     return out, lse
-
-
-def paged_prefill_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                page_size: int, scale: float) -> torch.Tensor:
-    """As paged_prefill_attention_lse_ref, returning only the output, in q's dtype."""
-    out, _ = paged_prefill_attention_lse_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table,
-                                             prefix_lens, page_size, scale)
-    return out.to(q.dtype)

@@ -66,13 +66,13 @@ def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
         first = await stream.__anext__()
         await stream.aclose()  # the client went away after one token
         for _ in range(100):
-            if not eng.scheduler.active:
+            if not a.stats()["in_flight"]:
                 break
             await asyncio.sleep(0.02)
-        left = len(eng.scheduler.active)
         await a.shutdown()
-        return first, left
+        return first, a.stats()
 
-    first, left = run(main())
-    assert first.token_id is not None and left == 0
-    eng.scheduler.check_pages()
+    first, stats = run(main())
+    assert first.token_id is not None and stats["in_flight"] == 0
+    assert stats["running"] == stats["waiting"] == 0 and not eng.has_pending()
+    eng.check_pages()

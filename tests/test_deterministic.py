@@ -68,7 +68,7 @@ def test_scores_bitwise_independent_of_the_job(tiny, dtype):
     warm = engine(tiny, dtype, keep_cache=True, token_budget=37)
     warm.score(others)
     cases["warm online cache"] = token_logprobs(warm.score(targets))
-    assert warm.last_stats["cache_hit_tokens"] > 0
+    assert warm.last_stats.cache_hit_tokens > 0
     cases["same engine again (cache hits on every request)"] = token_logprobs(warm.score(targets[::-1]))[::-1]
     cases["engine loop, interleaved arrivals with generations"] = interleaved(tiny, dtype, targets, others)
     for name, got in cases.items():

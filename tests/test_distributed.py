@@ -79,7 +79,7 @@ def test_plan_keeps_each_key_on_one_shard_and_counts_the_prefix_tree(tiny_model_
     encoded = encode_pairs(eng.tokenizer, reqs)
     eng.score(reqs)
     one = plan_shards(encoded, 1)
-    assert one.shard_tokens == [eng.last_stats["tokens_computed"]]  # the planner's count is the engine's
+    assert one.shard_tokens == [eng.last_stats.tokens_computed]  # the planner's count is the engine's
     plan = plan_shards(encoded, 4)
     key_shard = {}
     for (ctx, _), s in zip(encoded, plan.shard):
@@ -251,11 +251,11 @@ def test_workers_are_started_once_and_kept_across_calls(cluster, tiny_model_dir,
     with DistributedEngine(Cluster(str(tiny_model_dir), {"dtype": "float32", "threads": 1, "keep_cache": True})) as eng:
         names = eng.start()  # started and ready: each has loaded the model
         first = eng.score(reqs)
-        workers = set(eng.last_stats["busy_seconds"])
+        workers = set(eng.busy_seconds)
         assert workers == set(names)
         again = eng.score(reqs[::-1])
-        assert set(eng.last_stats["busy_seconds"]) <= workers  # the same processes
-        assert eng.last_stats["tokens_computed"] < eng.last_stats["tokens_requested"]  # their caches were kept
+        assert set(eng.busy_seconds) <= workers  # the same processes
+        assert eng.last_stats.tokens_computed < eng.last_stats.tokens_requested  # their caches were kept
         texts = eng.generate(["Q: one?\nA:", "Q: two?\nA:"], max_tokens=2)
     assert len(starts) == 1 and len(workers) == 2 and all(t.text is not None for t in texts)
     assert all(abs(a.logprob - b.logprob) <= 1e-5 for a, b in zip(first, again[::-1]))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import UserError
+from engine.validation import RequestError
 from tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,7 +151,7 @@ def test_too_long_names_the_input_line(tiny_model_dir, tmp_path, capsys):
     pairs = write(tmp_path / "pairs.jsonl", [json.dumps({"context": "a", "continuation": " b"}), "",
                                              json.dumps({"context": "word " * 600, "continuation": " end"})])
     status, err = score_main(capsys, "--model", tiny_model_dir, "--input", pairs, "--output", tmp_path / "o.jsonl")
-    assert status == 2 and f"{pairs}:3: " in err and "exceed the model's maximum of 512" in err, err
+    assert status == 2 and f"{pairs}:3: " in err and "exceed the model's maximum context length of 512" in err, err
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -212,7 +213,7 @@ def test_nan_logprob_is_an_error_not_written(tiny_model_dir, tmp_path, capsys, m
     pairs = pairs_file(tmp_path / "pairs.jsonl", 2)
     status, err = score_main(capsys, "--model", tiny_model_dir, "--input", pairs, "--output", tmp_path / "o.jsonl")
     assert status == 2 and f"{pairs}:1: log-prob nan is not finite" in err, err
-    assert (tmp_path / "o.jsonl").read_text() == ""
+    assert not (tmp_path / "o.jsonl").exists()  # an output left empty by the failure is removed
 
 
 def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tmp_path):
@@ -249,8 +250,8 @@ def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tm
 
 
 def test_an_engine_error_for_one_request_names_its_input_line(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    """The engine names a failed request by its index in the call ("request 1: ..."), which in chunk 2 of a job is
-    not the row's place in the file: the CLI names the input line; the chunks before it are kept."""
+    """The engine's error for a failed request carries its index in the call (RequestError.index), which in chunk 2
+    of a job is not the row's place in the file: the CLI names the input line; the chunks before it are kept."""
     import commands.engine_cli
     from engine.engine import Engine
 
@@ -260,7 +261,7 @@ def test_an_engine_error_for_one_request_names_its_input_line(tiny_model_dir, tm
     def fails_in_second_chunk(self, reqs, **kw):
         calls.append(1)
         if len(calls) == 2:
-            raise UserError("request 1: the log-prob is NaN (corrupt weights?)")
+            raise RequestError("the log-prob is NaN (corrupt weights?)", index=1)
         return real(self, reqs, **kw)
 
     monkeypatch.setattr(Engine, "score", fails_in_second_chunk)

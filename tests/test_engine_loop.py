@@ -12,7 +12,7 @@ import torch
 from engine import Engine, ScoreResult, UserError
 from engine.kv_cache import PageError
 from engine.loader import load_model_files
-from engine.requests import Status
+from engine.requests import Finished, Status
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_arrival_order_and_interleaving_change_nothing(tiny):
     handles = [add(eng, it) for it in items]
     eng.run()
     assert_same([outcome(h) for h in handles], want)
-    eng.scheduler.check_pages()
+    eng.check_pages()
     assert eng.kv.used_pages == 0
     # shuffled, on one engine that keeps its cache between requests
     order = list(range(len(items)))
@@ -87,13 +87,13 @@ def test_arrival_order_and_interleaving_change_nothing(tiny):
     eng.run()
     assert_same([outcome(handles[i]) for i in range(len(items))], want)
     # one by one, each run to the end before the next (online cache hits)
-    hits = eng.stats["cache_hit_tokens"]
+    hits = eng.stats.cache_hit_tokens
     for i, item in enumerate(items):
         h = add(eng, item)
         eng.run()
         assert_same([outcome(h)], [want[i]])
-    assert eng.stats["cache_hit_tokens"] > hits
-    eng.scheduler.check_pages()
+    assert eng.stats.cache_hit_tokens > hits
+    eng.check_pages()
     # interleaved: requests arrive while earlier ones are being computed; results arrive when each is done
     eng = engine(tiny, token_budget=24)
     rng = random.Random(2)
@@ -103,12 +103,12 @@ def test_arrival_order_and_interleaving_change_nothing(tiny):
             if pending:
                 i = pending.pop(0)
                 handles[i] = add(eng, items[i])
-        done = eng.step()
+        done = [e.request for e in eng.step() if isinstance(e, Finished)]
         assert all(h.done for h in done)
         finished_early += sum(1 for h in done if pending)
     assert finished_early > 0  # results come out while later requests are still arriving
     assert_same([outcome(handles[i]) for i in range(len(items))], want)
-    eng.scheduler.check_pages()
+    eng.check_pages()
     assert eng.kv.used_pages == 0
 
 
@@ -118,7 +118,7 @@ def test_wrappers_match_the_loop_and_share_in_flight(tiny):
     eng = engine(tiny)
     batch = eng.score(scores)
     s = eng.last_stats
-    assert s["requests"] == len(scores) and s["tokens_computed"] == s["unique_tokens"]
+    assert s.requests == len(scores) and s.tokens_computed == s.unique_tokens
     unshared = engine(tiny).score(scores, share_prefix=False)
     assert [r.logprob for r in batch] == pytest.approx([r.logprob for r in unshared], abs=1e-5)
     # a request whose whole prefix is already cached needs the LM head only: no layer is recomputed for it
@@ -126,7 +126,7 @@ def test_wrappers_match_the_loop_and_share_in_flight(tiny):
     ctx, cont = scores[0]
     cold = eng.score([(ctx, cont)])[0]
     again = eng.score([(ctx, cont[:1]), (ctx, cont)])
-    assert eng.last_stats["tokens_computed"] == 0 and eng.last_stats["forward_steps"] == 0
+    assert eng.last_stats.tokens_computed == 0 and eng.last_stats.forward_steps == 0
     assert again[1].token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-5)
     assert again[0].token_logprobs[0] == pytest.approx(cold.token_logprobs[0], abs=1e-5)
 
@@ -155,8 +155,8 @@ def test_kv_pressure_gives_the_unpressured_results(tiny):
     handles = [add(eng, it) for it in items]
     eng.run()
     assert_same([outcome(h) for h in handles], want)
-    assert eng.stats["preemptions"] > 0 and eng.stats["kv_waits"] > 0
-    eng.scheduler.check_pages()
+    assert eng.stats.preemptions > 0 and eng.stats.kv_waits > 0
+    eng.check_pages()
     assert eng.kv.used_pages == 0
 
 
@@ -179,7 +179,7 @@ def test_a_request_that_cannot_fit_fails_alone(tiny):
     eng.run()
     assert a1.result().num_tokens == 1 and a2.result().num_tokens == 1
     assert b.status is Status.FAILED and "needs 6 pages of KV cache" in str(b.error)
-    eng.scheduler.check_pages()
+    eng.check_pages()
     with pytest.raises(UserError, match="request 0: 81 tokens exceed"):
         engine(tiny, kv_tokens=64, page_size=8).score([(list(range(10, 90)), [5])])
 
@@ -241,28 +241,28 @@ def test_abort_frees_everything_and_stats(tiny):
     eng.run()
     assert gen.status is Status.ABORTED and score.result().num_tokens == 2
     assert eng.kv.used_pages == 0
-    eng.scheduler.check_pages()
+    eng.check_pages()
     s = score.stats
-    assert s["tokens_requested"] == 31 and s["total_seconds"] > 0 and s["step_seconds"] > 0
-    assert s["cache_hit_tokens"] == 0 and s["tokens_computed"] == 31 and s["wait_seconds"] > 0
+    assert s.tokens_requested == 31 and s.total_seconds > 0 and s.step_seconds > 0
+    assert s.cache_hit_tokens == 0 and s.tokens_computed == 31 and s.wait_seconds > 0
     again = eng.add_score(list(range(10, 40)), [1, 2])  # nothing kept (no keep_cache): all computed again
     eng.run()
-    assert again.stats["cache_hit_tokens"] == 0
+    assert again.stats.cache_hit_tokens == 0
 
 
 def test_page_refcounts_catch_double_free_and_leak(tiny):
     eng = engine(tiny, page_size=4)
     eng.score([(list(range(10, 30)), [1])])
-    eng.scheduler.check_pages()
+    eng.check_pages()
     pages = eng.kv.alloc(2)
     with pytest.raises(PageError, match="refcount"):
-        eng.scheduler.check_pages()  # a leak: pages referenced by no node
+        eng.check_pages()  # a leak: pages referenced by no node
     eng.kv.release(pages)
     with pytest.raises(PageError, match="double free"):
         eng.kv.release(pages)
     with pytest.raises(PageError, match="free page"):
         eng.kv.incref(pages[:1])
-    eng.scheduler.check_pages()
+    eng.check_pages()
 
 
 def test_cached_rows_survive_a_split_before_the_next_step(tiny):
@@ -275,7 +275,7 @@ def test_cached_rows_survive_a_split_before_the_next_step(tiny):
     want = engine(tiny).score([(ctx[:20], [30, 31, 32]), (ctx[:12] + [7, 8], [9])], share_prefix=False)
     assert again.result().token_logprobs == pytest.approx(want[0].token_logprobs, abs=1e-5)
     assert splitter.result().token_logprobs == pytest.approx(want[1].token_logprobs, abs=1e-5)
-    eng.scheduler.check_pages()
+    eng.check_pages()
 
 
 def test_more_sequences_than_the_token_budget_all_progress(tiny):
@@ -306,13 +306,13 @@ def test_scored_tokens_are_remembered_beside_the_cache(tiny):
     ctx, cont = list(range(10, 40)), [5, 6, 7, 8]
     cold = eng.score([(ctx, cont)], top_k=3)[0]
     again = eng.score([(ctx, cont)], top_k=2)[0]  # the first three tokens from the memo, the last from the LM head
-    assert eng.last_stats["memo_hits"] == len(cont) - 1 and eng.last_stats["forward_steps"] == 0
+    assert eng.last_stats.memo_hits == len(cont) - 1 and eng.last_stats.forward_steps == 0
     assert again.token_logprobs[:3] == cold.token_logprobs[:3]  # the very numbers computed before
     assert again.token_logprobs[3] == pytest.approx(cold.token_logprobs[3], abs=1e-5)  # from the kept hidden state
     assert again.greedy_tokens == cold.greedy_tokens
     assert again.top_logprobs[:3] == [t[:2] for t in cold.top_logprobs[:3]]
     wider = eng.score([(ctx, cont)], top_k=5)[0]  # more alternatives than remembered: computed again
-    assert eng.last_stats["memo_hits"] == 0
+    assert eng.last_stats.memo_hits == 0
     assert wider.token_logprobs == pytest.approx(cold.token_logprobs, abs=1e-6)
 
 
@@ -346,8 +346,8 @@ def test_rows_asked_by_several_requests_go_through_the_lm_head_once(tiny):
     handles = [eng.add_score(context, c, top_k=2) for c in conts * 3]  # 9 requests, 3 distinct
     eng.run()
     rows = sum(len(c) for c in conts) * 3
-    assert eng.stats["scored_tokens"] == rows
-    assert eng.stats["lm_head_rows"] == 5  # 50 (x2 conts), 51 after 50, 52, 60, 70: positions x targets
+    assert eng.stats.scored_tokens == rows
+    assert eng.stats.lm_head_rows == 5  # 50 (x2 conts), 51 after 50, 52, 60, 70: positions x targets
     for h, c in zip(handles, conts * 3):
         alone = engine(tiny).score([(context, c)], top_k=2)[0]
         assert h.result().token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-5)

@@ -62,8 +62,9 @@ def test_tiny_models_match_transformers(arch, tiny_model_dirs):
         assert g.is_greedy == r.is_greedy
 
 
-def test_greedy_generation_matches_transformers(tiny_model_dirs):
-    config, weights, tok = load_model_files(str(tiny_model_dirs["qwen2"]))
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_greedy_generation_matches_transformers(tiny_model_dirs, arch):
+    config, weights, tok = load_model_files(str(tiny_model_dirs[arch]))
     hf = hf_model_from_weights(config, weights)
     eng = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=2048)
     prompts = [[5, 17, 99, 23], [5, 17, 99, 23, 41, 7], [200, 3, 8]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import tempfile
 from collections import Counter
@@ -100,6 +101,8 @@ def baseline(command: str) -> Case:
         files["notes.txt"] = b"my notes, not results\n"
     if command in ("icqs leaderboard", "icqs report"):
         files.update({f"run/{name}": data for name, data in SCORED_RUN.items()})
+    if command == "icqs allure run":  # a template a --template case may name: a field padded to a gigabyte
+        files["wide.yaml"] = b'system: Grade.\nuser: "R: {response:>999999999}\\nA: {answer}"\n'
     return Case(command, "baseline", files, list(ARGV[command]))
 
 
@@ -139,7 +142,7 @@ def malformed_rows(draw, command: str) -> Case:
     i = draw(st.integers(0, len(rows) - 1))
     lines = [json.dumps(r).encode() for r in rows]
     options = ["not_json", "missing_field", "wrong_type", "lone_surrogate", "nan", "bad_bytes", "no_rows",
-               "input_is_folder", "input_missing", "binary_file"]
+               "input_is_folder", "input_missing", "binary_file", "huge_number", "input_is_fifo", "input_is_device"]
     options += ["duplicate_id"] if command in HAS_IDS else []
     options += {"engine score": ["empty_continuation"], "icqs pairwise": ["bad_winner"],
                 "icqs score": ["bad_truth", "bad_truth_dist"], "icqs allure run": ["bad_split", "bad_match"]
@@ -158,6 +161,12 @@ def malformed_rows(draw, command: str) -> Case:
     elif kind == "nan":
         row[draw(st.sampled_from(["score", "weight", *row]))] = draw(st.sampled_from([float("nan"), float("inf"),
                                                                                     float("-inf")]))
+    elif kind == "huge_number":  # parses as infinity: refused naming its field
+        number = draw(st.sampled_from(["1e400", "-1e999", "2.5e308", "1E+309"]))
+        key = draw(st.sampled_from(["weight", "meta", *row]))
+        text = json.dumps({k: v for k, v in row.items() if k != key})
+        value = draw(st.sampled_from(["{n}", '{{"deep": [0, {n}]}}'])).format(n=number)
+        lines[i] = (text[:-1] + (", " if len(text) > 2 else "") + f'"{key}": {value}}}').encode()
     elif kind == "bad_bytes":
         text = json.dumps(row, ensure_ascii=False).encode()
         cut = text.index(b'"', text.index(b":") + 1) + 1  # inside the first string value
@@ -186,7 +195,7 @@ def malformed_rows(draw, command: str) -> Case:
     elif kind == "bad_match":
         row["match"] = draw(st.one_of(st.text(max_size=8).filter(lambda s: s not in (
             "number", "option", "node_list", "regex", "label", "exact")), st.integers(), st.just({"kind": "regex"})))
-    if kind not in ("not_json", "bad_bytes", "no_rows", "duplicate_id"):
+    if kind not in ("not_json", "bad_bytes", "no_rows", "duplicate_id", "huge_number"):
         lines[i] = json.dumps(row).encode()
     files = dict(case.files)
     files["in.jsonl"] = b"".join(line + b"\n" for line in lines)
@@ -196,13 +205,27 @@ def malformed_rows(draw, command: str) -> Case:
         files = {k: v for k, v in files.items() if k != "in.jsonl"}
     elif kind == "binary_file":
         files["in.jsonl"] = draw(st.binary(min_size=1, max_size=64)) + b"\x00"
+    elif kind == "input_is_fifo":  # opening it would block for ever
+        files = {**{k: v for k, v in files.items() if k != "in.jsonl"}, "in.jsonl|": b""}
+    elif kind == "input_is_device":  # reading it would never end
+        return Case(command, f"row:{kind}", files, [a.replace("{d}/in.jsonl", draw(st.sampled_from(
+            ["/dev/zero", "/dev/urandom"]))) for a in case.argv])
     return Case(command, f"row:{kind}", files, case.argv)
 
 
 # --- malformed task YAML (icqs score) ----------------------------------------------------------------------------
 
 TASK_KINDS = ["missing_key", "bad_count", "bad_template", "unknown_key", "bad_pool", "bad_labels", "bad_judge_question",
-              "yaml_syntax", "not_mapping", "bad_bytes", "bad_seed", "task_is_folder", "bad_separator"]
+              "yaml_syntax", "not_mapping", "bad_bytes", "bad_seed", "task_is_folder", "bad_separator", "alias_bomb",
+              "count_too_large", "task_is_fifo"]
+
+
+def _alias_bomb(levels: int, width: int) -> str:
+    """A YAML document of a few hundred bytes that expands to width**levels nodes."""
+    out = "a0: &a0 [" + ", ".join(["x"] * width) + "]\n"
+    for k in range(1, levels):
+        out += f"a{k}: &a{k} [" + ", ".join([f"*a{k - 1}"] * width) + "]\n"
+    return out
 
 
 @st.composite
@@ -230,6 +253,9 @@ def malformed_task(draw) -> Case:
         task["labels"] = draw(st.one_of(st.just(["only"]), st.just(["a", "a"]), st.just("yes"), st.integers()))
     elif kind == "bad_judge_question":
         task["judge_question"] = draw(st.one_of(st.just("no x here"), st.just("{x} and {x}"), st.integers()))
+    elif kind == "count_too_large":  # M, N, L beyond what any context holds: before any list of that size
+        key = draw(st.sampled_from(["M", "N", "L"]))
+        task[key] = draw(st.integers(min_value={"M": 257, "N": 4097, "L": 1025}[key], max_value=10 ** 30))
     elif kind == "bad_seed":
         task["seed"] = draw(st.one_of(st.integers(max_value=-1), st.text(max_size=3), st.floats(0.1, 9.9)))
     elif kind == "bad_separator":
@@ -242,10 +268,17 @@ def malformed_task(draw) -> Case:
         text = draw(st.sampled_from(["- a\n- b", "just text", "42", "", "null", "[1, 2]"]))
     files = dict(case.files)
     files["task.yaml"] = text.encode() if text is not None else yaml.safe_dump(task, allow_unicode=True).encode()
+    if kind == "alias_bomb":  # inside a known key: a node budget, not minutes and gigabytes
+        key = draw(st.sampled_from(["labels", "good", "bad", "name", "template"]))
+        body = yaml.safe_dump({k: v for k, v in task.items() if k != key}, allow_unicode=True).encode()
+        levels, width = draw(st.sampled_from([(9, 10), (7, 20), (30, 2)]))
+        files["task.yaml"] = (_alias_bomb(levels, width) + f"{key}: *a{levels - 1}\n").encode() + body
     if kind == "bad_bytes":
         files["task.yaml"] = files["task.yaml"].replace(b"tiny", draw(st.sampled_from([b"t\xffny", b"\x00", b"\xc3("])))
     elif kind == "task_is_folder":
         files = {**{k: v for k, v in files.items() if k != "task.yaml"}, "task.yaml/": b""}
+    elif kind == "task_is_fifo":
+        files = {**{k: v for k, v in files.items() if k != "task.yaml"}, "task.yaml|": b""}
     return Case("icqs score", f"yaml:{kind}", files, case.argv)
 
 
@@ -266,7 +299,9 @@ OPTIONS = {  # command -> {flag: strategy of bad values}
     "engine score": {"--output": st.sampled_from(["{d}", "{d}/missing/out.jsonl", "{d}/in.jsonl", "{d}/other.jsonl",
                                                   "{d}/notes.txt", "/dev/null"]),
                      "--input": st.sampled_from(["{d}", "{d}/missing.jsonl"])},
-    "icqs score": {"--M": NOT_POSITIVE, "--N": NOT_POSITIVE, "--L": NOT_POSITIVE, "--seed": NEGATIVE,
+    "icqs score": {"--M": st.one_of(NOT_POSITIVE, st.integers(257, 10 ** 40).map(str)),
+                   "--N": st.one_of(NOT_POSITIVE, st.integers(4097, 10 ** 40).map(str)),
+                   "--L": st.one_of(NOT_POSITIVE, st.integers(1025, 10 ** 40).map(str)), "--seed": NEGATIVE,
                    "--method": st.sampled_from(["bogus", "ICQS", ""]), "--sampler": st.sampled_from(["random", ""]),
                    "--out": st.sampled_from(["{d}/in.jsonl", "{d}/task.yaml"])},
     "icqs judge": {"--batch": NOT_POSITIVE, "--runs": NOT_POSITIVE, "--demo-tokens": NEGATIVE, "--seed": NEGATIVE,
@@ -279,7 +314,7 @@ OPTIONS = {  # command -> {flag: strategy of bad values}
                         "--clusters": NOT_POSITIVE,
                         "--holdout": st.sampled_from(["-0.1", "1", "1.5", "nan", "inf", "x", ""]),
                         "--sweep": st.sampled_from(["a", "1,b", "-1", "4,-8", "1.5"]),
-                        "--template": st.sampled_from(["bogus", "{d}/missing.yaml", "{d}"]),
+                        "--template": st.sampled_from(["bogus", "{d}/missing.yaml", "{d}", "{d}/wide.yaml"]),
                         "--memory": st.just("{d}"), "--out": st.just("{d}/in.jsonl")},
     "icqs demo": {"--out": st.just("{d}/file.txt")},
 }
@@ -308,7 +343,7 @@ def malformed_option(draw, command: str) -> Case:
 
 RUN_KINDS = ["run_json_not_json", "run_json_not_object", "run_json_missing_key", "run_json_bad_task",
              "run_json_binary", "candidates_missing", "candidates_corrupt", "results_corrupt", "no_run_json",
-             "dir_missing", "dir_is_file"]
+             "dir_missing", "dir_is_file", "results_bad_row", "run_json_huge_count"]
 
 
 @st.composite
@@ -316,7 +351,8 @@ def corrupt_run(draw, command: str) -> Case:
     case = baseline(command)
     files = dict(case.files)
     meta = json.loads(files["run/run.json"])
-    kinds = RUN_KINDS + (["output_is_folder", "output_folder_missing"] if command == "icqs report" else [])
+    kinds = RUN_KINDS + (["output_is_folder", "output_folder_missing", "output_in_run_dir", "output_not_a_report"]
+                         if command == "icqs report" else [])
     kind = draw(st.sampled_from(kinds))
     argv = list(case.argv)
     if kind == "run_json_not_json":
@@ -339,6 +375,24 @@ def corrupt_run(draw, command: str) -> Case:
         files["run/candidates.jsonl"] = draw(st.sampled_from([b"{\n", b'{"id": 1}\n', b"\xff\n", b"[]\n"]))
     elif kind == "results_corrupt":
         files["run/loglik.jsonl"] = files["run/loglik.jsonl"] + draw(st.sampled_from([b"[1]\n", b"{not json}\n"]))
+    elif kind == "results_bad_row":  # valid JSON, wrong shape: a file:line error, never another ranking
+        rows = files["run/loglik.jsonl"].splitlines()
+        j = draw(st.integers(0, len(rows) - 1))
+        row = json.loads(rows[j])
+        field_ = draw(st.sampled_from(["loglik", "l", "sampler", "id"]))
+        row[field_] = draw(st.one_of(st.sampled_from([[1], [], "x", None, [0.0, "a", 0.0], -1, 10 ** 6, {}]),
+                                     st.lists(st.floats(-5, 0), min_size=4, max_size=6)))
+        rows[j] = json.dumps(row).encode()
+        files["run/loglik.jsonl"] = b"".join(r + b"\n" for r in rows)
+    elif kind == "run_json_huge_count":
+        meta["task"][draw(st.sampled_from(["M", "N", "L"]))] = draw(st.integers(5000, 10 ** 12))
+        files["run/run.json"] = json.dumps(meta).encode()
+    elif kind == "output_in_run_dir":
+        argv += ["--output", "{d}/run/" + draw(st.sampled_from(["run.json", "loglik.jsonl", "candidates.jsonl",
+                                                                 "other.html"]))]
+    elif kind == "output_not_a_report":
+        files["notes.txt"] = b"my notes\n"
+        argv += ["--output", "{d}/notes.txt"]
     elif kind == "no_run_json":
         del files["run/run.json"]
     elif kind == "dir_missing":
@@ -364,7 +418,7 @@ def malformed(command: str):
 # --- running a case ----------------------------------------------------------------------------------------------
 
 def _snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
 
 
 def _tripwire(*args, **kwargs):
@@ -378,7 +432,10 @@ def run_case(case: Case, model_dir: Path) -> tuple[object, str, list[str]]:
         for name, data in case.files.items():
             path = folder / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.mkdir() if name.endswith("/") else path.write_bytes(data)
+            if name.endswith("|"):
+                os.mkfifo(folder / name[:-1])
+            else:
+                path.mkdir() if name.endswith("/") else path.write_bytes(data)
         argv = [a.replace("{d}", str(folder)).replace("{model}", str(model_dir)) for a in case.argv]
         before = _snapshot(folder)
         err = io.StringIO()

@@ -50,12 +50,12 @@ def test_nested_k_shot_prompts_share_their_demo_prefix(engine):
     grade(engine, jobs)
     shared = engine.last_stats
     lengths = [len(engine.tokenizer.encode(chat_wrap(engine.tokenizer, p, RATING_PREFIX))) for _, _, p in jobs]
-    assert shared["requests"] == len(jobs) * 10
+    assert shared.requests == len(jobs) * 10
     # the 2-shot demo block is computed once for all items and all K, each rating option on top of its prompt
-    assert shared["tokens_computed"] < 0.6 * sum(lengths)
+    assert shared.tokens_computed < 0.6 * sum(lengths)
     per_item = demo_drawer(_demos(), 0, per_item=True)
     grade(engine, build_prompts(ITEMS[:2], per_item, [1, 2], "reinforced"))
-    assert engine.last_stats["tokens_computed"] > shared["tokens_computed"]
+    assert engine.last_stats.tokens_computed > shared.tokens_computed
 
 
 def test_pairwise_verdicts_are_mapped_back_to_the_answers(engine):

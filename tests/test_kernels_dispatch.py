@@ -1,15 +1,21 @@
 """The kernel dispatch: backend selection (ENGINE_KERNELS / set_backend), the CPU default, the fallback to the
 torch references when the native library is absent, and the log line naming the path that runs."""
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import kernels
 from kernels import dispatch, native_ops
 from kernels.rmsnorm import rms_norm_ref
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +81,35 @@ def test_entry_points_follow_the_backend():
         out, new_res = kernels.rms_norm(x, w, 1e-6, res)
         torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(new_res, ref_res)
+
+
+def test_importing_the_kernels_changes_no_environment_variable():
+    code = ("import os, sys; before = dict(os.environ); import kernels, engine.model; "
+            "sys.exit(0 if dict(os.environ) == before else 1)")
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = str(ROOT)
+    assert subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
+
+
+def test_forced_triton_on_cpu_asks_for_the_interpreter_instead_of_setting_it():
+    code = ("import os, torch, kernels; kernels.set_backend('triton'); x = torch.randn(3, 8); w = torch.randn(8); "
+            "out, _ = kernels.rms_norm(x, w, 1e-6); "
+            "from kernels.rmsnorm import rms_norm_ref; torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6)[0])")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 1 and "start the process with TRITON_INTERPRET=1" in run.stderr, run.stderr[-2000:]
+    env["TRITON_INTERPRET"] = "1"
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_step_kernels_pick_the_mode_once():
+    w = torch.randn(48, 40).bfloat16()
+    x = torch.randn(5, 40).bfloat16()
+    fast, det = kernels.StepKernels(False), kernels.StepKernels(True)
+    assert det.weight(w) is w  # the deterministic mode keeps plain weights (row tiles of F.linear)
+    assert torch.equal(fast.linear(x, fast.weight(w)), F.linear(x, w))
+    assert torch.equal(det.linear(x, w), F.linear(x, w))
+    assert fast.attention_plan([0, 2], torch.arange(2), torch.arange(2), []) is None
+    assert det.attention_plan([0, 2], torch.arange(2), torch.arange(2), []) is not None

@@ -40,7 +40,8 @@ def _assert_same(got, ref, tol):
 
 
 # the interpreter is slow: Triton on one tiny architecture (llama3: scaled RoPE) and on SmolLM2 below
-CASES = [("llama3", "triton"), ("llama", "native"), ("llama3", "native"), ("qwen2", "native")]
+CASES = [("llama3", "triton"), ("qwen3", "triton"), ("llama", "native"), ("llama3", "native"), ("qwen2", "native"),
+         ("qwen3", "native")]
 
 
 @pytest.mark.parametrize("arch,backend", CASES)

@@ -25,7 +25,7 @@ def test_library_is_built():
     assert native_ops.load(), f"libicqs_native.so missing in {native_ops.LIB_DIR}: run `pip install -e .` or cmake"
 
 
-@pytest.mark.parametrize("D", [20, 64])
+@pytest.mark.parametrize("D", [20, 64, 256])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("ratio", [1, 3, 4])
 def test_paged_prefill_attention_fp32(ratio, page_size, D):
@@ -37,7 +37,7 @@ def test_paged_prefill_attention_fp32(ratio, page_size, D):
     torch.testing.assert_close(lse, ref_lse, **TOL)
 
 
-@pytest.mark.parametrize("D", [20, 64])
+@pytest.mark.parametrize("D", [20, 64, 256])
 @pytest.mark.parametrize("ratio", [1, 3, 4])
 def test_cascade_attention_fp32(ratio, D):
     assert native_ops.load()

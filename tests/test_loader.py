@@ -64,7 +64,7 @@ def _assert_config_matches_hf(config: ModelConfig, arch: str, **overrides):
 
 
 @pytest.mark.parametrize("qtype", FLOAT_TYPES + tuple(QUANTIZABLE) + RANDOM_BLOCK_TYPES)
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_gguf_round_trip(tmp_path, arch, qtype):
     """The loader returns exactly what the writer encoded, in HF layout (llama: Q/K permutation undone)."""
     overrides = {"num_hidden_layers": 1} if qtype in RANDOM_BLOCK_TYPES else {}
@@ -110,7 +110,8 @@ def test_hf_dir_round_trip(tiny_model_dirs, arch):
     assert config == ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     stored = load_file(str(path / "model.safetensors"))
     assert set(weights) == set(stored) and all(torch.equal(weights[k], v) for k, v in stored.items())
-    assert config.tie_embeddings == (arch == "smollm") and config.attention_bias == (arch == "qwen2")
+    assert config.tie_embeddings == (arch in ("smollm", "qwen3")) and config.attention_bias == (arch == "qwen2")
+    assert config.qk_norm == (arch == "qwen3")
     assert tokenizer.add_bos and tokenizer.bos_id == 0 and tokenizer.eos_ids == [1, 3]
     assert tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]) == \
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -323,3 +324,49 @@ def test_errors_json_files_that_are_not_objects(tiny_model_dir, tmp_path):
         bad = shutil.copytree(tiny_model_dir, tmp_path / name)
         (bad / name).write_text("[1, 2]")
         _raises_with_path(bad, "expected a JSON object, got list", bad / name)
+
+
+# --- lean loading: Engine.load's memory over the weights it ends with ---------------------------------------------
+
+def _load_memory(model, dtype: str) -> dict:
+    """benchmarks/bench_load.py's measurement (a fresh interpreter): peak and resident RSS of Engine.load above the
+    interpreter's baseline, over the bytes of the weights the model holds."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import bench_load
+    finally:
+        sys.path.remove(str(bench))
+    return bench_load.run_child(bench.parent, str(model), dtype)
+
+
+@pytest.fixture(scope="module")
+def mid_model_dir(tmp_path_factory):
+    """A random model of ~75M parameters in 12 layers stored in bf16 (large enough that RSS measures the weights,
+    one layer's transient copies small beside the whole)."""
+    from tiny_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path_factory.mktemp("mid") / "m", hidden_size=768, intermediate_size=2048,
+                           num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4, head_dim=64)
+    file = path / "model.safetensors"
+    save_file({k: v.bfloat16() for k, v in load_file(str(file)).items()}, str(file))
+    return path
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
+    """Tensors are read and converted one at a time (no whole-model copy, no fp32 detour for bf16, no file pages
+    kept): the peak above the baseline is at most 1.3x the final weight bytes, what stays at most 1.1x."""
+    m = _load_memory(mid_model_dir, dtype)
+    assert m["weight_bytes"] > 80 * 2 ** 20
+    assert m["peak_ratio"] <= 1.3 and m["resident_ratio"] <= 1.1, m
+
+
+def test_gguf_load_releases_the_file_pages(smollm2_path):
+    """A quantized GGUF dequantized tensor by tensor into bf16: the mapped file's pages are given back as each
+    tensor is done (the whole-model fp32 copy took 2.9x the weights)."""
+    m = _load_memory(smollm2_path, "bfloat16")
+    assert m["peak_ratio"] <= 1.4 and m["resident_ratio"] <= 1.3, m

@@ -42,7 +42,7 @@ def test_option_logprobs_match_separate_scoring(tiny_engine):
     prompts = ["The judge reads both responses and writes a verdict:", "Ratings from 1 to 10:"]
     options = [" [[A]]", " [[B]]", " [[C]]", " 10"]
     raw = option_logprobs(tiny_engine, prompts, options, normalize=False)
-    assert raw.shape == (2, 4) and tiny_engine.last_stats["requests"] == 8   # one call for every pair
+    assert raw.shape == (2, 4) and tiny_engine.last_stats.requests == 8   # one call for every pair
     for i, p in enumerate(prompts):
         for j, o in enumerate(options):
             alone = tiny_engine.score([(p, o)])[0].logprob
@@ -51,7 +51,7 @@ def test_option_logprobs_match_separate_scoring(tiny_engine):
     assert np.exp(norm).sum(axis=1) == pytest.approx([1.0, 1.0])
     assert norm - raw == pytest.approx(np.broadcast_to((norm - raw)[:, :1], raw.shape), abs=1e-9)  # a row shift
     # each prompt is computed once, not once per option
-    assert tiny_engine.last_stats["tokens_computed"] < tiny_engine.last_stats["tokens_requested"] / 2
+    assert tiny_engine.last_stats.tokens_computed < tiny_engine.last_stats.tokens_requested / 2
 
 
 def test_option_logprobs_needs_options(tiny_engine):

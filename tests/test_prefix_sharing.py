@@ -58,9 +58,9 @@ def test_tokens_computed_near_unique_tokens(tiny):
     for ctx, cont in reqs:
         seq = ctx + cont
         unique |= {tuple(seq[:i]) for i in range(1, len(seq))}  # every distinct input prefix = one token computed
-    assert s["tokens_computed"] <= 1.1 * len(unique)
-    assert s["tokens_requested"] == sum(len(c) + len(a) - 1 for c, a in reqs)
-    assert s["tokens_computed"] < s["tokens_requested"] / 5
+    assert s.tokens_computed <= 1.1 * len(unique)
+    assert s.tokens_requested == sum(len(c) + len(a) - 1 for c, a in reqs)
+    assert s.tokens_computed < s.tokens_requested / 5
     assert eng.kv.used_pages == 0  # exact lifetimes: everything freed at the end
 
 
@@ -69,8 +69,8 @@ def test_kv_exhaustion_preempts_and_recomputes(tiny):
     base = logprobs(engine(tiny), reqs, share_prefix=False)
     eng = engine(tiny, kv_tokens=160, page_size=16, token_budget=512)
     assert logprobs(eng, reqs) == pytest.approx(base, abs=1e-5)
-    assert eng.last_stats["preemptions"] > 0
-    assert eng.last_stats["peak_kv_pages"] <= 10
+    assert eng.last_stats.preemptions > 0
+    assert eng.last_stats.peak_kv_pages <= 10
     assert eng.kv.used_pages == 0
 
 
@@ -82,12 +82,12 @@ def test_online_cache_reuses_and_evicts(tiny):
     assert first == pytest.approx(base[: len(reqs) // 2], abs=1e-5)
     again = logprobs(eng, reqs)
     assert again == pytest.approx(base, abs=1e-5)
-    assert eng.last_stats["cache_hit_tokens"] > 0
+    assert eng.last_stats.cache_hit_tokens > 0
     assert eng.kv.used_pages > 0  # kept for the next call
     small = engine(tiny, keep_cache=True, kv_tokens=128, token_budget=64)  # cannot keep everything: LRU evicts
     for chunk in range(0, len(reqs), 6):
         assert logprobs(small, reqs[chunk:chunk + 6]) == pytest.approx(base[chunk:chunk + 6], abs=1e-5)
-    assert small.last_stats["evicted_nodes"] > 0
+    assert small.last_stats.evicted_nodes > 0
 
 
 def test_generation_shares_prompt_prefix(tiny):
@@ -109,4 +109,4 @@ def test_generation_evicts_cached_prefixes_when_full(tiny):
     out = eng.generate([list(range(100, 140))], max_tokens=20)  # needs more pages than are free
     fresh = engine(tiny).generate([list(range(100, 140))], max_tokens=20)
     assert out[0].token_ids == fresh[0].token_ids
-    assert eng.last_stats["evicted_nodes"] > 0
+    assert eng.last_stats.evicted_nodes > 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ARCHS = ("llama", "mistral", "qwen2", "llama3", "smollm")
+ARCHS = ("llama", "mistral", "qwen2", "llama3", "smollm", "qwen3")
 SPECIAL_TOKENS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]  # ids 0..3
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
@@ -47,12 +47,14 @@ def hf_config(arch: str = "llama", **overrides) -> dict:
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
     model_type = {"llama3": "llama", "smollm": "llama"}.get(arch, arch)
-    cls = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]
+    cls = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "qwen3": "Qwen3ForCausalLM"}[model_type]
     cfg = {
         "architectures": [cls], "model_type": model_type, "vocab_size": 384, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
-        "tie_word_embeddings": arch == "smollm", "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": [1, 3],
+        "tie_word_embeddings": arch in ("smollm", "qwen3"), "hidden_act": "silu", "bos_token_id": 0,
+        "eos_token_id": [1, 3],
     }
     if model_type == "llama":
         cfg["attention_bias"] = False
@@ -60,6 +62,8 @@ def hf_config(arch: str = "llama", **overrides) -> dict:
         cfg["sliding_window"] = None
     if model_type == "qwen2":
         cfg.update(use_sliding_window=False, attention_bias=True)
+    if model_type == "qwen3":  # per-head q/k norms, no qkv bias, its own rope base
+        cfg.update(use_sliding_window=False, attention_bias=False, rope_theta=1000000.0)
     if arch == "llama3":  # with head_dim 16 and an original context of 64, the three llama3 bands all occur
         cfg.update(rope_theta=500000.0, rope_scaling={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -92,6 +96,9 @@ def random_weights(cfg: dict, seed: int = 0, std: float = 0.05) -> dict[str, tor
         if cfg.get("attention_bias"):
             w.update({p + "self_attn.q_proj.bias": normal(q), p + "self_attn.k_proj.bias": normal(kv),
                       p + "self_attn.v_proj.bias": normal(kv)})
+        if cfg["model_type"] == "qwen3":  # far from 1, so that a missing or misplaced q/k norm shows
+            w.update({p + "self_attn.q_norm.weight": 1 + normal(hd, scale=0.5),
+                      p + "self_attn.k_norm.weight": 1 + normal(hd, scale=0.5)})
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = normal(v, h, scale=2 * std)
     return w
@@ -142,7 +149,8 @@ _GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.wei
                "lm_head.weight": "output.weight", "input_layernorm.weight": "attn_norm.weight",
                "post_attention_layernorm.weight": "ffn_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-               "mlp.down_proj.weight": "ffn_down.weight"}
+               "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+               "self_attn.k_norm.weight": "attn_k_norm.weight"}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -228,7 +236,8 @@ def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0,
     if qtype in RANDOM_BLOCK_SCALES:
         config_overrides = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, **config_overrides}
     cfg = hf_config(arch, **config_overrides)
-    gguf_arch, rng = ("qwen2" if cfg["model_type"] == "qwen2" else "llama"), np.random.default_rng(seed)
+    gguf_arch = cfg["model_type"] if cfg["model_type"] in ("qwen2", "qwen3") else "llama"
+    rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), gguf_arch)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])

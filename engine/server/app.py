@@ -2,7 +2,14 @@
 
 `create_app(engine)` serves an `Engine` (wrapped in an `AsyncEngine`, whose one worker thread runs every
 client's requests in the same steps) or an `AsyncEngine` already made. Every route handler validates its request
-fully before queueing any work; a client that disconnects cancels its requests."""
+fully before queueing any work; a client that disconnects cancels its requests.
+
+Before a body is read: the API key (a wrong one is a 401 without reading a byte of the body) and the body's size
+(over MAX_BODY_BYTES: 413). Bodies are parsed as standard JSON (no NaN / Infinity; an integer of more than
+MAX_INT_DIGITS digits is refused naming its field). A bug in a handler is a 500 with the error object, and the
+kept-alive connection stays open. The OpenAPI schema (/openapi.json) says what the server does: every rejection is a
+400 with the error object (never 422), and the rejections the schema language can express are in it. /docs points
+to /openapi.json (the Swagger UI page would load its scripts from a CDN, blank offline)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +18,11 @@ import secrets
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import AsyncEngine, QueueFull
@@ -26,13 +35,18 @@ from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, Detok
 from .state import ServerState, cancel_on_disconnect
 
 access_log = logging.getLogger("engine.server.access")
+log = logging.getLogger("engine.server")
+
+MAX_BODY_BYTES = 64 << 20  # a call of 256 pairs of a 32k-token context each is about 32 MiB of JSON
+MAX_INT_DIGITS = 40  # no field takes an integer longer than this (2**128 has 39 digits)
+PUBLIC = ("/health", "/metrics", "/openapi.json", "/docs")  # answered without the API key
 
 
 def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
-               max_queue: int | None = None) -> FastAPI:
+               max_queue: int | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """A FastAPI app serving `engine` (an Engine or an AsyncEngine). `max_queue` bounds the engine requests in
     flight, queued or running (a call that does not fit gets 503 + Retry-After); `api_key` makes every /v1 and
-    tokenizer route ask for `Authorization: Bearer <key>`."""
+    tokenizer route ask for `Authorization: Bearer <key>`; a body over `max_body_bytes` is a 413."""
     owned = not isinstance(engine, AsyncEngine)
     aengine = AsyncEngine(engine) if owned else engine  # the bound is the server's: all of a call or none
     state = ServerState(aengine, aengine.engine, model_name or "default", api_key=api_key, max_queue=max_queue)
@@ -44,20 +58,21 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         if owned:  # uvicorn has finished the requests in flight by now
             await aengine.shutdown()
 
-    app = FastAPI(title="icqs-engine", lifespan=lifespan)
+    app = FastAPI(title="icqs-engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
+    # inside AccessLog, so that its 401s, 413s and 500s are logged and counted
+    app.add_middleware(Guard, api_key=state.api_key, max_body_bytes=max_body_bytes)
     app.add_middleware(AccessLog, metrics=metrics)
     _install_error_handlers(app)
+    app.openapi = lambda: _openapi(app)
 
-    def check_key(request: Request) -> None:
-        if state.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not secrets.compare_digest(header.encode(), f"Bearer {state.api_key}".encode()):
-            raise APIError(401, "missing or wrong API key (send `Authorization: Bearer <key>`)",
-                           code="invalid_api_key")
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        return HTMLResponse("<!doctype html><title>icqs-engine API</title><p>The API is described by its OpenAPI "
+                            "schema: <a href='/openapi.json'>/openapi.json</a> (open it in any OpenAPI viewer; the "
+                            "interactive page is off, as it loads its scripts from a CDN).</p>")
 
-    api = APIRouter(dependencies=[Depends(check_key)])
+    api = APIRouter(route_class=StrictJSONRoute)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -103,7 +118,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         stats = {k: v for k, v in aengine.stats().items() if k != "step_seconds"}
         return {"status": "ok", "model": state.model_name, "in_flight": state.in_flight, "engine": stats}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
@@ -137,10 +152,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def engine_failure(request, e: EngineFailure):
         return JSONResponse(APIError(500, str(e)).body(), status_code=500)
 
-    @app.exception_handler(Exception)
-    async def internal_error(request, e: Exception):  # a bug in a handler (logged by uvicorn): still JSON
-        return JSONResponse(APIError(500, f"internal server error: {type(e).__name__}: {e}").body(), status_code=500)
-
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
         return JSONResponse(validation_error(e.errors()).body(), status_code=400)
@@ -156,7 +167,16 @@ def validation_error(errors) -> APIError:
     failed, the accepted types."""
     err = errors[0]
     if err.get("type") == "json_invalid":
-        return APIError(400, "the request body is not valid JSON")
+        return APIError(400, "the request body is not valid JSON" + (f" ({err['ctx']['error']})" if "standard JSON"
+                                                                     in str(err.get("ctx", {}).get("error")) else ""))
+    text = next((e for e in errors if "not valid Unicode" in e.get("msg", "")), None)
+    if text is not None:  # inside a union too: the string member is the one the client meant
+        path, _ = _field_path(text.get("loc", ()))
+        return APIError(400, f"{path}: {text['msg'].removeprefix('Value error, ')}", param=path)
+    huge = next((e for e in errors if isinstance(e.get("input"), HugeInt)), None)
+    if huge is not None:
+        path, _ = _field_path(huge.get("loc", ()))
+        return APIError(400, f"{path}: an integer of {huge['input'].digits} digits is out of range", param=path)
     path, tag = _field_path(err.get("loc", ()))
     if not path:
         return APIError(400, "the request body must be a JSON object" if err.get("type") in (
@@ -219,3 +239,205 @@ class AccessLog:
             client = scope.get("client") or ("", 0)
             access_log.info(json.dumps({"method": scope["method"], "path": scope["path"], "status": status[0],
                                         "seconds": round(seconds, 6), "client": f"{client[0]}:{client[1]}"}))
+
+
+# ---- before the handlers: the key, the body, a bug ------------------------------------------------------------
+
+def _json_response(status: int, error: APIError):
+    return JSONResponse(error.body(), status_code=status, headers=error.headers)
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised while the body is read (an HTTPException, so FastAPI passes it on): answered 413."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"the request body is larger than the server's limit of {limit:,} bytes")
+
+
+class Guard:
+    """ASGI middleware. With an API key, a protected route's request without it is answered 401 before its body
+    is read (FastAPI reads and parses the body before running dependencies). Then the body's size: a declared
+    Content-Length over the limit is answered 413 at once, and a body that grows past it while read raises
+    BodyTooLarge (413). And a handler's bug is answered 500 with the error object here, so the exception does not
+    reach uvicorn, which would close the kept-alive connection; it is logged with its traceback."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.expected = app, None if api_key is None else f"Bearer {api_key}".encode()
+        self.limit = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.expected is not None and scope["path"] not in PUBLIC:
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(header, self.expected):
+                error = APIError(401, "missing or wrong API key (send `Authorization: Bearer <key>`)",
+                                 code="invalid_api_key")
+                return await _json_response(401, error)(scope, receive, send)
+        try:
+            declared = int(dict(scope["headers"]).get(b"content-length", b"0"))
+        except ValueError:
+            declared = 0
+        if declared > self.limit:
+            too_large = BodyTooLarge(self.limit)
+            return await _json_response(413, APIError(413, too_large.detail))(scope, receive, send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise BodyTooLarge(self.limit)
+            return message
+
+        started = False
+
+        async def watch(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watch)
+        except Exception as e:  # noqa: BLE001 - a bug in a handler: answered, logged, the connection kept
+            if started:
+                raise
+            log.exception("internal error in %s %s", scope["method"], scope["path"])
+            error = APIError(500, f"internal server error: {type(e).__name__}: {e}")
+            await _json_response(500, error)(scope, receive, send)
+
+
+class HugeInt:
+    """A JSON integer of more than MAX_INT_DIGITS digits: no field takes it, so validation names the field."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<integer of {self.digits} digits>"
+
+
+def _parse_int(text: str):
+    return int(text) if len(text) <= MAX_INT_DIGITS else HugeInt(text)
+
+
+def _parse_float(text: str):
+    """A JSON number written with a fraction or exponent; an integral one (`1.0`, `2e3`) is the integer, as JSON
+    Schema counts it (so `n: 1.0` is accepted like `n: 1`), within the doubles' exact range."""
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) <= 2 ** 53 else value
+
+
+def _no_constant(name: str):
+    raise json.JSONDecodeError(f"{name} is not standard JSON", name, 0)
+
+
+class StrictJSONRequest(Request):
+    """A request whose JSON body is standard JSON (NaN / Infinity refused), whose huge integers become HugeInt
+    and whose integral numbers are integers."""
+
+    async def json(self):
+        if not hasattr(self, "_json"):
+            self._json = json.loads(await self.body(), parse_int=_parse_int, parse_float=_parse_float,
+                                    parse_constant=_no_constant)
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def strict(request: Request):
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+        return strict
+
+
+# ---- the OpenAPI schema: what the server does -------------------------------------------------------------------
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+        "code": {"type": ["string", "null"]}}}}}
+ERRORS = {"400": "bad request: the error object names the field (`param`)", "401": "missing or wrong API key",
+          "413": "request body too large", "503": "the server is busy (Retry-After)",
+          "500": "internal error (a bug or an engine failure)"}
+
+
+def _openapi(app: FastAPI) -> dict:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    components["Error"] = ERROR_SCHEMA
+    state = app.state.server
+    _express_rejections(components, state.config.vocab_size, state.max_len, state.model_name)
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for path, ops in schema.get("paths", {}).items():
+        for method, op in ops.items():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            codes = ERRORS if method == "post" else {k: v for k, v in ERRORS.items() if k in ("401", "500")}
+            if path in PUBLIC:
+                codes = {"500": ERRORS["500"]}
+            for code, text in codes.items():
+                responses[code] = {"description": text, **ref}
+            if path in ("/v1/completions", "/v1/chat/completions"):  # with "stream": true, server-sent events
+                responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": {}}  # chunks, then [DONE]
+    app.openapi_schema = schema
+    return schema
+
+
+def _token_ids(node, vocab: int):
+    """Every array of integers in a schema is token ids: each inside the vocabulary."""
+    if isinstance(node, dict):
+        if node.get("type") == "array" and node.get("items") == {"type": "integer"}:
+            node["items"] = {"type": "integer", "minimum": 0, "maximum": vocab - 1}
+        for value in node.values():
+            _token_ids(value, vocab)
+    elif isinstance(node, list):
+        for value in node:
+            _token_ids(value, vocab)
+
+
+def _nonempty(node) -> dict:
+    """A text-or-ids schema (or a list of them) whose strings and arrays may not be empty."""
+    for member in node.get("anyOf", [node]):
+        if member.get("type") == "string":
+            member["minLength"] = 1
+        elif member.get("type") == "array":
+            member["minItems"] = 1
+            if isinstance(member.get("items"), dict) and member["items"].get("type") in ("string", "array"):
+                _nonempty(member["items"])
+    return node
+
+
+def _express_rejections(components: dict, vocab: int, max_len: int, model: str) -> None:
+    """What the handlers refuse that JSON Schema can say: another model's name, token ids outside the vocabulary,
+    empty prompts and continuations, more new tokens than the context holds, and /v1/score's two shapes (pairs,
+    or query with items). (What depends on tokenizing, the prompt's length, and the server's queue cannot be.)"""
+    _token_ids(components, vocab)
+    for component in components.values():
+        if "model" in component.get("properties", {}):
+            component["properties"]["model"]["anyOf"] = [{"enum": [model]}, {"type": "null"}]
+    _nonempty(components["CompletionRequest"]["properties"]["prompt"])
+    _nonempty(components["GenerateRequest"]["properties"]["prompts"]["items"])
+    for name in ("CompletionRequest", "ChatCompletionRequest", "GenerateRequest"):
+        for key in ("max_tokens", "max_completion_tokens"):
+            field = components[name]["properties"].get(key)
+            for member in field.get("anyOf", [field]) if field else []:
+                if member.get("type") == "integer":
+                    member["maximum"] = max_len - 1  # the prompt holds a token at least
+    score = components["ScoreRequest"]
+    items = score["properties"]["items"]["anyOf"][0]
+    _nonempty(items["items"])
+    pair = score["properties"]["pairs"]["anyOf"][0]["items"]
+    _nonempty(pair["prefixItems"][1])  # the continuation
+    null = {"type": "null"}
+    score["anyOf"] = [
+        {"required": ["pairs"], "properties": {"pairs": {"type": "array"}, "query": null, "items": null,
+                                                "label_token_ids": null}},
+        {"required": ["query", "items"], "properties": {"query": {"not": null}, "items": {"type": "array"},
+                                                         "pairs": null}}]

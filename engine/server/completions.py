@@ -96,7 +96,8 @@ async def completions(state: ServerState, req: CompletionRequest):
     prompts = [state.encode_prompt(p, "prompt") for p in req.prompts()]
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     for ids in prompts:
-        state.check_length(len(ids), max_tokens, "prompt")
+        state.check_length(len(ids), 0, "prompt")
+        state.check_length(len(ids), max_tokens, "max_tokens")  # the prompt fits: the tokens asked for do not
     if req.stream:
         if req.echo or req.logprobs is not None:
             raise bad_request("stream", "streaming with `echo` or `logprobs` is not supported; ask without stream")
@@ -154,6 +155,10 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     state.check_model(req.model)
     ids = _chat_prompt(state, req)
     max_tokens = req.max_completion_tokens or req.max_tokens or state.max_len - len(ids)
+    state.check_length(len(ids), 1, "messages")
+    for key in ("max_completion_tokens", "max_tokens"):  # each one given must fit, the one used or not
+        if getattr(req, key) is not None:
+            state.check_length(len(ids), getattr(req, key), key)
     state.check_length(len(ids), max(max_tokens, 1), "messages")
     top_k = max(req.top_logprobs or 0, 1) if req.logprobs else None
     if req.stream and top_k:

@@ -63,6 +63,7 @@ async def generate(state: ServerState, req: GenerateRequest) -> dict:
     prompts = [state.encode_prompt(p, f"prompts[{i}]") for i, p in enumerate(req.prompts)]
     for i, ids in enumerate(prompts):
         state.check_length(len(ids), 1, f"prompts[{i}]")
+        state.check_length(len(ids), req.max_tokens, "max_tokens")
     ticket = state.admit(len(prompts), "prompts")
     try:
         gens = await asyncio.gather(*(state.aengine.generate(
@@ -92,15 +93,17 @@ def tokenizer_full(state: ServerState) -> dict:
     tok = state.tokenizer
     return {"model": state.model_name, "tokenizer_json": tok.backend.to_str(), "bos_id": tok.bos_id,
             "eos_ids": tok.eos_ids, "add_bos": tok.add_bos, "chat_template": tok.chat_template,
-            "config": asdict(state.config), "max_len": state.max_len}
+            "config": asdict(state.config), "max_len": state.max_len, "kv_tokens": state.limits.kv_tokens}
 
 
 def tokenize(state: ServerState, req: TokenizeRequest) -> dict:
+    state.check_model(req.model)
     ids = state.encode_prompt(req.prompt, "prompt", req.add_special_tokens) if req.prompt else []
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_len}
 
 
 def detokenize(state: ServerState, req: DetokenizeRequest) -> dict:
+    state.check_model(req.model)
     if req.tokens:
         state.check_ids(req.tokens, "tokens")
     return {"prompt": state.tokenizer.decode(req.tokens)}

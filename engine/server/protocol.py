@@ -1,20 +1,38 @@
 """The HTTP request bodies (pydantic models) and the OpenAI-style error object.
 
 Types are strict (a number is never taken for a string, nor "1" for a number), so a malformed request is a 400
-naming its field. Checks that need the model (token ids inside the vocabulary, lengths under the model's maximum,
-the model's name) are made by the handlers before any work is queued."""
+naming its field. Every string must be valid Unicode (a lone UTF-16 surrogate such as "\\ud800" is refused naming
+its field); integers are range-checked (a seed is below 2**53, max_tokens 32 bits); a call holds at most
+MAX_PER_CALL prompts, items or pairs. Checks that need the model (token ids inside the vocabulary, lengths under the
+model's maximum, the model's name) are made by the handlers before any work is queued."""
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      model_validator)
 
 MAX_LOGPROBS = 20  # top-k alternatives per token, at most
 MAX_N = 16  # choices per prompt, at most
+MAX_PER_CALL = 4096  # prompts, items, pairs, messages or label ids in one call (engine/client.py sends 256)
+MAX_STOP = 16  # stop strings
+MAX_SEED = 2 ** 53 - 1  # the integers every JSON implementation holds exactly (RFC 7493); inside torch's 64 bits
+MAX_TOKENS = 2 ** 31 - 1  # a bound on the number itself; the model's context is the real limit (checked later)
 
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (a lone UTF-16 surrogate escape, \\ud800-\\udfff)") from None
+    return text
+
+
+UStr = Annotated[StrictStr, AfterValidator(_unicode)]  # every text field: a string of valid Unicode
 TokenIds = list[StrictInt]
-Text = Union[StrictStr, TokenIds]  # a prompt, a context or a continuation: text or token ids
+Text = Union[UStr, TokenIds]  # a prompt, a context or a continuation: text or token ids
 Number = StrictFloat  # strict floats take integers too, never strings
+Seed = Optional[Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]]
 
 
 class APIError(Exception):
@@ -25,7 +43,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
         self.type = type or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                             500: "internal_error",
+                             413: "invalid_request_error", 500: "internal_error",
                              503: "overloaded_error"}.get(status, "server_error")
 
     def body(self) -> dict:
@@ -39,14 +57,14 @@ def bad_request(param: str | None, message: str) -> APIError:
 class Request(BaseModel):
     model_config = ConfigDict(extra="ignore")  # fields of the OpenAI API this server does not read are ignored
 
-    model: Optional[StrictStr] = None
+    model: Optional[UStr] = None
 
 
 class SamplingFields(Request):
     temperature: Number = Field(1.0, ge=0, le=2)
     top_p: Number = Field(1.0, gt=0, le=1)
-    seed: Optional[StrictInt] = None
-    stop: Union[StrictStr, list[StrictStr], None] = None
+    seed: Seed = None
+    stop: Union[UStr, Annotated[list[UStr], Field(max_length=MAX_STOP)], None] = None
     n: StrictInt = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
 
@@ -56,8 +74,9 @@ class SamplingFields(Request):
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
-    prompt: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
-    max_tokens: Optional[StrictInt] = Field(16, ge=0)
+    prompt: Union[UStr, Annotated[list[UStr], Field(max_length=MAX_PER_CALL)], TokenIds,
+                  Annotated[list[TokenIds], Field(max_length=MAX_PER_CALL)]]
+    max_tokens: Optional[StrictInt] = Field(16, ge=0, le=MAX_TOKENS)
     echo: StrictBool = False
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
 
@@ -73,12 +92,12 @@ class CompletionRequest(SamplingFields):
 
 class ContentPart(BaseModel):
     type: Literal["text"]
-    text: StrictStr
+    text: UStr
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Union[StrictStr, list[ContentPart], None] = None
+    content: Union[UStr, list[ContentPart], None] = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -88,9 +107,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[StrictInt] = Field(None, ge=1)
-    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_PER_CALL)
+    max_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: StrictBool = False
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: StrictBool = True
@@ -102,9 +121,9 @@ class ScoreRequest(Request):
     Without `label_token_ids` each item is a continuation of the query and is scored token by token; with them,
     each item is appended to the query and the next-token log-probs of the labels are returned."""
     query: Optional[Text] = None
-    items: Optional[list[Text]] = Field(None, min_length=1)
-    pairs: Optional[list[tuple[Text, Text]]] = Field(None, min_length=1)
-    label_token_ids: Optional[list[StrictInt]] = Field(None, min_length=1)
+    items: Optional[list[Text]] = Field(None, min_length=1, max_length=MAX_PER_CALL)
+    pairs: Optional[list[tuple[Text, Text]]] = Field(None, min_length=1, max_length=MAX_PER_CALL)
+    label_token_ids: Optional[list[StrictInt]] = Field(None, min_length=1, max_length=MAX_PER_CALL)
     apply_softmax: StrictBool = False
     top_logprobs: StrictInt = Field(0, ge=0, le=MAX_LOGPROBS)
 
@@ -122,16 +141,16 @@ class ScoreRequest(Request):
 
 class GenerateRequest(Request):
     """POST /v1/generate: the engine's own `generate` (token ids and the engine's finish reasons)."""
-    prompts: list[Text] = Field(min_length=1)
-    max_tokens: StrictInt = Field(128, ge=1)
+    prompts: list[Text] = Field(min_length=1, max_length=MAX_PER_CALL)
+    max_tokens: StrictInt = Field(128, ge=1, le=MAX_TOKENS)
     temperature: Number = Field(0.0, ge=0, le=2)
     top_p: Number = Field(1.0, gt=0, le=1)
-    seed: Optional[StrictInt] = None
-    stop: Optional[list[StrictStr]] = None
+    seed: Seed = None
+    stop: Optional[list[UStr]] = Field(None, max_length=MAX_STOP)
 
 
 class TokenizeRequest(Request):
-    prompt: StrictStr
+    prompt: UStr
     add_special_tokens: StrictBool = True
 
 

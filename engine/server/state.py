@@ -1,14 +1,15 @@
 """What every handler shares: the async engine, the tokenizer, the limits, and the checks a request passes before
 any of its work is queued (model name, token ids inside the vocabulary, lengths under the model's maximum, room
-in the queue)."""
+in the queue). The request checks are engine/validation.py's, the engine's own; a failed one is a 400 whose
+`param` is the field of the HTTP body (the RequestError's index and field say which)."""
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
 
-from ..errors import UserError
-from ..requests import check_token_ids, encode_pairs
+from ..requests import encode_pairs, prompt_ids
+from ..validation import RequestError, check_generate_length, check_score_length, check_token_ids
 from .protocol import APIError, bad_request
 
 
@@ -17,7 +18,8 @@ class ServerState:
         self.aengine, self.engine = aengine, engine
         self.tokenizer, self.config = engine.tokenizer, engine.config
         self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
-        self.max_len = engine.max_request_tokens  # tokens a sequence may hold: the model's maximum or the KV cache
+        self.limits = engine.limits
+        self.max_len = self.limits.max_request_tokens  # tokens a sequence may hold: the model's maximum or the KV cache
         self.created = int(time.time())
         self.in_flight = 0  # engine requests admitted and not yet answered (the event loop's thread only)
         self._token_text: dict[int, str] = {}
@@ -32,16 +34,16 @@ class ServerState:
         if not ids:
             raise bad_request(param, "empty prompt")
         try:
-            check_token_ids(ids, self.config.vocab_size, param)
-        except UserError as e:
-            raise APIError(400, str(e), param=param) from None
+            check_token_ids(ids, self.limits.vocab_size, label=param)
+        except RequestError as e:
+            raise bad_request(param, e.reason) from None
         return ids
 
     def check_length(self, n_prompt: int, n_new: int, param: str) -> None:
-        if n_prompt + n_new > self.max_len:
-            raise bad_request(param, f"this model's maximum context length is {self.max_len} tokens, but "
-                                     f"{n_prompt + n_new} were requested ({n_prompt} in the prompt, {n_new} to "
-                                     f"generate)")
+        try:
+            check_generate_length(n_prompt, n_new, self.limits, label=param)
+        except RequestError as e:
+            raise bad_request(param, e.reason) from None
 
     def encode_prompt(self, prompt, param: str, add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids as the engine takes them (text: with BOS when the model asks for one, unless
@@ -52,17 +54,20 @@ class ServerState:
             return self.tokenizer.encode(prompt)
         if not isinstance(prompt, str):
             return self.check_ids(list(prompt), param)
-        return self.engine.encode_prompt(prompt, param)
+        return prompt_ids(self.tokenizer, prompt)
 
     def encode_pairs(self, pairs, param: str) -> list[tuple[list[int], list[int]]]:
         """(context, continuation) requests as token ids, by the engine's own convention, each checked."""
         try:
             encoded = encode_pairs(self.tokenizer, pairs)
-        except UserError as e:
-            raise bad_request(param, str(e)) from None
+        except RequestError as e:
+            raise bad_request(f"{param}[{e.index}]", e.reason) from None
         for i, (ctx, cont) in enumerate(encoded):
             self.check_ids(ctx + cont, f"{param}[{i}]")
-            self.check_length(len(ctx) + len(cont), 0, f"{param}[{i}]")
+            try:
+                check_score_length(len(ctx), len(cont), self.limits, label=f"{param}[{i}]")
+            except RequestError as e:
+                raise bad_request(f"{param}[{i}]", e.reason) from None
         return encoded
 
     def admit(self, n: int, param: str) -> "Ticket":

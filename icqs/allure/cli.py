@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from commands.factory import add_engine_args, positive_int
-from commands.cli_args import check_output_file
+from commands.cli_args import check_output_file, check_report_output
 from icqs.run import add_run_args, deterministic_by_default
 
 
@@ -94,6 +94,11 @@ def cmd_run(args) -> int:
     run = AuditRun(args.out, items, _settings(args, template, args.items))  # checked, nothing written
     if args.memory and not Path(args.memory).is_file():  # made after the model loads (the default: in --out)
         check_output_file(args.memory)
+    memory_path = run.settings["memory"]
+    if os.path.exists(memory_path):  # read only, before anything is created: a bad memory leaves no run folder
+        if not Path(memory_path).is_file():
+            raise UserError("not a file, expected an ICL memory database", memory_path)
+        Memory.check(memory_path)
     engine = MeteredEngine(engine_from_args(args, keep_cache=True))
     evaluator = Evaluator(engine, template)
     with run.start():
@@ -202,7 +207,7 @@ def cmd_report(args) -> int:
 
     run = AuditRun.load(args.run_dir, _reread_items)
     if args.out:
-        check_output_file(args.out)
+        check_report_output(args.out, args.run_dir, "report.html")
     if not Path(run.settings.get("memory", "")).is_file():
         raise UserError("the run's ICL memory is gone", run.settings.get("memory"))
     with run.start(), Memory(run.settings["memory"]) as mem:

@@ -8,15 +8,19 @@ run asks for review, else 'accepted' at once; only accepted examples are shown t
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import urllib.parse
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from engine.errors import UserError
+from icqs.logs import allure_memory_schema, validator
 
 STATUSES = ("pending", "accepted", "rejected")
 SCHEMA_VERSION = 1
+_MEMORY_CHECK = validator(allure_memory_schema())
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS examples (
@@ -72,6 +76,19 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _checked(d: dict, path: str) -> dict:
+    """A memory row with its provenance parsed, checked against icqs.logs' memory schema (a damaged or edited
+    database is a one-line error naming the example, never a traceback or a silently different prompt)."""
+    try:
+        d["provenance"] = json.loads(d["provenance"]) if isinstance(d.get("provenance"), str) else None
+    except ValueError:
+        d["provenance"] = None
+    problem = _MEMORY_CHECK(d)
+    if problem:
+        raise UserError(f"corrupt example {d.get('id')!r} in the ICL memory ({problem})", path)
+    return d
+
+
 class Memory:
     def __init__(self, path):
         self.path = str(path)
@@ -114,10 +131,31 @@ class Memory:
                                   "ON CONFLICT (user_text, assistant_text) DO NOTHING", row)
         return cur.lastrowid if cur.rowcount else None
 
+    @staticmethod
+    def check(path) -> None:
+        """An existing memory file, read only (nothing is created or changed): an SQLite database of this schema
+        version whose every example passes icqs.logs' memory schema; else a one-line UserError."""
+        uri = "file:" + urllib.parse.quote(os.path.abspath(str(path))) + "?mode=ro"
+        try:
+            db = sqlite3.connect(uri, uri=True)
+        except sqlite3.Error as e:
+            raise UserError(f"not an ICL memory database ({e})", str(path)) from None
+        try:
+            db.row_factory = sqlite3.Row
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise UserError(f"memory schema version {version}, this program reads {SCHEMA_VERSION}", str(path))
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "examples" in tables:
+                for r in db.execute("SELECT * FROM examples ORDER BY id"):
+                    _checked(dict(r), str(path))
+        except sqlite3.DatabaseError as e:
+            raise UserError(f"not an ICL memory database ({e})", str(path)) from None
+        finally:
+            db.close()
+
     def _example(self, r: sqlite3.Row) -> Example:
-        d = dict(r)
-        d["provenance"] = json.loads(d["provenance"])
-        return Example(**d)
+        return Example(**_checked(dict(r), self.path))
 
     def get(self, example_id: int) -> Example:
         r = self.db.execute("SELECT * FROM examples WHERE id = ?", (int(example_id),)).fetchone()

@@ -17,6 +17,7 @@ import uuid
 from tqdm import tqdm
 
 from icqs.io import ResultWriter
+from icqs.logs import allure_eval_schema, allure_stage_schema, validator
 from icqs.run import RunDir, read_run_json
 
 from .metrics import summarize
@@ -60,8 +61,10 @@ class AuditRun(RunDir):
         opened = self._fd is not None
         super().start()
         if not opened:
-            self.stages = ResultWriter(self.path / "stages.jsonl", key="stage")
-            self.evals = ResultWriter(self.path / "evals.jsonl", key=("stage", "id"))
+            self.stages = ResultWriter(self.path / "stages.jsonl", key="stage",
+                                       validate=validator(allure_stage_schema()))
+            self.evals = ResultWriter(self.path / "evals.jsonl", key=("stage", "id"),
+                                      validate=validator(allure_eval_schema()))
         return self
 
     def _release(self) -> None:

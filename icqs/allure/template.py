@@ -18,13 +18,13 @@ with the keys
 """
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from engine.errors import UserError
+from icqs.io import read_yaml
 
 from ..contracts import check_yaml
 from .audit import MatchSpec, MatchSpecError
@@ -50,6 +50,9 @@ BUILTIN = {
         match="label",
     ),
 }
+
+
+MAX_FORMAT_WIDTH = 1000  # characters: the widest padding or precision a 'user' field may ask for
 
 
 @dataclass
@@ -116,14 +119,7 @@ def load_template(spec: str) -> Template:
     path = Path(spec)
     if not path.is_file():
         raise UserError(f"no such template file (built-in templates: {', '.join(BUILTIN)})", spec)
-    try:
-        text = path.read_text(encoding="utf-8")
-        d, node = yaml.safe_load(text), yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise UserError(f"not valid YAML: {getattr(e, 'problem', e)}", spec, mark.line + 1 if mark else None) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read a template file here ({e.__class__.__name__}: {e})", spec) from None
+    node, d = read_yaml(spec, "a template file")  # bounded: size, aliases expanded, depth
     if not isinstance(d, dict):
         raise UserError("a template file must be a YAML mapping (`icqs schema allure-template`)", spec)
     check_yaml("allure-template", d, node, spec)
@@ -146,7 +142,11 @@ def template_from_dict(d: dict, where: str = "template") -> Template:
                  label_prefix=str(d.get("label_prefix", "label:")), icl_max_words=dict(d.get("icl_max_words") or {}),
                  match=match)
     try:
-        t.fields  # a malformed format string ("{response") fails here
+        specs = [spec for _, name, spec, _ in string.Formatter().parse(t.user) if name]  # "{response" fails here
     except ValueError as e:
         raise UserError(f"bad 'user' format string: {e}", where) from None
+    for spec in specs:  # "{response:>999999999}" would pad every prompt to a gigabyte
+        if "{" in spec or any(int(n) > MAX_FORMAT_WIDTH for n in re.findall(r"\d+", spec)):
+            raise UserError(f"bad 'user' format string: the format spec {spec!r} has a width or precision over "
+                            f"{MAX_FORMAT_WIDTH} (or a nested field)", where)
     return t

@@ -111,6 +111,7 @@ def _run_judge(args) -> int:
     from tqdm import tqdm
 
     from ..io import ResultWriter
+    from ..logs import grades_schema, validator
     from .consistency import consistency_by_k
     from .grading import build_prompts, fitting_shots, grade, prompt_tokens
     from .reinforced import demo_drawer, generate_demos
@@ -155,7 +156,8 @@ def _run_judge(args) -> int:
             ks = fitting_shots(eng.tokenizer, items, drawers, args.method, limit, len(demos))
         for drawer in drawers:
             check(build_prompts(items, drawer, [max(ks)], args.method), "; use fewer --shots (or --shots auto)")
-        with ResultWriter(run.path / "grades.jsonl", key=("id", "k", "run")) as log:
+        with ResultWriter(run.path / "grades.jsonl", key=("id", "k", "run"),
+                          validate=validator(grades_schema())) as log:
             for r, drawer in enumerate(drawers):
                 todo = [it for it in items if not all(log.done((it["id"], k, r)) for k in ks)]
                 for start in tqdm(range(0, len(todo), args.batch), desc=f"judge run {r}", disable=args.quiet):
@@ -244,6 +246,7 @@ def _run_pairwise(args) -> int:
     from tqdm import tqdm
 
     from ..io import ResultWriter
+    from ..logs import validator, verdicts_schema
     from .pairwise import (VARIANTS, pairwise_audit, pairwise_generated_verdicts, pairwise_logprob_verdicts,
                            summarize_pairwise, verdict_options)
     from .prompts import VERDICT_PREFIX, chat_wrap
@@ -265,7 +268,8 @@ def _run_pairwise(args) -> int:
             if (n := len(eng.tokenizer.encode(prompt + longest_option))) > limit:
                 raise UserError(f"item {it['id']!r}: its {v.name} prompt has {n} tokens, over the {limit} that fit "
                                 f"the model's context", args.input, lines[it["id"]])
-    with run.start(), ResultWriter(run.path / "verdicts.jsonl", key="id") as log:
+    with run.start(), ResultWriter(run.path / "verdicts.jsonl", key="id",
+                                           validate=validator(verdicts_schema())) as log:
         todo = [it for it in items if not log.done(it["id"])]
         for start in tqdm(range(0, len(todo), args.batch), desc="pairwise", disable=args.quiet):
             part = todo[start:start + args.batch]

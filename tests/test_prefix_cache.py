@@ -1,0 +1,149 @@
+"""The prefix cache on its own (no model): page reference counts and its victim indexes stay exact under random
+insert / lock / unlock / compute / evict / preempt sequences; eviction and preemption pick the least recently used
+victim from their indexes, without walking the tree."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import prefix_cache
+from engine.kv_cache import KVCache
+from engine.prefix_cache import Kind, PrefixCache
+
+CONFIG = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=2, hidden_size=2)
+
+
+def new_cache(pages: int = 12, page_size: int = 4, keep: bool = True) -> PrefixCache:
+    return PrefixCache(KVCache(CONFIG, pages, page_size, torch.float32, "cpu"), keep)
+
+
+def compute(cache: PrefixCache, path) -> bool:
+    """Reserve and mark computed every node of a path (as a step would); False when pages run short."""
+    cache.tick()
+    for node in path:
+        if not node.complete:
+            if not cache.reserve(node, len(node)):
+                return False
+            cache.computed(node, len(node))
+    return True
+
+
+def no_walk(*_):
+    raise AssertionError("walked the whole tree")
+
+
+seqs = st.lists(st.integers(0, 3), min_size=1, max_size=14)
+ops = st.lists(st.one_of(
+    st.tuples(st.just("insert"), seqs),
+    st.tuples(st.just("private"), seqs),
+    st.tuples(st.just("unlock"), st.integers(0, 50)),
+    st.tuples(st.just("compute"), st.integers(0, 50)),
+    st.tuples(st.just("evict"), st.integers(1, 48)),
+    st.tuples(st.just("preempt"), st.integers(0, 50)),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=ops, keep=st.booleans())
+def test_refcounts_and_indexes_stay_exact(ops, keep):
+    cache = new_cache(keep=keep)
+    locked = []  # (leaf, path) of the "requests" holding a lock
+    pid = 0
+    for op, arg in ops:
+        if op == "insert":
+            _, path = cache.match_insert(arg, lambda *a: None)
+            cache.lock(path[-1])
+            locked.append(path[-1])
+        elif op == "private":
+            pid += 1
+            leaf = cache.add_private(cache.root, arg, 0, Kind.PRIVATE, ("private", pid))
+            cache.lock(leaf)
+            locked.append(leaf)
+        elif op == "unlock" and locked:
+            cache.unlock(locked.pop(arg % len(locked)))
+        elif op == "compute" and locked:
+            leaf = locked[arg % len(locked)]
+            if not compute(cache, [*leaf.ancestors(), leaf]):
+                cache.evict(len(leaf))
+        elif op == "evict":
+            cache.evict(arg)
+        elif op == "preempt" and locked:
+            leaf = locked[arg % len(locked)]
+            cache.preempt({id(leaf)} | {id(a) for a in leaf.ancestors()})
+        cache.check()
+    for leaf in locked:
+        cache.unlock(leaf)
+    cache.check()
+    if not keep:
+        assert cache.kv.used_pages == 0 and not cache.root.children
+
+
+def test_evict_takes_the_least_recently_used_leaf_without_walking(monkeypatch):
+    cache = new_cache(pages=8, page_size=4, keep=True)
+    leaves = []
+    for first in (1, 2, 3):  # three cached prefixes of one page each, used in this order
+        _, path = cache.match_insert([first, 9, 9, 9], lambda *a: None)
+        cache.lock(path[-1])
+        assert compute(cache, path)
+        cache.unlock(path[-1])
+        leaves.append(path[-1])
+    # prefix 1 used again (a step computes a continuation of it): now prefix 2 is the least recently used
+    _, path = cache.match_insert([1, 9, 9, 9, 7, 7], lambda *a: None)
+    cache.lock(path[-1])
+    assert compute(cache, path) and path[0] is leaves[0]
+    cache.unlock(path[-1])
+    monkeypatch.setattr(prefix_cache, "walk", no_walk)
+    assert cache.evict(cache.free_tokens() + 1) == 1
+    assert [n.tokens[0] for n in cache.root.children.values()] == [1, 3]
+    assert cache.evict(10 ** 6) == 3 and not cache.root.children  # 3, then [7, 7], then its parent [1, 9, 9, 9]
+
+
+def test_preempt_takes_the_least_recently_used_node_outside_keep(monkeypatch):
+    cache = new_cache(pages=8, page_size=4, keep=False)
+    paths = []
+    for first in (1, 2, 3):
+        _, path = cache.match_insert([first, 5, 5, 5, 5], lambda *a: None)
+        cache.lock(path[-1])
+        assert compute(cache, path)
+        paths.append(path)
+    monkeypatch.setattr(prefix_cache, "walk", no_walk)
+    victim = cache.preempt({id(paths[0][-1])})  # the oldest is kept: the next oldest goes
+    assert victim is paths[1][-1] and not victim.pages and victim.done == 0
+    assert cache.preempt(set()) is paths[0][-1]
+    assert cache.preempt({id(paths[2][-1])}) is None
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_engine_pages_stay_exact_under_random_add_abort_step(tiny_model_dir, keep):
+    """The engine's own cache under random scoring, generation and aborts on a cache that must evict and preempt."""
+    import random
+
+    from engine import Engine
+    from engine.loader import load_model_files
+    config, w, tok = load_model_files(str(tiny_model_dir))
+    eng = Engine(config, w, tok, dtype=torch.float32, kv_tokens=128, page_size=8, token_budget=24, keep_cache=keep)
+    rng = random.Random(3)
+    demos = [[rng.randrange(4, 100) for _ in range(rng.randrange(20, 60))] for _ in range(4)]
+    handles = []
+    for _ in range(120):
+        r = rng.random()
+        if r < 0.5:
+            handles.append(eng.add_score(rng.choice(demos) + [rng.randrange(4, 100)], [rng.randrange(4, 100)]))
+        elif r < 0.62:
+            handles.append(eng.add_generate(rng.choice(demos)[:rng.randrange(2, 30)], max_tokens=rng.randrange(1, 6)))
+        elif r < 0.7 and handles:
+            eng.abort(rng.choice(handles))
+        else:
+            eng.step()
+        eng.check_pages()
+    eng.run()
+    eng.check_pages()
+    assert all(h.done for h in handles)
+    stats = eng.stats
+    assert stats.evicted_nodes + stats.preemptions > 0  # the cache was under pressure
+    if not keep:
+        assert stats.kv_pages_used == 0
