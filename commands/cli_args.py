@@ -15,7 +15,10 @@ from engine.errors import UserError
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser whose errors are one line. Subcommand parsers made by `add_subparsers` are of the
-    same class, so they behave alike."""
+    same class, so they behave alike. Abbreviated options (`--worker` for `--workers`) are not accepted."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):
         first = " ".join(message.split())  # argparse messages can span lines (e.g. a long list of choices)

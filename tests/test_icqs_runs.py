@@ -84,8 +84,10 @@ def test_every_run_command_records_and_prints_engine_stats(command, files, tiny_
     meta = json.loads((out / "run.json").read_text())
     assert meta["command"] == command
     parts = meta["engine_stats"]
-    assert parts and all(p["tokens_requested"] > 0 and p["tokens_computed"] > 0 and p["seconds"] > 0
+    # (a part may compute nothing new: plain ICL's prompts are all in the cache the ICQS demo sets left)
+    assert parts and all(p["tokens_requested"] > 0 and p["tokens_computed"] >= 0 and p["seconds"] > 0
                          and p["cache_hit_tokens"] >= 0 for p in parts.values())
+    assert sum(p["tokens_computed"] for p in parts.values()) > 0
     assert "engine: " in printed.out + printed.err and "tokens requested" in printed.out + printed.err
     if command == "score":
         assert set(parts) == {"icqs", "epistemic", "icl", "judge"}
@@ -134,7 +136,7 @@ def test_second_process_on_the_same_run_directory_is_refused(files, tiny_model_d
          "score_run_dir; from icqs.task import load_task; from icqs.candidates import read_candidates; "
          "from commands.factory import model_label; a = build_parser().parse_args(sys.argv[1:]); "
          "score_run_dir(a.out, load_task(a.task), read_candidates(a.candidates), model_label(a), a.sampler, "
-         "a.method).start(); print('locked', flush=True); sys.stdin.read()", *argv],
+         "a.method, a.draws).start(); print('locked', flush=True); sys.stdin.read()", *argv],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
@@ -288,7 +290,7 @@ def test_lone_surrogate_is_an_input_error(where, files, tiny_model_dir, tmp_path
                                        '{"id": "b", "model": "m", "x": "%s", "y": "no"}\n' % bad)
         command, path, line = "score", files / "c.jsonl", 2
     elif where == "task":
-        (files / "task.yaml").write_text(TASK.replace("{x: two, y: no}", '{x: "%s", y: no}' % bad))
+        (files / "task.yaml").write_text(TASK.replace('{x: two, y: "no"}', '{x: "%s", y: "no"}' % bad))
         command, path, line = "score", files / "task.yaml", 3
     else:
         command = where
