@@ -309,6 +309,7 @@ def test_hf_hub_cache_snapshot_links_to_its_blobs_still_load(tiny_model_dir, tmp
     ({"num_attention_heads": 0}, "num_heads must be a positive integer, got 0"),
     ({"num_attention_heads": 0, "head_dim": None}, "a config value of the wrong type or range"),
     ({"num_hidden_layers": -1}, "num_layers must be a positive integer, got -1"),
+    ({"num_hidden_layers": 10 ** 9}, "config num_layers is 1000000000, the weights have 2 layers"),
     ({"hidden_size": "64"}, "hidden_size must be a positive integer, got '64'"),
     ({"num_key_value_heads": 3}, "not a multiple of num_kv_heads 3"),
     ({"rms_norm_eps": -1.0}, "rms_norm_eps must be a positive number"),
