@@ -107,7 +107,8 @@ def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress
         return entries
     for name in ordered(methods):
         method = METHODS[name]
-        metered = MeteredEngine(engine)
+        metered = MeteredEngine(engine, on_call=lambda stats, name=name: run.add_stats(name, stats,
+                                                                                       key="audit_stats"))
         scored = []  # (draw, item, truth, label, scores)
         with ResultWriter(run.path / audit_log(method), method.key) as writer:
             for draw in range(draws if method.demos else 1):
@@ -115,7 +116,6 @@ def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress
                     method.compute(metered, train, cands, writer, sampler, progress)
                     scores = method.score(train, cands, writer.rows, sampler)
                     scored += [(draw, c.id.split("/", 2)[2], c.truth, c.y, s) for c, s in zip(cands, scores)]
-        run.add_stats(name, metered.stats, key="audit_stats")
         per_method[name] = scored
     entries = audit_entries(task, per_method, draws)
     atomic_write(run.path / AUDIT_FILE, json.dumps(strict_json(entries), indent=1, ensure_ascii=False) + "\n")

@@ -201,10 +201,11 @@ def changes(name: str, old, new) -> list[str]:
 
 class MeteredEngine:
     """An engine whose score and generate calls are counted: after each call its Engine.last_stats are added to
-    `.stats`, with the call's wall-clock seconds. Everything else is the engine's own."""
+    `.stats`, with the call's wall-clock seconds, and handed to `on_call` (a run records them in run.json there, call
+    by call, so that a killed run's finished calls are counted). Everything else is the engine's own."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, on_call=None):
+        self.engine, self.on_call = engine, on_call
         self.totals, self.seconds = EngineStats(), 0.0
 
     @property
@@ -227,9 +228,11 @@ class MeteredEngine:
         try:
             return call(*args, **kwargs)
         finally:
-            if self.engine.last_stats is not before:  # each call's counters are a new EngineStats
-                self.totals = self.totals.plus(self.engine.last_stats)
-            self.seconds += time.perf_counter() - t0
+            counted = self.engine.last_stats if self.engine.last_stats is not before else EngineStats()
+            seconds = time.perf_counter() - t0  # each call's counters are a new EngineStats
+            self.totals, self.seconds = self.totals.plus(counted), self.seconds + seconds
+            if self.on_call is not None:
+                self.on_call({**{k: getattr(counted, k) for k in COUNTERS}, "seconds": seconds})
 
 
 def format_stats(stats: dict) -> str:

@@ -81,7 +81,7 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
                                                             for c in candidates))
         for name in ordered(run.meta["methods"]):
             method = METHODS[name]
-            metered = MeteredEngine(engine)
+            metered = MeteredEngine(engine, on_call=lambda stats, name=name: run.add_stats(name, stats))
             parts = []
             for d in range(draws if method.demos else 1):
                 task_d = draw_task(task, d)
@@ -93,8 +93,6 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
                 else:  # asked for by an earlier run in this directory
                     results = read_results(run.path / draw_log(method, d), check)
                 parts.append(_score_rows(name, candidates, method.score(task_d, candidates, results, sampler), d))
-            if name in methods:
-                run.add_stats(name, metered.stats)
             rows += _complete(parts)
         atomic_write(run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n"
                                                         for r in rows))

@@ -106,6 +106,26 @@ def test_every_run_command_records_and_prints_engine_stats(command, files, tiny_
         assert again[name]["tokens_computed"] == p["tokens_computed"]
 
 
+def test_a_killed_run_keeps_the_engine_work_of_its_finished_calls(files, tiny_model_dir, tmp_path, monkeypatch):
+    """run.json counts the engine's work call by call: a run killed in its second engine call has the first call's
+    tokens in engine_stats (not nothing, as when the totals were written once a method was done)."""
+    from engine.engine import Engine
+
+    real, calls = Engine.score, []
+
+    def score(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies here
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "score", score)
+    out = tmp_path / "run"
+    assert run_main(commands(files, tiny_model_dir, out)["score"]) == 130
+    stats = json.loads((out / "run.json").read_text())["engine_stats"]
+    assert stats["icqs"]["tokens_computed"] > 0 and stats["icqs"]["seconds"] > 0
+
+
 def test_score_run_passes_its_rows_on(files, tiny_model_dir, tmp_path, monkeypatch):
     """score_run scores what it computed from memory: the result logs are not read back from disk."""
     import icqs.io
