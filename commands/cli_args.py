@@ -68,6 +68,24 @@ def os_error(e: OSError) -> tuple[str, int]:
     return f"error: {UserError(f'{what}{hint}', where)}", 1 if e.errno in ENVIRONMENT else 2
 
 
+def run_command(command, args, interrupted: str) -> int:
+    """A command's main body, `command(args)`, with the errors every command line reports the same way: a UserError
+    or an OSError as one `error:` line (status 2, or 1 for the environment's failures), Ctrl-C as `interrupted`
+    (status 130)."""
+    try:
+        return int(command(args) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
+        message, status = os_error(e)
+        print(message, file=sys.stderr)
+        return status
+    except KeyboardInterrupt:
+        print(f"interrupted ({interrupted}; run the same command again to resume)", file=sys.stderr)
+        return 130
+
+
 RUN_MARKER = "run.json"  # what makes a folder a run directory (icqs.run)
 
 

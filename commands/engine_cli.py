@@ -16,7 +16,7 @@ import logging
 import sys
 
 from . import tables
-from .cli_args import ArgumentParser, os_error
+from .cli_args import ArgumentParser, run_command
 from engine.errors import UserError
 from .factory import add_engine_args
 from engine.requests import encode_pairs
@@ -128,15 +128,4 @@ def build_parser() -> ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
-        message, status = os_error(e)
-        print(message, file=sys.stderr)
-        return status
-    except KeyboardInterrupt:
-        print("interrupted (finished rows are kept; run the same command again to resume)", file=sys.stderr)
-        return 130
+    return run_command(args.func, args, "finished rows are kept")

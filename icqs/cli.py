@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from commands.cli_args import ArgumentParser, check_report_output, os_error
+from commands.cli_args import ArgumentParser, check_report_output, run_command
 from engine.errors import UserError
 from commands.factory import add_engine_args, engine_from_args, int_in_range, model_label, positive_int
 
@@ -201,19 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
-    try:
-        status = args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
-        message, status = os_error(e)
-        print(message, file=sys.stderr)
-        return status
-    except KeyboardInterrupt:
-        print("interrupted (finished results are kept; run the same command again to resume)", file=sys.stderr)
-        return 130
-    return int(status or 0)
+    return run_command(args.func, args, "finished results are kept")
 
 
 if __name__ == "__main__":
