@@ -42,6 +42,7 @@ setup(
     description="Prefix-sharing Llama inference engine for continuation log-probs, and the ICQS evaluation toolkit",
     packages=find_packages(include=["engine", "engine.*", "kernels", "kernels.*", "commands", "commands.*", "icqs",
                                     "icqs.*"]),
+    package_data={"icqs": ["schemas/*.json"]},  # the input formats (icqs/contracts.py)
     python_requires=">=3.10",
     install_requires=[
         "torch==2.13.0",

@@ -15,7 +15,10 @@ from engine.errors import UserError
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser whose errors are one line. Subcommand parsers made by `add_subparsers` are of the
-    same class, so they behave alike."""
+    same class, so they behave alike. Abbreviated options (`--worker` for `--workers`) are not accepted."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):
         first = " ".join(message.split())  # argparse messages can span lines (e.g. a long list of choices)
@@ -63,6 +66,24 @@ def os_error(e: OSError) -> tuple[str, int]:
     hint = "; free some space and run the same command again to resume" if e.errno in (errno.ENOSPC,
                                                                                         errno.EDQUOT) else ""
     return f"error: {UserError(f'{what}{hint}', where)}", 1 if e.errno in ENVIRONMENT else 2
+
+
+def run_command(command, args, interrupted: str) -> int:
+    """A command's main body, `command(args)`, with the errors every command line reports the same way: a UserError
+    or an OSError as one `error:` line (status 2, or 1 for the environment's failures), Ctrl-C as `interrupted`
+    (status 130)."""
+    try:
+        return int(command(args) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
+        message, status = os_error(e)
+        print(message, file=sys.stderr)
+        return status
+    except KeyboardInterrupt:
+        print(f"interrupted ({interrupted}; run the same command again to resume)", file=sys.stderr)
+        return 130
 
 
 RUN_MARKER = "run.json"  # what makes a folder a run directory (icqs.run)

@@ -16,12 +16,12 @@ import logging
 import sys
 
 from . import tables
-from .cli_args import ArgumentParser, os_error
+from .cli_args import ArgumentParser, run_command
 from engine.errors import UserError
 from .factory import add_engine_args
 from engine.requests import encode_pairs
 from engine.stats import EngineStats
-from engine.validation import RequestError, check_score
+from engine.requests import RequestError, check_score
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
 
@@ -75,7 +75,7 @@ def cmd_score(args) -> int:
         return 0
     eng = engine_from_args(args, keep_cache=not args.no_share)  # chunks reuse each other's prefixes
     todo = rows[skip:]
-    try:  # the engine's own checks (engine/validation.py), before any work
+    try:  # the engine's own checks (engine/requests.py), before any work
         encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
         for i, (ctx, cont) in enumerate(encoded):
             check_score(ctx, cont, 0, eng.limits, index=i)
@@ -128,15 +128,4 @@ def build_parser() -> ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
-        message, status = os_error(e)
-        print(message, file=sys.stderr)
-        return status
-    except KeyboardInterrupt:
-        print("interrupted (finished rows are kept; run the same command again to resume)", file=sys.stderr)
-        return 130
+    return run_command(args.func, args, "finished rows are kept")

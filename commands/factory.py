@@ -68,13 +68,26 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
     g = p.add_argument_group("Ray (engine.distributed)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="score on a Ray cluster (no ADDRESS: start a local one)")
-    g.add_argument("--workers", type=positive_int, default=2, help="with --ray: Ray actors, one engine each")
+    g.add_argument("--workers", type=positive_int, default=None, help="with --ray: Ray actors, one engine each "
+                   "(default: 2)")
     g.add_argument("--naive-partition", action="store_true",
                    help="with --ray: deal requests round-robin instead of by prefix (for comparisons)")
 
 
+def check_engine_args(args) -> None:
+    """Options that do nothing without --ray are errors without it (and --workers gets its default with it)."""
+    if getattr(args, "ray", None) is None:
+        for flag, value in (("--workers", getattr(args, "workers", None)),
+                            ("--naive-partition", getattr(args, "naive_partition", False))):
+            if value:
+                raise UserError(f"{flag} does nothing without --ray")
+    elif getattr(args, "workers", None) is None:
+        args.workers = 2
+
+
 def engine_options(args) -> dict:
     """Engine.load keyword arguments from parsed engine options."""
+    check_engine_args(args)
     ray = getattr(args, "ray", None) is not None
     opts = dict(dtype=args.dtype, device=resolve_device(args.device, local=not ray), token_budget=args.token_budget,
                 kv_tokens=args.kv_tokens, deterministic=args.deterministic)

@@ -3,7 +3,7 @@ from .engine import Engine, Generation, RequestHandle, ScoreResult, TokenEvent
 from .errors import UserError
 from .protocol import EngineProtocol, JobEngine
 from .stats import EngineStats
-from .validation import RequestError
+from .requests import RequestError
 
 __all__ = ["Engine", "ScoreResult", "Generation", "TokenEvent", "RequestHandle", "UserError", "RequestError",
            "EngineStats", "EngineProtocol", "JobEngine"]

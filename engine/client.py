@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .errors import UserError
 from .tokenizer import Tokenizer
 from .stats import COUNTERS, EngineStats
-from .validation import Limits
+from .requests import Limits
 
 RETRIES_WHEN_BUSY = 60  # a 503 (queue full) is retried after its Retry-After, this many times at most
 

@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass, fields
 from .engine import Engine, EngineOptions
 from .errors import UserError
 from .loader import load_model_info
-from .requests import Generation, ScoreResult, encode_pairs, prompt_ids
-from .validation import Limits, check_generate, check_score
+from .requests import Generation, Limits, ScoreResult, check_generate, check_score, encode_pairs, prompt_ids
 from .stats import COUNTERS, EngineStats
 
 SHARDS_PER_WORKER = 2
@@ -201,7 +200,7 @@ class Cluster:
 class DistributedEngine:
     """The Engine's closed-job interface (engine/protocol.py's JobEngine) over a pool of Ray actors: `score`,
     `generate`, `last_stats`, `tokenizer`, `config`, `limits`. The driver reads the model's config and tokenizer
-    only (no weights) and validates every request as a worker's Engine would (engine/validation.py, the workers'
+    only (no weights) and validates every request as a worker's Engine would (engine/requests.py, the workers'
     limits), before any worker starts; the workers hold the engines, from the first call to `close()` (also a
     context manager)."""
 

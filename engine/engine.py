@@ -25,16 +25,15 @@ import kernels
 
 from .config import ModelConfig
 from .errors import UserError
-from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
-from .requests import (Event, Finished, GenerateRequest, Generation, Request, ScoreRequest, ScoreResult, Status,
-                       TokenEvent, encode_pairs, prompt_ids)
+from .prefix_cache import KVCache
+from .requests import (Event, Finished, GenerateRequest, Generation, Limits, Request, RequestError, ScoreRequest,
+                     ScoreResult, Status, TokenEvent, check_generate, check_score, encode_pairs, prompt_ids)
 from .sampling import new_generator, sample
 from .scheduler import SampleOutput, Scheduler, ScoreOutput, StepPlan
 from .stats import EngineStats
 from .step import build_step
-from .validation import Limits, RequestError, check_generate, check_score
 
 log = logging.getLogger("engine")
 
@@ -340,7 +339,7 @@ class Engine:
                 raise h.error.with_index(i) from None
         return [h.result() for h in handles]
 
-    # ---- validation (engine/validation.py) --------------------------------------------------------------------
+    # ---- validation (engine/requests.py) --------------------------------------------------------------------
     @property
     def max_request_tokens(self) -> int:
         """The most tokens one request (prompt + scored or generated tokens) may hold: the model's maximum or the

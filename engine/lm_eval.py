@@ -31,9 +31,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from .engine import Engine, EngineOptions
 from .stats import COUNTERS, EngineStats
 from .errors import UserError
-from .validation import RequestError
+from .requests import RequestError, encode_pairs, start_token, with_bos
 from .device import resolve_device
-from .requests import encode_pairs, start_token, with_bos
 
 NAME = "icqs-engine"
 log = logging.getLogger("lm_eval.icqs_engine")  # under lm-eval's logger, so its command line shows these lines

@@ -163,6 +163,11 @@ def check_weights(config: ModelConfig, weights: LazyWeights, source: str) -> Non
     checkpoint without `lm_head.weight` shares the embedding matrix (tied embeddings), whatever its config says."""
     if "lm_head.weight" not in weights:
         config.tie_embeddings = True
+    # the layer count against the file's own layers first, so that a config claiming 10**9 layers fails in one
+    # pass over the file's index instead of listing 10**9 layers' tensors
+    layers = {name.split(".")[2] for name in weights if name.startswith("model.layers.")}
+    if config.num_layers != len(layers):
+        raise UserError(f"config num_layers is {config.num_layers}, the weights have {len(layers)} layers", source)
     for name, shape in expected_shapes(config).items():
         if name not in weights:
             raise UserError(f"missing tensor {name}", source)

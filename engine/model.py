@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import kernels
 
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .prefix_cache import KVCache
 from .weights import release_free_memory
 
 

@@ -10,16 +10,15 @@ tests/test_engine_protocol.py against each implementation's signatures).
   Implemented by `Engine`. The handles' own interface (done, wait, result(), error, add_done_callback) is the
   request's class (engine/requests.py).
 
-Validation of every request is engine/validation.py's, shared by all of them."""
+Validation of every request is engine/requests.py's, shared by all of them."""
 from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from .config import ModelConfig
-from .requests import Event, Generation, Request, ScoreResult, TokenEvent
+from .requests import Event, Generation, Limits, Request, ScoreResult, TokenEvent
 from .stats import EngineStats
 from .tokenizer import Tokenizer
-from .validation import Limits
 
 Text = str | Sequence[int]  # text, or token ids
 
@@ -28,7 +27,7 @@ Text = str | Sequence[int]  # text, or token ids
 class JobEngine(Protocol):
     tokenizer: Tokenizer
     config: ModelConfig
-    limits: Limits  # the vocabulary, the model's context and the KV cache's capacity (engine/validation.py)
+    limits: Limits  # the vocabulary, the model's context and the KV cache's capacity (engine/requests.py)
 
     @property
     def max_request_tokens(self) -> int:
@@ -41,7 +40,7 @@ class JobEngine(Protocol):
     def score(self, requests: Sequence[tuple[Text, Text]], share_prefix: bool = True, progress: bool = False
               ) -> list[ScoreResult]:
         """log P(continuation | context) for each (context, continuation) pair; a bad request raises a
-        RequestError (engine/validation.py) naming its index before any work."""
+        RequestError (engine/requests.py) naming its index before any work."""
 
     def generate(self, prompts: Sequence[Text], max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop: list[str] | None = None, progress: bool = False) -> list[Generation]:

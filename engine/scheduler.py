@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import UserError
-from .validation import RequestError
-from .kv_cache import KVCache
-from .prefix_cache import Kind, Node, PrefixCache
-from .requests import (Admitted, Event, Finished, GenerateRequest, Request, ScoreOut, ScoreRequest, Status, StepTime,
-                       TokenOut)
+from .prefix_cache import KVCache, Kind, Node, PrefixCache
+from .requests import (Admitted, Event, Finished, GenerateRequest, Request, RequestError, ScoreOut, ScoreRequest,
+                     Status, StepTime, TokenOut)
 from .stats import EngineStats
 from .step import Chunk
 

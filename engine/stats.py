@@ -20,7 +20,7 @@ class EngineStats:
     preemptions: int = 0  # nodes whose pages were freed while still needed (recomputed later)
     evicted_nodes: int = 0  # cached prefixes nobody referenced, evicted (least recently used first) for pages
     kv_waits: int = 0  # times a chunk waited for free pages
-    memo_hits: int = 0  # scored tokens answered from the log-prob memo (kv_cache.py), without the LM head
+    memo_hits: int = 0  # scored tokens answered from the log-prob memo (prefix_cache.py), without the LM head
     generated_tokens: int = 0  # tokens sampled by generate requests
     scored_tokens: int = 0  # continuation tokens whose log-prob was recorded
     lm_head_rows: int = 0  # rows through the LM head for scoring (one per (position, target) asked in a step)

@@ -3,7 +3,7 @@
 A `Chunk` is a node's tokens start..end-1, whose cache slots are already allocated. Every cached segment
 a chunk attends to (each ancestor, and the node's own earlier tokens) becomes one cascade segment whose query
 rows are the rows of all chunks below it. Every row's final hidden state comes out (it is kept in the cache
-beside the row's K/V, see kv_cache.py)."""
+beside the row's K/V, see KVCache above)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -26,10 +26,26 @@ def bootstrap_ci(values, level: float = 0.95, n_resamples: int = 2000, seed: int
 
 
 def ranks(values: dict) -> dict:
-    """Rank 1 = highest value; ties share the average rank."""
+    """Rank 1 = highest value; tied models share the best of their ranks (1, 1, 3)."""
     names = list(values)
-    r = stats.rankdata([-values[n] for n in names])
-    return {n: float(k) for n, k in zip(names, r)}
+    r = stats.rankdata([-values[n] for n in names], method="min")
+    return {n: int(k) for n, k in zip(names, r)}
+
+
+def two_level_bootstrap_ci(table: np.ndarray, level: float = 0.95, rounds: int = 2000, seed: int = 0
+                           ) -> tuple[float, float]:
+    """Percentile CI of a model's mean score over demo draws and questions: `table` [draws, questions] (NaN:
+    unscored); each round resamples the draws, then the questions, and takes the mean."""
+    D, Q = table.shape
+    if Q < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    d = rng.integers(0, D, size=(rounds, D))
+    q = rng.integers(0, Q, size=(rounds, Q))
+    with np.errstate(all="ignore"):
+        means = np.nanmean(table[d[:, :, None], q[:, None, :]].reshape(rounds, -1), axis=1)
+    tail = (1 - level) / 2
+    return float(np.nanquantile(means, tail)), float(np.nanquantile(means, 1 - tail))
 
 
 def rank_correlation(predicted: dict, truth: dict) -> dict:
@@ -62,74 +78,113 @@ def model_truth(rows: list[dict]) -> dict:
 
 def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     """One method's leaderboard: for each measure, per model n, mean, 95% CI, rank, and the correlations with the
-    truth ranking; `unscored` counts the rows whose measure is None; `distribution` holds MAE / CE when there are
-    distributional truths."""
+    truth ranking; `unscored` counts the candidates whose measure is None; `distribution` holds MAE / CE when there
+    are distributional truths. With several demo draws (rows with `draw`), a candidate's score is its mean over
+    the draws, the CI is a two-level bootstrap over draws and questions (`ci_questions`: over questions only),
+    each model has its mean per draw (`draw_means`), and `draws` holds the spread between draws and the ranking
+    of each draw (`flips`: it is not the same in every draw)."""
     rows = [r for r in rows if r["method"] == method]
-    truth = model_truth(rows)
-    out = {"method": method, "truth": truth, "truth_rank": ranks(truth) if truth else {}, "measures": {}}
+    draws = sorted({r.get("draw", 0) for r in rows})
+    first = [r for r in rows if r.get("draw", 0) == draws[0]] if rows else []
+    truth = model_truth(first)
+    out = {"method": method, "truth": truth, "truth_rank": ranks(truth) if truth else {}, "measures": {},
+           "n_draws": len(draws)}
+    ids = {m: [r["id"] for r in first if r["model"] == m] for m in dict.fromkeys(r["model"] for r in first)}
     for measure in [m for m in METHODS[method].measures if any(m in r for r in rows)]:  # calibrated: when computed
-        by_model: dict[str, list] = {}
-        unscored: dict[str, int] = {}
-        for r in rows:
-            by_model.setdefault(r["model"], [])
-            unscored.setdefault(r["model"], 0)
-            if r.get(measure) is None:
-                unscored[r["model"]] += 1
-            else:
-                by_model[r["model"]].append(r[measure])
-        means = {m: float(np.mean(v)) if v else math.nan for m, v in by_model.items()}
+        value = {(r.get("draw", 0), r["id"]): r.get(measure) for r in rows}
+        tables = {m: np.array([[np.nan if value.get((d, i)) is None else value[(d, i)] for i in cid]
+                               for d in draws], dtype=np.float64) for m, cid in ids.items()}
+        with np.errstate(all="ignore"):
+            per_cand = {m: t.mean(axis=0) for m, t in tables.items()}  # NaN where some draw left it unscored
+            draw_means = {m: [float(np.nanmean(row)) if not np.isnan(row).all() else math.nan for row in t]
+                          for m, t in tables.items()}
+        means = {m: float(np.nanmean(v)) if not np.isnan(v).all() else math.nan for m, v in per_cand.items()}
         ranked = ranks({m: v for m, v in means.items() if not math.isnan(v)})
         models = []
-        for m in sorted(by_model, key=lambda m: (ranked.get(m, math.inf), m)):
-            low, high = bootstrap_ci(by_model[m], seed=seed)
-            models.append({"model": m, "n": len(by_model[m]), "unscored": unscored[m], "mean": means[m],
-                           "ci_low": low, "ci_high": high, "rank": ranked.get(m, math.nan)})
-        out["measures"][measure] = {"models": models, **rank_correlation(means, truth)}
-    dist_rows = [r for r in rows if r.get("truth_dist") is not None and r.get("posterior") is not None]
+        for m in sorted(ids, key=lambda m: (ranked.get(m, math.inf), m)):
+            scored = per_cand[m][~np.isnan(per_cand[m])]
+            q_low, q_high = bootstrap_ci(scored, seed=seed)
+            low, high = (q_low, q_high) if len(draws) == 1 else two_level_bootstrap_ci(tables[m], seed=seed)
+            models.append({"model": m, "n": int(len(scored)), "unscored": int(np.isnan(per_cand[m]).sum()),
+                           "mean": means[m], "ci_low": low, "ci_high": high, "ci_questions": [q_low, q_high],
+                           "draw_means": draw_means[m], "rank": ranked.get(m, math.nan)})
+        entry = {"models": models, **rank_correlation(means, truth)}
+        if len(draws) > 1:
+            draw_ranks = [ranks({m: dm[k] for m, dm in draw_means.items() if not math.isnan(dm[k])})
+                          for k in range(len(draws))]
+            order = [tuple(sorted(r, key=lambda m: (r[m], m))) for r in draw_ranks]
+            spread = {m: float(np.nanmax(dm) - np.nanmin(dm)) for m, dm in draw_means.items()
+                      if not np.isnan(dm).all()}
+            entry["draws"] = {"n": len(draws), "spread": spread, "max_spread": max(spread.values(), default=0.0),
+                              "ranks": draw_ranks, "flips": len(set(order)) > 1}
+        out["measures"][measure] = entry
+    dist_rows = [r for r in first if r.get("truth_dist") is not None and r.get("posterior") is not None]
     if dist_rows:
         out["distribution"] = distribution_metrics([r["truth_dist"] for r in dist_rows],
                                                    [r["posterior"] for r in dist_rows])
     return out
 
 
-def _cell(m: dict) -> str:
+def _cell(m: dict, mark: str = "") -> str:
     if math.isnan(m["mean"]):
         return f"{'-':>22}"
     ci = "" if math.isnan(m["ci_low"]) else f"[{m['ci_low']:.2f},{m['ci_high']:.2f}]"
-    return f"{m['mean']:6.3f} {ci:>11} #{m['rank']:<3g}"
+    return f"{m['mean']:6.3f} {ci:>11} #{m['rank']:<2}{mark}"
 
 
-def format_leaderboards(boards: list[dict], title: str = "") -> str:
+def format_leaderboards(boards: list[dict], title: str = "", flags: dict | None = None) -> str:
     """Plain-text leaderboards: per method, models in predicted order, each measure's mean, 95% CI and rank, the
-    truth and the true rank beside them, and the rank correlations with the truth."""
+    truth and the true rank beside them, and the rank correlations with the truth. `flags`: {(method, measure):
+    verdict} of the measures the audit found at chance or inverted; their cells carry a `!`."""
+    flags = flags or {}
     lines = [f"ICQS leaderboard{': ' + title if title else ''}"]
     for b in boards:
         measures = list(b["measures"])
         first = b["measures"][measures[0]]["models"]
         cells = {meas: {m["model"]: m for m in b["measures"][meas]["models"]} for meas in measures}
         width = max(8, *(len(m["model"]) for m in first))
+        draws = b.get("n_draws", 1)
         lines += ["", f"== {b['method']}: {METHODS[b['method']].title}",
                   f"{'model':<{width}} {'n':>4} " + " ".join(f"{MEASURE_NAMES[x] + ' [95% CI] rank':>24}"
                                                               for x in measures)
                   + ("   truth  true rank" if b["truth"] else "")]
         for m in first:
-            row = f"{m['model']:<{width}} {m['n']:>4} " + " ".join(f"{_cell(cells[x][m['model']]):>24}"
-                                                                  for x in measures)
+            row = f"{m['model']:<{width}} {m['n']:>4} " + " ".join(
+                f"{_cell(cells[x][m['model']], '!' if (b['method'], x) in flags else ' '):>24}" for x in measures)
             if b["truth"]:
                 t = b["truth"].get(m["model"])
                 row += f"  {t:6.3f}  #{b['truth_rank'][m['model']]:g}" if t is not None else "       -"
             lines.append(row)
+        for x in measures:
+            if (b["method"], x) in flags:
+                lines.append(f"  ! {MEASURE_NAMES[x]}: the audit found this measure {flags[(b['method'], x)]} on the "
+                             f"task's own pool; its ranking is not evidence (`icqs audit`)")
+        if draws > 1:
+            lines.append(f"  CIs over {draws} demo draws and the questions (two-level bootstrap)")
         for x in measures:
             unscored = sum(m["unscored"] for m in b["measures"][x]["models"])
             if unscored:
                 lines.append(f"  {MEASURE_NAMES[x]}: {unscored} candidates unscored (no parsable rating)")
             if b["truth"]:
                 s = b["measures"][x]
-                lines.append(f"  {MEASURE_NAMES[x]} vs truth ranking: Spearman {s['spearman']:+.3f}, "
-                             f"Kendall {s['kendall']:+.3f}")
+                lines.append(f"  {MEASURE_NAMES[x]} vs truth ranking: Spearman {_signed(s['spearman'])}, "
+                             f"Kendall {_signed(s['kendall'])}")
+            d = b["measures"][x].get("draws")
+            if d:
+                worst = max(d["spread"], key=d["spread"].get) if d["spread"] else "-"
+                lines.append(f"  {MEASURE_NAMES[x]} between draws: a model's mean moves by up to "
+                             f"{d['max_spread']:.3f} ({worst}); " + (
+                                 "the ranking FLIPS between draws: " + " | ".join(
+                                     " > ".join(sorted(r, key=lambda m: (r[m], m))) for r in d["ranks"])
+                                 if d["flips"] else "the same ranking in every draw"))
         if "distribution" in b:
             d = b["distribution"]
             lines.append(f"  posterior vs truth_dist: MAE {d['mae']:.3f}, cross-entropy {d['cross_entropy']:.3f}")
         if "engine_stats" in b:
             lines.append(f"  engine: {format_stats(b['engine_stats'])}")
     return "\n".join(lines) + "\n"
+
+
+def _signed(v: float) -> str:
+    """A correlation with its sign, or `-` when there is none (one model, or all tied): nan is shown one way."""
+    return "-" if v is None or math.isnan(v) else f"{v:+.3f}"

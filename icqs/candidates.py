@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import UserError
 
+from .contracts import check_row
 from .io import read_jsonl
 
 
@@ -39,9 +40,7 @@ def read_candidates(path) -> list[Candidate]:
     seen: dict[str, int] = {}
     out = []
     for line, row in read_jsonl(path, required=("id", "model", "x", "y"), with_lines=True):
-        for key in ("x", "y", "model"):
-            if not isinstance(row[key], str):
-                raise UserError(f"field {key!r} must be a string", path, line)
+        check_row("candidates", row, path, line)
         cid = str(row["id"])
         if cid in seen:
             raise UserError(f"duplicate id {cid!r} (first on line {seen[cid]})", path, line)
@@ -69,6 +68,16 @@ def check_truth_dists(candidates: list[Candidate], n_ratios: int, path: str) -> 
         if c.truth_dist is not None and len(c.truth_dist) != n_ratios:
             raise UserError(f"candidate {c.id!r}: 'truth_dist' has {len(c.truth_dist)} entries but the task has "
                             f"{n_ratios} ratios (M + 1)", path, c.line)
+
+
+def check_labels(candidates: list[Candidate], task, path: str) -> None:
+    """In a label task every answer is one of the labels: another answer ("Yes." for "yes") would never match."""
+    if not task.is_label_task:
+        return
+    for c in candidates:
+        if c.y not in task.labels:
+            raise UserError(f"candidate {c.id!r}: answer {c.y!r} is none of the task's labels "
+                            f"({', '.join(map(repr, task.labels))}); write it as one of them", path, c.line)
 
 
 def candidate_row(c: Candidate) -> dict:

@@ -14,35 +14,35 @@ import signal
 import sys
 import threading
 
-from commands.cli_args import ArgumentParser, check_report_output, os_error
+from commands.cli_args import ArgumentParser, check_report_output, run_command
 from engine.errors import UserError
-from commands.factory import add_engine_args, engine_from_args, int_in_range, model_label
+from commands.factory import add_engine_args, engine_from_args, int_in_range, model_label, positive_int
 
 from .methods import METHODS
-from .run import add_run_args
+from .run import add_run_args, deterministic_by_default
 from .sampler import SAMPLERS
 from .task import BALANCE, LIMITS
-from .score_run import load_scores, score_run, score_run_dir, write_leaderboard
+from .run import read_run_json
+from .score_run import load_scores, print_audit, score_run, score_run_dir, write_leaderboard
 
 
 def cmd_score(args) -> None:
-    from .candidates import check_truth_dists, read_candidates
+    from .candidates import check_labels, check_truth_dists, read_candidates
     from .task import load_task
 
-    task = load_task(args.task)
-    for key in ("M", "N", "L", "seed", "balance", "calibrate"):
-        if getattr(args, key) is not None:
-            setattr(task, key, getattr(args, key))
-    task.check_ratio_grid()
+    task = load_task(args.task, {key: getattr(args, key) for key in ("M", "N", "L", "seed", "balance", "calibrate")})
     candidates = read_candidates(args.candidates)
     check_truth_dists(candidates, task.M + 1, args.candidates)
-    if "icl" in args.method and not task.labels:
-        raise UserError("the icl method needs label options ('labels' in the task)", args.task)
+    check_labels(candidates, task, args.candidates)
+    if "icl" in args.method and not task.is_label_task:
+        raise UserError("the icl method needs a label task (every pool answer one of a few 'labels'); this task's "
+                        "answers are free text, which plain ICL cannot predict: leave icl out of --method", args.task)
     model = model_label(args)
-    run = score_run_dir(args.out, task, candidates, model, args.sampler, args.method)  # checked, nothing written
+    run = score_run_dir(args.out, task, candidates, model, args.sampler, args.method, args.draws)  # nothing written
     engine = engine_from_args(args, keep_cache=True)  # chunks of one job reuse the demo sets
     rows = score_run(engine, task, candidates, run, args.method, args.sampler, model, progress=not args.quiet,
-                     path=args.candidates)
+                     path=args.candidates, draws=args.draws, audit=not args.no_audit)
+    print_audit(run.path, task, run.meta)
     print(write_leaderboard(run.path, rows, task, run.meta["engine_stats"]), end="")
 
 
@@ -50,7 +50,13 @@ def cmd_leaderboard(args) -> None:
     task, _, rows, meta = load_scores(args.dir)
     if not rows:
         raise UserError("no method has complete results yet; run `icqs score` again to finish", args.dir)
+    print_audit(args.dir, task, meta)
     print(write_leaderboard(args.dir, rows, task, meta.get("engine_stats")), end="")
+
+
+def cmd_audit(args) -> None:
+    task = load_scores(args.dir)[0]
+    print_audit(args.dir, task, read_run_json(args.dir, "score"))
 
 
 def cmd_report(args) -> None:
@@ -66,11 +72,48 @@ def cmd_demo(args) -> None:
     run_demo(args.out, args, progress=not args.quiet)
 
 
+def cmd_preview(args) -> None:
+    from .candidates import Candidate, check_labels, read_candidates
+    from .preview import preview
+    from .task import load_task
+
+    task = load_task(args.task)
+    if args.candidates:
+        candidates = read_candidates(args.candidates)
+        check_labels(candidates, task, args.candidates)
+    else:  # the pool's first good example stands for a candidate
+        candidates = [Candidate("pool/good0", "pool", task.good[0].x, task.good[0].y)]
+    methods = [m for m in args.method if m != "icl" or task.is_label_task]
+    if len(methods) < len(args.method):
+        print("icl: skipped (a free-text task: plain ICL needs label options)")
+    engine = engine_from_args(args, keep_cache=False)
+    print(preview(engine, task, candidates, methods, args.sampler, args.draws, not args.no_audit), end="")
+
+
+def cmd_schema(args) -> None:
+    from .contracts import print_schema
+    print(print_schema(args.name), end="")
+
+
+def cmd_init(args) -> None:
+    from .demo import write_example
+    for path in write_example(args.dir):
+        print(f"wrote {path}")
+    print(f"next: icqs preview {args.dir}/task.yaml {args.dir}/candidates.jsonl\n"
+          f"      icqs score {args.dir}/task.yaml {args.dir}/candidates.jsonl --out {args.dir}/run")
+
+
 def register(subparsers) -> None:
     """This package's own subcommands (their heavy imports happen inside the handlers)."""
-    p = subparsers.add_parser("score", help="score candidate answers with ICQS and the baselines")
-    p.add_argument("task", help="task YAML")
-    p.add_argument("candidates", help="candidates JSONL (id, model, x, y, optional truth / truth_dist)")
+    from .contracts import FORMATS, NAMES
+    p = subparsers.add_parser("score", help="score candidate answers with ICQS and the baselines",
+                              description="Score each candidate answer with the chosen methods, audit every method "
+                              "on the task's own good/bad pool, and print the audit and the leaderboard. "
+                              + FORMATS["score"] + ".")
+    p.add_argument("task", help="task YAML: template, good and bad example pools, labels, M/N/L "
+                                "(`icqs schema task`; `icqs init DIR` writes an example)")
+    p.add_argument("candidates", help="candidates JSONL: id, model, x, y, optional truth / truth_dist "
+                                      "(`icqs schema candidates`)")
     add_run_args(p, seed_default=None, seed_help="sampling seed (default: the task's)")
     p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
     p.add_argument("--sampler", choices=SAMPLERS, default="coupled",
@@ -80,14 +123,24 @@ def register(subparsers) -> None:
                    help="label tasks: the label counts of every demo set (default: the task's, marginal)")
     p.add_argument("--calibrate", action="store_true", default=None,
                    help="also report scores calibrated with a content-free input (the task's content_free)")
+    p.add_argument("--draws", type=positive_int, default=3,
+                   help="independent demo draws (seeds seed, seed+1, ...) for the methods that use demos: the "
+                        "leaderboard's CIs resample them with the questions and it shows the spread between them "
+                        "(default: 3; 1 is the cost of one)")
+    p.add_argument("--no-audit", action="store_true",
+                   help="skip the evaluator audit (each method cross-validated on the task's own good/bad pool)")
     for key, what in (("M", "ratios r = j/M"), ("N", "demos per set"), ("L", "demo sets per ratio")):
         p.add_argument(f"--{key}", type=int_in_range(1, LIMITS[key]), default=None,
                        help=f"{what}, at most {LIMITS[key]} (default: the task's)")
     add_engine_args(p)
+    deterministic_by_default(p)
     p.set_defaults(func=cmd_score)
     p = subparsers.add_parser("leaderboard", help="print the leaderboard of a score run directory")
     p.add_argument("dir")
     p.set_defaults(func=cmd_leaderboard)
+    p = subparsers.add_parser("audit", help="print the evaluator audit of a score run directory")
+    p.add_argument("dir")
+    p.set_defaults(func=cmd_audit)
     p = subparsers.add_parser("report", help="write the HTML report of a score run directory")
     p.add_argument("dir")
     p.add_argument("--output", default=None, help="HTML file (default: DIR/report.html)")
@@ -95,8 +148,33 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="score simulated models on a built-in task; leaderboard and report")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--draws", type=positive_int, default=3, help="independent demo draws (default: 3)")
+    p.add_argument("--no-audit", action="store_true", help="skip the evaluator audit")
     add_engine_args(p)
+    deterministic_by_default(p)
     p.set_defaults(func=cmd_demo)
+    p = subparsers.add_parser("preview", help="show each method's rendered prompt, requests, tokens and time "
+                              "estimate without scoring", description="Per method: one fully rendered prompt with "
+                              "its token count, the engine requests and unique tokens the run (and its audit) would "
+                              "compute, and a time estimate from a short measurement on this machine. "
+                              + FORMATS["score"] + " (optional: without it, a pool example stands in).")
+    p.add_argument("task", help="task YAML (`icqs schema task`)")
+    p.add_argument("candidates", nargs="?", default=None, help="candidates JSONL (`icqs schema candidates`)")
+    p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
+    p.add_argument("--sampler", choices=SAMPLERS, default="coupled")
+    p.add_argument("--draws", type=positive_int, default=3, help="demo draws, as `icqs score --draws`")
+    p.add_argument("--no-audit", action="store_true", help="leave the audit's requests out")
+    add_engine_args(p)
+    deterministic_by_default(p)
+    p.set_defaults(func=cmd_preview)
+    p = subparsers.add_parser("schema", help="print the JSON Schema of an input format",
+                              description="Print the JSON Schema of an input format: " + "; ".join(
+                                  f"{k}: {v}" for k, v in FORMATS.items()))
+    p.add_argument("name", choices=NAMES)
+    p.set_defaults(func=cmd_schema)
+    p = subparsers.add_parser("init", help="write a small working example task and candidates into DIR")
+    p.add_argument("dir")
+    p.set_defaults(func=cmd_init)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,19 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
-    try:
-        status = args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # ENOSPC, an output made unwritable mid-run: one line
-        message, status = os_error(e)
-        print(message, file=sys.stderr)
-        return status
-    except KeyboardInterrupt:
-        print("interrupted (finished results are kept; run the same command again to resume)", file=sys.stderr)
-        return 130
-    return int(status or 0)
+    return run_command(args.func, args, "finished results are kept")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ leaderboard prints it beside each method's.
 from __future__ import annotations
 
 import argparse
+import json
 import itertools
 
 import numpy as np
@@ -78,7 +79,7 @@ def run_demo(out, args=None, progress: bool = True) -> str:
 
     from .methods import METHODS
     from .report import write_report
-    from .score_run import score_run, score_run_dir, write_leaderboard
+    from .score_run import print_audit, score_run, score_run_dir, write_leaderboard
 
     if args is None:  # the defaults of `icqs demo`
         parser = argparse.ArgumentParser()
@@ -86,13 +87,53 @@ def run_demo(out, args=None, progress: bool = True) -> str:
         args = parser.parse_args([])
     task = demo_task()
     candidates = demo_candidates(task)
-    run = score_run_dir(out, task, candidates, model_label(args), "coupled", METHODS)  # checked, nothing written
+    draws, audit = getattr(args, "draws", 3), not getattr(args, "no_audit", False)
+    run = score_run_dir(out, task, candidates, model_label(args), "coupled", METHODS, draws)  # nothing written yet
     engine = engine_from_args(args, keep_cache=True)
-    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress)
+    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress, draws=draws, audit=audit)
     with run.start():
         atomic_write(run.path / "demo_task.yaml", task_yaml(task))  # `icqs score` reruns it with candidates.jsonl
+        print_audit(run.path, task, run.meta)
         text = write_leaderboard(run.path, rows, task, run.meta["engine_stats"])
         print(text, end="")
         print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")
         print(f"report: {write_report(run.path)}")
     return text
+
+
+EXAMPLE_HEADER = """\
+# An ICQS task (`icqs schema task` lists every field). ICQS scores an answer by how much more likely the model finds
+# it after demos that are mostly right than after demos that are mostly wrong: `good` holds inputs with their RIGHT
+# answer, `bad` inputs with a WRONG answer. Texts are YAML strings: quote yes/no/true/null/numbers ("no", "3").
+"""
+
+
+def write_example(folder) -> list:
+    """`icqs init DIR`: a small working label task (DIR/task.yaml, 12 good and 12 bad reviews) and answers of three
+    simulated models to 8 held-out reviews (DIR/candidates.jsonl, with their truth); refuses to overwrite."""
+    from pathlib import Path
+
+    from engine.errors import UserError
+
+    folder = Path(folder)
+    paths = [folder / "task.yaml", folder / "candidates.jsonl"]
+    for p in paths:
+        if p.exists():
+            raise UserError("exists; `icqs init` does not overwrite files (choose another folder)", str(p))
+    if folder.exists() and not folder.is_dir():
+        raise UserError("is a file, not a folder", str(folder))
+    task = demo_task(pool=12, M=2, N=4, L=2)
+    task.name = "review-sentiment"
+    held_out = reviews()[24:32]
+    rng = np.random.default_rng(3)
+    rows = []
+    for model, accuracy in (("model-a", 0.9), ("model-b", 0.6), ("model-c", 0.3)):
+        right = set(rng.permutation(len(held_out))[:round(accuracy * len(held_out))].tolist())
+        for q, e in enumerate(held_out):
+            ok = q in right
+            rows.append({"id": f"{model}/q{q}", "model": model, "x": e.x, "y": e.y if ok else _flip(e.y),
+                         "truth": 1 if ok else 0})
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(paths[0], EXAMPLE_HEADER + task_yaml(task))
+    atomic_write(paths[1], "".join(json.dumps(r) + "\n" for r in rows))
+    return paths

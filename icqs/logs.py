@@ -74,11 +74,13 @@ def verdicts_schema() -> dict:
     """verdicts.jsonl (`icqs pairwise`): per-variant outcome distributions and verdicts, and their aggregate."""
     outcome = {"enum": list(OUTCOMES)}
     names = [v.name for v in VARIANTS]
-    per = {"type": "object", "properties": {n: _probs(len(OUTCOMES)) for n in names}, "required": names}
+    probs = {"type": "object", "required": list(OUTCOMES), "additionalProperties": False,  # labeled: {model_a, ...}
+             "properties": {o: {"type": "number", "minimum": 0, "maximum": 1 + 1e-6} for o in OUTCOMES}}
+    per = {"type": "object", "properties": {n: probs for n in names}, "required": names}
     verdicts = {"type": "object", "properties": {n: outcome for n in names}, "required": names}
     return _row({"id": _ID, "model_a": {"type": "string"}, "model_b": {"type": "string"},
                  "winner": {"enum": [*OUTCOMES, None]}, "variants": per, "verdicts": verdicts,
-                 "aggregate": _probs(len(OUTCOMES)), "verdict": outcome, "generated": {"type": "object"}},
+                 "aggregate": probs, "verdict": outcome, "generated": {"type": "object"}},
                 ("id", "variants", "verdicts", "aggregate", "verdict"))
 
 

@@ -38,6 +38,7 @@ class Method:
     #                    check
     score: Callable  # (task, candidates, rows, sampler) -> one dict per candidate, or None while rows are missing
     curves: bool = False  # the report plots its log-likelihood against the ratio
+    demos: bool = True  # its scores depend on the demo draw (a run scores it once per draw)
 
 
 def _repeats(task, epistemic: bool) -> int:
@@ -97,6 +98,21 @@ def _judge_score(task, candidates, rows, sampler):
     return None if by_id is None else [baselines.judge_score(by_id[c.id]) for c in candidates]
 
 
+EXPLAIN = {
+    "icqs": ("Each answer is scored after demo sets whose share r of right answers runs from 0 to 1. score is the r "
+             "whose demos make the answer most likely (the paper's argmax); E[r] is the mean of r under the posterior "
+             "softmax(log-likelihoods), a smoother number. When the evaluator works, right answers get high r (their "
+             "curve rises with r) and wrong answers low r (their curve falls): in the curves, the truth-1 line should "
+             "slope up and the truth-0 line down. Flat or parallel lines mean the model does not tell them apart."),
+    "epistemic": ("As ICQS, with the log-likelihood curve averaged over the L demo sets of each ratio before score "
+                  "and E[r] are read: less sensitive to one unlucky demo set."),
+    "icl": ("The all-right demo set (ratio 1) before each question; the model's most likely label is its "
+            "prediction. score is 1 when the candidate's answer agrees with it, else 0; p_label is the probability "
+            "the model gives the candidate's own answer. Label tasks only."),
+    "judge": ("The model is asked to rate the answer 1-5. score is the expected rating from the rating tokens' "
+              "probabilities, mapped to [0, 1]; generated is the rating parsed from its own text (unparsable: "
+              "unscored, never 0). Small models often rate every answer alike: check the audit."),
+}
 ICQS_MEASURES = ("score", "expected", "score_cal", "expected_cal")  # calibrated ones: with the task's calibrate
 METHODS = {m.name: m for m in (
     Method("icqs", "ICQS (argmax ratio; E[r] = posterior mean)", ICQS_MEASURES, "loglik.jsonl",
@@ -109,7 +125,7 @@ METHODS = {m.name: m for m in (
     Method("judge", "verbalized judge (expected rating from rating-token log-probs; generated = parsed text)",
            ("score", "generated_score"), "judge.jsonl", "id",
            lambda engine, task, candidates, writer, sampler, progress: baselines.compute_judge(
-               engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score),
+               engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score, demos=False),
 )}
 MEASURE_NAMES = {"score": "score", "expected": "E[r]", "score_cal": "calibrated", "expected_cal": "E[r] cal",
                  "p_label": "p_label", "generated_score": "generated"}

@@ -32,6 +32,14 @@ from .io import TMP_SUFFIX, atomic_write, strict_json
 LOCK = ".lock"
 # The engine's counters a run sums (Engine.last_stats: engine/stats.py) and the wall-clock seconds of its engine calls.
 STAT_KEYS = (*COUNTERS, "seconds")
+STAT_HELP = {  # what each counter counts (written beside the counters in run.json)
+    "requests": "score requests (context, continuation) and generation prompts sent to the engine",
+    "tokens_requested": "tokens of those requests, contexts and continuations, as if none were shared",
+    "tokens_computed": "tokens the model actually ran (the rest came from the prefix cache or shared prefixes)",
+    "cache_hit_tokens": "tokens found in the engine's prefix cache from earlier calls",
+    "forward_steps": "model forward passes",
+    "seconds": "wall-clock seconds of the engine calls",
+}
 
 
 def read_run_json(out, command: str | None = None) -> dict:
@@ -101,11 +109,11 @@ class RunDir:
             if old.get("command", self.command) != self.command:
                 raise UserError(f"this directory holds a `{old['command']}` run, not a `{self.command}` one; use "
                                 f"another --out", str(self.path))
-            for key in self.fixed:
-                if old.get(key) != self.given.get(key):
-                    raise UserError(f"this run directory holds results for a different {key} ({_short(old.get(key))}"
-                                    f", now {_short(self.given.get(key))}); use another --out",
-                                    str(self.path / "run.json"))
+            changed = [c for key in self.fixed for c in changes(key, old.get(key), self.given.get(key))]
+            if changed:
+                raise UserError(f"this run directory holds results for other settings: {'; '.join(changed[:6])}"
+                                f"{'; ...' if len(changed) > 6 else ''}; use another --out (or the same settings)",
+                                str(self.path / "run.json"))
         for key, values in self.accumulate.items():
             meta[key] = sorted(set((old or {}).get(key, [])) | set(values))
         return meta
@@ -143,9 +151,11 @@ class RunDir:
     def save(self) -> None:
         atomic_write(self.path / "run.json", json.dumps(strict_json(self.meta), indent=1, ensure_ascii=False) + "\n")
 
-    def add_stats(self, part: str, stats: dict) -> dict:
-        """Add one run's engine stats for `part` (a method, a stage) to run.json's running totals; returns them."""
-        totals = self.meta.setdefault("engine_stats", {})
+    def add_stats(self, part: str, stats: dict, key: str = "engine_stats") -> dict:
+        """Add one run's engine stats for `part` (a method, a stage) to run.json's running totals under `key`
+        (engine_stats: the run's own work; audit_stats: the evaluator audit's); returns them."""
+        self.meta["stats_help"] = STAT_HELP
+        totals = self.meta.setdefault(key, {})
         old = totals.get(part, {})
         totals[part] = {k: round(old.get(k, 0) + stats.get(k, 0), 3) for k in STAT_KEYS}
         self.save()
@@ -170,16 +180,32 @@ class RunDir:
 
 
 def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def changes(name: str, old, new) -> list[str]:
+    """The settings that differ between two recorded values, as 'name.key: old -> new' (dicts compared key by key,
+    lists of different lengths by their length, others item by item)."""
+    if old == new:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in list(old) + [k for k in new if k not in old]
+                for c in changes(f"{name}.{k}", old.get(k), new.get(k))]
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return [f"{name}: {len(old)} items -> {len(new)} items"]
+        return [c for i, (a, b) in enumerate(zip(old, new)) for c in changes(f"{name}[{i}]", a, b)]
+    return [f"{name}: {_short(old)} -> {_short(new)}"]
 
 
 class MeteredEngine:
     """An engine whose score and generate calls are counted: after each call its Engine.last_stats are added to
-    `.stats`, with the call's wall-clock seconds. Everything else is the engine's own."""
+    `.stats`, with the call's wall-clock seconds, and handed to `on_call` (a run records them in run.json there, call
+    by call, so that a killed run's finished calls are counted). Everything else is the engine's own."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, on_call=None):
+        self.engine, self.on_call = engine, on_call
         self.totals, self.seconds = EngineStats(), 0.0
 
     @property
@@ -202,9 +228,11 @@ class MeteredEngine:
         try:
             return call(*args, **kwargs)
         finally:
-            if self.engine.last_stats is not before:  # each call's counters are a new EngineStats
-                self.totals = self.totals.plus(self.engine.last_stats)
-            self.seconds += time.perf_counter() - t0
+            counted = self.engine.last_stats if self.engine.last_stats is not before else EngineStats()
+            seconds = time.perf_counter() - t0  # each call's counters are a new EngineStats
+            self.totals, self.seconds = self.totals.plus(counted), self.seconds + seconds
+            if self.on_call is not None:
+                self.on_call({**{k: getattr(counted, k) for k in COUNTERS}, "seconds": seconds})
 
 
 def format_stats(stats: dict) -> str:
@@ -219,3 +247,11 @@ def add_run_args(p: argparse.ArgumentParser, seed_default: int | None = 0, seed_
     p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
     p.add_argument("--seed", type=non_negative_int, default=seed_default, help=seed_help)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def deterministic_by_default(p: argparse.ArgumentParser) -> None:
+    """Evaluation commands run the engine in its deterministic mode unless told otherwise: a score does not depend
+    on what else is in the job, so adding a method or an option never moves another method's scores."""
+    p.set_defaults(deterministic=True)
+    p.add_argument("--nondeterministic", dest="deterministic", action="store_false",
+                   help="faster batched kernels whose bf16 scores move with the batch (by up to ~0.1 nats)")

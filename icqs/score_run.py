@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.requests import encode_pairs
-from engine.validation import RequestError, check_generate_length, check_score_length
+from engine.requests import RequestError, check_generate_length, check_score_length
 
 from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
@@ -29,11 +29,11 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def score_run_dir(out, task, candidates, model: str, sampler: str, methods) -> RunDir:
-    """The run directory of a score run, checked (an existing one must be for the same task, candidates, model and
-    sampler); nothing is written until it starts."""
+def score_run_dir(out, task, candidates, model: str, sampler: str, methods, draws: int = 1) -> RunDir:
+    """The run directory of a score run, checked (an existing one must be for the same task, candidates, model,
+    sampler and demo draws); nothing is written until it starts."""
     settings = {"task": task_to_dict(task), "candidates": _digest([candidate_row(c) for c in candidates]),
-                "model": model, "sampler": sampler}
+                "model": model, "sampler": sampler, "draws": draws}
     return RunDir(out, "score", settings, accumulate={"methods": list(methods)})
 
 
@@ -64,13 +64,16 @@ def check_lengths(engine, task, candidates, methods, sampler: str, path: str | N
 
 
 def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), sampler: str = "coupled",
-              model: str = "default", progress: bool = True, path: str | None = None) -> list[dict]:
+              model: str = "default", progress: bool = True, path: str | None = None, draws: int = 1,
+              audit: bool = True) -> list[dict]:
     """Compute (or resume) the methods for every candidate into `out` (a directory or a RunDir from score_run_dir)
     and write scores.jsonl; returns the score rows, of these methods and of those earlier runs in `out` computed.
-    The engine's work per method is added to run.json (run.meta["engine_stats"]). `path`: the candidates file,
-    named by errors."""
+    `draws`: independent demo draws (seeds seed, seed + 1, ...) for the methods whose scores depend on them; a row
+    per (method, draw, candidate). `audit`: also audit every method on the task's pool (icqs.audit) into
+    audit.json. The engine's work per method is added to run.json (run.meta["engine_stats"], the audit's to
+    "audit_stats"). `path`: the candidates file, named by errors."""
     methods = ordered(methods)
-    run = out if isinstance(out, RunDir) else score_run_dir(out, task, candidates, model, sampler, methods)
+    run = out if isinstance(out, RunDir) else score_run_dir(out, task, candidates, model, sampler, methods, draws)
     check_lengths(engine, task, candidates, methods, sampler, path)
     rows = []
     with run.start():
@@ -78,25 +81,45 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
                                                             for c in candidates))
         for name in ordered(run.meta["methods"]):
             method = METHODS[name]
-            if name in methods:
-                metered = MeteredEngine(engine)
-                check = score_log_validator(name, task, [c.id for c in candidates], sampler)
-                with ResultWriter(run.path / method.log, method.key, check) as writer:
-                    method.compute(metered, task, candidates, writer, sampler, progress)
-                    results = writer.rows  # passed on, not read back
-                run.add_stats(name, metered.stats)
-            else:  # asked for by an earlier run in this directory
-                results = read_results(run.path / method.log,
-                                       score_log_validator(name, task, [c.id for c in candidates], sampler))
-            rows += _score_rows(name, candidates, method.score(task, candidates, results, sampler))
+            metered = MeteredEngine(engine, on_call=lambda stats, name=name: run.add_stats(name, stats))
+            parts = []
+            for d in range(draws if method.demos else 1):
+                task_d = draw_task(task, d)
+                check = score_log_validator(name, task_d, [c.id for c in candidates], sampler)
+                if name in methods:
+                    with ResultWriter(run.path / draw_log(method, d), method.key, check) as writer:
+                        method.compute(metered, task_d, candidates, writer, sampler, progress)
+                        results = writer.rows  # passed on, not read back
+                else:  # asked for by an earlier run in this directory
+                    results = read_results(run.path / draw_log(method, d), check)
+                parts.append(_score_rows(name, candidates, method.score(task_d, candidates, results, sampler), d))
+            rows += _complete(parts)
         atomic_write(run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n"
                                                         for r in rows))
+        if audit:
+            from .audit import compute_audit
+            compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=False)
     return rows
 
 
-def _score_rows(method: str, candidates, scores) -> list[dict]:
+def draw_task(task, draw: int):
+    """The task as demo draw `draw` sees it: the same, with the seed moved on by `draw`."""
+    return task if draw == 0 else dataclasses.replace(task, seed=task.seed + draw)
+
+
+def draw_log(method, draw: int) -> str:
+    """A method's result log for demo draw `draw` (draw 0: the log a single-draw run writes)."""
+    return method.log if draw == 0 else method.log.replace(".jsonl", f".draw{draw}.jsonl")
+
+
+def _complete(parts: list[list[dict]]) -> list[dict]:
+    """A method's score rows over its demo draws, or none while some draw is incomplete."""
+    return [r for part in parts for r in part] if all(parts) else []
+
+
+def _score_rows(method: str, candidates, scores, draw: int = 0) -> list[dict]:
     base = [{"id": c.id, "model": c.model, "truth": c.truth, "truth_dist": c.truth_dist} for c in candidates]
-    return [] if scores is None else [{"method": method, **b, **s} for b, s in zip(base, scores)]
+    return [] if scores is None else [{"method": method, "draw": draw, **b, **s} for b, s in zip(base, scores)]
 
 
 def load_scores(out) -> tuple:
@@ -108,11 +131,16 @@ def load_scores(out) -> tuple:
         raise _corrupt(out, "its sampler or methods")
     task = _recorded_task(meta.get("task"), out)
     candidates = read_candidates(out / "candidates.jsonl")
+    draws = meta.get("draws", 1)
+    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
+        raise _corrupt(out, "its draws")
     rows = []
     for name in ordered(methods):
         method = METHODS[name]
-        results = read_results(out / method.log, score_log_validator(name, task, [c.id for c in candidates], sampler))
-        rows += _score_rows(name, candidates, method.score(task, candidates, results, sampler))
+        ids = [c.id for c in candidates]
+        rows += _complete([_score_rows(name, candidates, method.score(
+            draw_task(task, d), candidates, read_results(out / draw_log(method, d), score_log_validator(
+                name, draw_task(task, d), ids, sampler)), sampler), d) for d in range(draws if method.demos else 1)])
     return task, candidates, rows, meta
 
 
@@ -156,9 +184,32 @@ def leaderboards(rows: list[dict], engine_stats: dict | None = None) -> list[dic
 
 
 def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = None) -> str:
-    """leaderboard.txt and leaderboard.json in `out`; returns the text."""
+    """leaderboard.txt and leaderboard.json in `out` (measures the audit found at chance or inverted marked);
+    returns the text."""
+    from .audit import flagged, read_audit
+
     boards = leaderboards(rows, engine_stats)
-    text = format_leaderboards(boards, title=f"task {task.name}, {len({r['id'] for r in rows})} candidates")
+    title = f"task {task.name}, {len({r['id'] for r in rows})} candidates"
+    if task.calibrate:
+        title += (f"\ncalibrated scores: each answer's log-likelihood minus its log-likelihood after the "
+                  f"content-free input {task.content_free!r} (task key content_free)")
+    text = format_leaderboards(boards, title=title, flags=flagged(read_audit(out)))
     atomic_write(Path(out) / "leaderboard.txt", text)
     atomic_write(Path(out) / "leaderboard.json", json.dumps(strict_json(boards), indent=1, ensure_ascii=False))
     return text
+
+
+def print_audit(out, task, meta: dict) -> None:
+    """The audit (stdout) and a `warning:` line per measure at chance or inverted (stderr), before the
+    leaderboard."""
+    import sys
+
+    from .audit import audit_share, format_audit, read_audit, warnings
+
+    entries = read_audit(out)
+    if entries is None:
+        print("evaluator audit: none in this run directory (it ran with --no-audit)")
+        return
+    print(format_audit(entries, task, audit_share(meta)))
+    for line in warnings(entries):
+        print(line, file=sys.stderr)

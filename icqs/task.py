@@ -29,13 +29,12 @@ import yaml
 
 from engine.errors import UserError
 
+from .contracts import check_row, check_yaml
 from .io import check_text, read_jsonl, read_yaml
 
 DEFAULTS = {"separator": "\n\n", "header": "", "M": 4, "N": 8, "L": 3, "seed": 0, "balance": "marginal",
             "calibrate": False, "content_free": "N/A"}
 LIMITS = {"M": 256, "N": 4096, "L": 1024}  # ratios, demos per set, demo sets: beyond these no model context holds it
-KEYS = {"name", "template", "separator", "header", "good", "bad", "labels", "judge_question", "M", "N", "L", "seed",
-        "balance", "calibrate", "content_free"}
 BALANCE = ("marginal", "uniform", "none")
 
 
@@ -82,6 +81,14 @@ class Task:
         if len(set(counts)) != len(counts):
             raise UserError(f"M = {self.M} ratios need N >= M demos per set: with N = {self.N} the good counts "
                             f"round(j N / M) repeat ({counts}); raise N or lower M", path, line)
+
+    def check_pool_size(self, path: str | None = None, line: int | None = None) -> None:
+        """Refuse N larger than a pool: the all-good (all-bad) demo set would show the same example twice."""
+        for key, pool in (("good", self.good), ("bad", self.bad)):
+            if self.N > len(pool):
+                raise UserError(f"N = {self.N} demos per set, but {key!r} has only {len(pool)} examples (a demo "
+                                f"set would repeat them); lower N to at most {min(len(self.good), len(self.bad))} "
+                                f"or add examples", path, line)
 
     @property
     def is_label_task(self) -> bool:
@@ -134,75 +141,55 @@ def _key_lines(node) -> dict:
 
 
 def _examples(value, key: str, path: str, lines: dict) -> list[Example]:
+    """The pool `key` (the schema has checked an inline list): a JSONL file's rows are checked here."""
     if isinstance(value, str):
         pool_path = Path(path).parent / value
-        rows = read_jsonl(pool_path, required=("x", "y"))
-        where = [(str(pool_path), None)] * len(rows)
-    elif isinstance(value, list):
-        rows = value
-        where = [(path, lines.get((key, i), lines.get(key))) for i in range(len(rows))]
+        numbered = read_jsonl(pool_path, required=("x", "y"), with_lines=True)
+        for line, row in numbered:
+            check_row("task", row, pool_path, line, definition="example")
+        rows = [row for _, row in numbered]
+        if not rows:
+            raise UserError(f"{key!r} has no examples", path, lines.get(key))
     else:
-        raise UserError(f"{key!r} must be a list of {{x, y}} examples or a JSONL path", path, lines.get(key))
-    examples = []
-    for row, (file, line) in zip(rows, where):
-        if not isinstance(row, dict) or "x" not in row or "y" not in row:
-            raise UserError(f"each {key!r} example needs fields 'x' and 'y'", file, line)
-        examples.append(Example(str(row["x"]), str(row["y"])))
-    if not examples:
-        raise UserError(f"{key!r} has no examples", path, lines.get(key))
-    return examples
+        rows = value
+    return [Example(row["x"], row["y"]) for row in rows]
 
 
-def load_task(path) -> Task:
-    """Read and check a task YAML; any problem is a one-line UserError naming file:line."""
+def load_task(path, overrides: dict | None = None) -> Task:
+    """Read and check a task YAML; any problem is a one-line UserError naming file:line. `overrides`: settings
+    given on the command line (M, N, L, seed, balance, calibrate), checked with the file's (an error about one of
+    them names no line)."""
     path = str(path)
     node, data = read_yaml(path, "a task file")  # bounded: size, aliases expanded, depth
     if not isinstance(data, dict):
         raise UserError("a task file is a YAML mapping (name, template, good, bad, ...)", path, 1)
     lines = _key_lines(node)
     for key in data:
-        if key not in KEYS:
-            raise UserError(f"unknown key {key!r} (known: {', '.join(sorted(KEYS))})", path, lines.get(key))
         check_text(data[key], repr(key), path, lines.get(key))
-    for key in ("template", "good", "bad"):
-        if key not in data:
-            raise UserError(f"missing key {key!r}", path, 1)
-    values = {**DEFAULTS, **data}
+    check_yaml("task", data, node, path)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values = {**DEFAULTS, **data, **overrides}
     template = values["template"]
-    if not isinstance(template, str) or template.count("{x}") != 1 or template.count("{y}") != 1 \
-            or template.index("{x}") > template.index("{y}"):
+    if template.count("{x}") != 1 or template.count("{y}") != 1 or template.index("{x}") > template.index("{y}"):
         raise UserError("'template' must contain {x} once and then {y} once", path, lines.get("template"))
     for key in ("M", "N", "L"):
-        if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
-            raise UserError(f"{key!r} must be a positive integer", path, lines.get(key))
         if values[key] > LIMITS[key]:
             raise UserError(f"{key!r} = {values[key]} is over the limit of {LIMITS[key]}", path, lines.get(key))
-    if not isinstance(values["seed"], int) or isinstance(values["seed"], bool) or values["seed"] < 0:
-        raise UserError("'seed' must be a non-negative integer", path, lines.get("seed"))
-    for key in ("separator", "header"):
-        if not isinstance(values[key], str):
-            raise UserError(f"{key!r} must be a string", path, lines.get(key))
-    if values["balance"] not in BALANCE:
-        raise UserError(f"'balance' must be one of {', '.join(BALANCE)}", path, lines.get("balance"))
-    if not isinstance(values["calibrate"], bool):
-        raise UserError("'calibrate' must be true or false", path, lines.get("calibrate"))
-    if not isinstance(values["content_free"], str):
-        raise UserError("'content_free' must be a string", path, lines.get("content_free"))
     good = _examples(values["good"], "good", path, lines)
     bad = _examples(values["bad"], "bad", path, lines)
     labels = values.get("labels")
     if labels is None:
         labels = sorted({e.y for e in good + bad})
-    elif not isinstance(labels, list) or len(labels) < 2 or len(set(map(str, labels))) != len(labels):
-        raise UserError("'labels' must be a list of at least two distinct options", path, lines.get("labels"))
     judge_question = values.get("judge_question")
-    if judge_question is not None and (not isinstance(judge_question, str) or judge_question.count("{x}") != 1):
-        raise UserError("'judge_question' must be a string containing {x} once", path, lines.get("judge_question"))
+    if judge_question is not None and judge_question.count("{x}") != 1:
+        raise UserError("'judge_question' must contain {x} once", path, lines.get("judge_question"))
     task = Task(name=str(values.get("name") or Path(path).stem), template=template, good=good, bad=bad,
                 separator=values["separator"], header=values["header"], labels=[str(v) for v in labels],
                 judge_question=judge_question, M=values["M"], N=values["N"], L=values["L"], seed=values["seed"],
                 balance=values["balance"], calibrate=values["calibrate"], content_free=values["content_free"])
-    task.check_ratio_grid(path, lines.get("N", lines.get("M")))
+    where = (None, None) if {"M", "N"} & set(overrides) else (path, lines.get("N", lines.get("M")))
+    task.check_ratio_grid(*where)
+    task.check_pool_size(*((None, None) if "N" in overrides else (path, lines.get("N"))))
     return task
 
 

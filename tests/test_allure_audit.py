@@ -1,6 +1,8 @@
 """ALLURE audit: regex matching of responses against the correct answer, and the evaluator's disagreements."""
 import pytest
 
+from engine.errors import UserError
+
 from icqs.allure.audit import (MatchSpec, MatchSpecError, disagreements, extract_node_list, extract_number,
                                extract_option, is_correct, truth)
 
@@ -77,9 +79,25 @@ def test_bad_specs(bad):
         MatchSpec.parse(bad)
 
 
-def test_answer_without_number_is_an_error():
-    with pytest.raises(MatchSpecError):
-        is_correct("9", "Mrs. Hilt", NUMBER)
+def test_text_answers_match_after_normalizing():
+    """A text answer under the default number spec (the issue's "no number in the correct answer") and the text
+    kind: case, whitespace and end punctuation do not count, anything else does."""
+    assert is_correct("mrs.  hilt", "Mrs. Hilt", NUMBER)[0] == 1
+    assert is_correct("Paris.", "paris", MatchSpec.parse("text"))[0] == 1
+    assert is_correct("Paris, France", "Paris", MatchSpec.parse("text"))[0] == 0
+    assert is_correct("9", "Mrs. Hilt", NUMBER)[0] == 0
+
+
+def test_label_only_rows_are_their_own_truth(tmp_path):
+    from icqs.allure.tasks import load_items
+    from icqs.allure.template import load_template
+    p = tmp_path / "items.jsonl"
+    p.write_text('{"id": "a", "response": "x", "label": 1}\n{"id": "b", "response": "y", "label": 0}\n')
+    t = tmp_path / "t.yaml"
+    t.write_text("system: Is the response right?\nuser: 'Response: {response}'\nmatch: number\n")
+    assert [r["truth"] for r in load_items(p, load_template(str(t)))] == [1, 0]
+    with pytest.raises(UserError, match="items.jsonl:1: a row with a label and no answer needs a template"):
+        load_items(p, load_template("answer"))
 
 
 def test_truth_uses_item_spec_or_label():
@@ -91,3 +109,13 @@ def test_truth_uses_item_spec_or_label():
 def test_disagreements_name_error_kinds():
     assert disagreements([1, 0, 1, 0], [1, 1, 0, 0]) == [(1, "false_positive"), (2, "false_negative")]
     assert disagreements([], []) == []
+
+
+def test_rounds_plot_names_the_audit_line_instead_of_hiding_it_under_all():
+    """Why: the ALLURE report hid the audit line under 'all' (without a holdout they are the same)."""
+    from icqs.allure.plots import round_series
+    rounds = [{"round": r, "audit": {"f1": f}, "all": {"f1": f}} for r, f in ((0, 0.4), (1, 0.6))]
+    assert round_series(rounds, "f1") == {"audit (= all: no holdout)": [0.4, 0.6]}
+    rounds = [{"round": 0, "audit": {"f1": 0.4}, "holdout": {"f1": 0.5}, "all": {"f1": 0.45}}]
+    assert list(round_series(rounds, "f1")) == ["audit", "holdout", "all"]
+    assert round_series([{"round": 0, "audit": {"f1": 0.4}}], "auc") == {}  # no data: no (empty) legend entry

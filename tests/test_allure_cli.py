@@ -64,8 +64,8 @@ def test_review_accept_reject_tag(files, tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("bad_line, message", [
-    ('{"id": "x", "response": "so 4"}', "missing field 'answer'"),
-    ('{"id": "x", "response": "so 4", "answer": "four"}', "no number in the correct answer"),
+    ('{"id": "x", "response": "so 4"}', "missing field 'answer' (the task's correct answer) or 'label'"),
+    ('{"id": "x", "response": "so 4", "answer": true}', "'answer' is the boolean true, not text"),
     ('{"id": "x", "response": "so 4", "answer": "4", "match": "digits"}', "unknown match kind"),
     ('{"id": "q1", "response": "so 4", "answer": "4"}', "duplicate id 'q1'"),
     ('{"id": "x", "response": "so 4", "answer": "4"', "not valid JSON"),

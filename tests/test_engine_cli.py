@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import UserError
-from engine.validation import RequestError
+from engine.requests import RequestError
 from tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -473,7 +473,7 @@ def scored_run(tiny_model_dir, tmp_path_factory):
     (d / "c.jsonl").write_bytes(jsonl(ROWS["icqs score"]))
     with redirect_stdout(io.StringIO()):
         assert icqs_main(["score", str(d / "task.yaml"), str(d / "c.jsonl"), "--out", str(d / "run"), "--model",
-                          str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "--quiet"]) == 0
+                          str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "--draws", "1", "--quiet"]) == 0
     SCORED_RUN.update({p.name: p.read_bytes() for p in (d / "run").iterdir()
                        if p.name in ("run.json", "candidates.jsonl", "loglik.jsonl")})
     return SCORED_RUN

@@ -10,13 +10,17 @@ template: "Sentence: {x}\\nAnswer: {y}"
 good:
   - {x: "a fine film", y: positive}
   - {x: "a dull film", y: negative}
+  - {x: "a great film", y: positive}
 bad: bad.jsonl
 M: 2
 N: 3
 """
 
 
-def _write(tmp_path, text, bad='{"x": "a fine film", "y": "negative"}\n'):
+BAD = '{"x": "a fine film", "y": "negative"}\n{"x": "a dull film", "y": "positive"}\n{"x": "a bad film", "y": "positive"}\n'
+
+
+def _write(tmp_path, text, bad=BAD):
     (tmp_path / "bad.jsonl").write_text(bad)
     p = tmp_path / "task.yaml"
     p.write_text(text)
@@ -28,16 +32,18 @@ def test_task_loads_with_defaults_and_parts(tmp_path):
     assert (t.name, t.M, t.N, t.L, t.seed, t.separator) == ("senti", 2, 3, 3, 0, "\n\n")
     assert t.ratios == [0.0, 2 / 3, 1.0] and t.labels == ["negative", "positive"]
     assert t.good_counts == [0, 2, 3]  # the realised ratios: round(1.5) = 2 of the 3 demos good
-    assert t.bad[0].y == "negative" and len(t.good) == 2
+    assert t.bad[0].y == "negative" and len(t.good) == 3
     assert t.x_part("wow") == "Sentence: wow\nAnswer: " and t.y_part("positive") == "positive"
     assert task_from_dict(task_to_dict(t)) == t
 
 
 @pytest.mark.parametrize("text, line, what", [
-    (TASK.replace("M: 2", "M: 0"), 7, "'M' must be a positive integer"),
-    (TASK.replace("N: 3", "N: [3"), 9, "invalid YAML"),
-    (TASK + "Lx: 3\n", 9, "unknown key 'Lx'"),
-    (TASK.replace('{x: "a dull film", y: negative}', '{x: "a dull film"}'), 5, "needs fields 'x' and 'y'"),
+    (TASK.replace("M: 2", "M: 0"), 8, "'M': 0 is less than the minimum of 1"),
+    (TASK.replace("N: 3", "N: [3"), 10, "invalid YAML"),
+    (TASK + "Lx: 3\n", 10, "unknown key 'Lx'"),
+    (TASK.replace('{x: "a dull film", y: negative}', '{x: "a dull film"}'), 5,
+     "missing field 'y' in 'good' item 2: the answer"),
+    (TASK.replace("N: 3", "N: 4"), 9, "N = 4 demos per set, but 'good' has only 3 examples"),
     (TASK.replace("Answer: {y}", "Answer:"), 2, "must contain {x} once and then {y} once"),
 ])
 def test_task_errors_name_the_line(tmp_path, text, line, what):
@@ -75,8 +81,8 @@ def test_candidates_load_and_round_trip(tmp_path):
     ('{"id": 1, "model": "m", "x": "q", "y": "a"}\n{"id": 1, "model": "m", "x": "q", "y": "b"}\n', 2,
      "duplicate id '1' (first on line 1)"),
     ('{"id": 1, "model": "m", "x": "q"}\n', 1, "missing field 'y'"),
-    ('{"id": 1, "model": "m", "x": "q", "y": 3}\n', 1, "'y' must be a string"),
-    ('{"id": 1, "model": "m", "x": "q", "y": "a", "truth": 2}\n', 1, "'truth' must be a number in [0, 1]"),
+    ('{"id": 1, "model": "m", "x": "q", "y": 3}\n', 1, "'y' is the number 3, not text; quote it"),
+    ('{"id": 1, "model": "m", "x": "q", "y": "a", "truth": 2}\n', 1, "'truth': 2 is greater than the maximum of 1"),
     ('{"id": 1, "model": "m", "x": "q", "y": "a", "truth_dist": [0.5, 0.2]}\n', 1, "summing to 1"),
 ])
 def test_candidate_errors_name_the_line(tmp_path, text, line, what):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from icqs.judges.grading import build_prompts, grade, rating_options
-from icqs.judges.pairwise import VARIANTS, pairwise_generated_verdicts, pairwise_logprob_verdicts, verdict_options
+from icqs.judges.pairwise import VARIANTS, as_array, pairwise_generated_verdicts, pairwise_logprob_verdicts, verdict_options
 from icqs.judges.prompts import RATING_PREFIX, VERDICT_PREFIX, Demo, chat_wrap, grading_problem, solution_text
 from icqs.judges.reinforced import demo_drawer, generate_demos
 from tiny_models import make_tiny_model
@@ -65,9 +65,10 @@ def test_pairwise_verdicts_are_mapped_back_to_the_answers(engine):
         context = chat_wrap(engine.tokenizer, v.prompt(item["question"], item["x"], item["y"]), VERDICT_PREFIX)
         raw = np.array([r.logprob for r in engine.score([(context, o) for o in verdict_options()])])
         p = dict(zip("ABC", np.exp(raw) / np.exp(raw).sum()))
-        assert res["variants"][v.name] == pytest.approx([p[v.symbol_of("model_a")], p[v.symbol_of("model_b")],
+        assert as_array(res["variants"][v.name]) == pytest.approx([p[v.symbol_of("model_a")], p[v.symbol_of("model_b")],
                                                          p["C"]], abs=1e-5)
-    assert res["aggregate"] == pytest.approx(np.mean(list(res["variants"].values()), axis=0), abs=1e-5)
+    assert as_array(res["aggregate"]) == pytest.approx(np.mean([as_array(p) for p in res["variants"].values()], axis=0),
+                                                       abs=1e-5)
     assert res["verdict"] in ("model_a", "model_b", "tie")
 
 

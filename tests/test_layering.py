@@ -140,3 +140,11 @@ def test_the_scheduler_check_sees_a_planted_violation(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("def f(engine):\n    engine.scheduler.drop(1)\n    return getattr(engine, 'scheduler')\n")
     assert sorted(e for _, e in scheduler_accesses(bad)) == ["engine.scheduler", "engine.scheduler"]
+
+
+def test_every_layer_is_an_installable_package():
+    """setup.py installs the layers with find_packages, which needs each to be a regular package: a layer without
+    __init__.py imports from the checkout (the tests' working directory) but not from an install (`icqs`, `make demo`)."""
+    from setuptools import find_packages
+
+    assert {"kernels", "engine", "commands", "icqs"} <= set(find_packages(str(ROOT)))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import prefix_cache
-from engine.kv_cache import KVCache
+from engine.prefix_cache import KVCache
 from engine.prefix_cache import Kind, PrefixCache
 
 CONFIG = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=2, hidden_size=2)

@@ -9,6 +9,9 @@ A match spec is a kind name or a dict with a "kind" and its options:
              "1, Left, 2" ~ "1, 2" and "Room 1, Room 3" ~ "1, 3" (the paper's cognitive-map answers)
   regex      {"pattern": ...}: the last match in the response (group 1 if any) equals the first match in the
              answer, after case-folding and collapsing whitespace
+  text       the response equals the answer after normalizing (case-folding, collapsing whitespace, dropping
+             punctuation at either end): "Paris." ~ "paris"; a `number` spec whose answer holds no number
+             ("Paris") matches as text
   label      no matching: the item carries its human label (field "label", 1 correct / 0 incorrect)
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-KINDS = ("number", "option", "node_list", "regex", "label")
+KINDS = ("number", "option", "node_list", "regex", "text", "label")
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 _ANSWER_MARK = re.compile(r"answer\s*(?:is|:|=)?\s*:?\s*(?:\$\s*)?", re.IGNORECASE)
@@ -107,6 +110,10 @@ def _normalize(s: str) -> str:
     return " ".join(s.casefold().split())
 
 
+def _text_value(s: str) -> str:
+    return _normalize(s).strip(" .,;:!?\"'()[]")
+
+
 def _regex_value(pattern: str, text: str, last: bool) -> str | None:
     matches = list(re.finditer(pattern, text))
     if not matches:
@@ -120,8 +127,8 @@ def is_correct(response: str, answer: str, spec: MatchSpec) -> tuple[int, str | 
     if spec.kind == "number":
         got = extract_number(response, spec.which)
         want = extract_number(answer, "first")
-        if want is None:
-            raise MatchSpecError(f"no number in the correct answer {answer!r}")
+        if want is None:  # a text answer
+            return is_correct(response, answer, MatchSpec("text"))
         show = None if got is None else str(got)
         return int(got is not None and got == want), show, str(want)
     if spec.kind == "option":
@@ -134,6 +141,9 @@ def is_correct(response: str, answer: str, spec: MatchSpec) -> tuple[int, str | 
         if not want:
             raise MatchSpecError(f"no node numbers in the correct answer {answer!r}")
         return int(got == want), ", ".join(map(str, got)), ", ".join(map(str, want))
+    if spec.kind == "text":
+        got, want = _text_value(response), _text_value(answer)
+        return int(got == want), got, want
     if spec.kind == "regex":
         got = _regex_value(spec.pattern, response, last=True)
         want = _regex_value(spec.pattern, answer, last=False) or _normalize(answer)

@@ -15,7 +15,7 @@ from pathlib import Path
 from engine.errors import UserError
 from commands.factory import add_engine_args, positive_int
 from commands.cli_args import check_output_file, check_report_output
-from icqs.run import add_run_args
+from icqs.run import add_run_args, deterministic_by_default
 
 
 def register(subparsers) -> None:
@@ -23,10 +23,14 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="allure_command", required=True, metavar="ACTION")
 
     r = sub.add_parser("run", help="run (or resume) the audit loop on a JSONL file of (task, response) items")
-    r.add_argument("items", help="JSONL items: response, answer (or label), optional id/match/split/group/...")
+    r.add_argument("items", help="JSONL items: response, and answer (a number, option letter or text) or label "
+                   "(1/0), optional id/match/split/group/... (`icqs schema allure`)")
     add_run_args(r)
     add_engine_args(r)
-    r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file")
+    deterministic_by_default(r)
+    r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file with system, "
+                   "user (a format string over the items' fields), optional label_prefix, match "
+                   "(`icqs schema allure-template`)")
     r.add_argument("--memory", default=None, help="SQLite ICL memory (default: OUT/memory.sqlite)")
     r.add_argument("--rounds", type=positive_int, default=3)
     r.add_argument("--holdout", type=float, default=0.0, help="fraction of items only measured, never audited")

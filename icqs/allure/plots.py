@@ -26,16 +26,28 @@ def _get(row: dict, split: str, metric: str) -> float:
     return math.nan if v is None else v
 
 
+def round_series(rounds: list[dict], metric: str) -> dict[str, list[float]]:
+    """The lines of one panel of the rounds figure: a split with data, by name. Without a holdout the audit split
+    is all of the items: one line named so, rather than 'all' drawn over 'audit' and hiding it."""
+    series = {}
+    for split in SPLITS:
+        ys = [_get(r, split, metric) for r in rounds]
+        if not all(math.isnan(y) for y in ys):
+            series[split] = ys
+    if "all" in series and series.get("audit") == series["all"]:
+        del series["all"]
+        series["audit (= all: no holdout)"] = series.pop("audit")
+    return series
+
+
 def rounds_figure(rounds: list[dict]) -> bytes | None:
     if not rounds:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     x = [r["round"] for r in rounds]
     for ax, metric in zip(axes, ("accuracy", "f1", "auc")):
-        for split in SPLITS:
-            ys = [_get(r, split, metric) for r in rounds]
-            if not all(math.isnan(y) for y in ys):
-                ax.plot(x, ys, marker="o", label=split)
+        for k, (split, ys) in enumerate(round_series(rounds, metric).items()):
+            ax.plot(x, ys, marker="os^"[k % 3], linestyle=("-", "--", ":")[k % 3], label=split)
         ax.set_title(f"{metric} per round")
         ax.set_xlabel("round")
         ax.set_xticks(x)
@@ -50,13 +62,13 @@ def icl_size_figure(sweep: list[dict], rounds: list[dict]) -> bytes | None:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for ax, metric in zip(axes, ("f1", "auc")):
-        for split in ("audit", "holdout"):
-            if sweep:
-                ax.plot([r["n"] for r in sweep], [_get(r, split, metric) for r in sweep], marker="o",
-                        label=f"sample of memory, {split}")
-            if rounds:
-                ax.plot([r["n_icl"] for r in rounds], [_get(r, split, metric) for r in rounds], marker="s",
-                        linestyle="--", label=f"rounds, {split}")
+        for split in ("audit", "holdout"):  # a series without data gets no (empty) legend entry
+            sweep_ys = [_get(r, split, metric) for r in sweep]
+            if sweep and not all(math.isnan(y) for y in sweep_ys):
+                ax.plot([r["n"] for r in sweep], sweep_ys, marker="o", label=f"sample of memory, {split}")
+            round_ys = [_get(r, split, metric) for r in rounds]
+            if rounds and not all(math.isnan(y) for y in round_ys):
+                ax.plot([r["n_icl"] for r in rounds], round_ys, marker="s", linestyle="--", label=f"rounds, {split}")
         ax.set_title(f"{metric.upper()} vs number of ICL examples")
         ax.set_xlabel("ICL examples in the prompt")
         ax.set_ylim(-0.02, 1.02)

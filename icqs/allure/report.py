@@ -41,7 +41,7 @@ def _fmt(v) -> str:
 def _table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class=wide><table><tr>{head}</tr>{body}</table></div>"  # a wide table scrolls, not the page
 
 
 def _img(png: bytes | None, alt: str) -> str:
@@ -66,7 +66,9 @@ def round_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def render_html(s: dict, examples: list) -> str:
+def render_html(s: dict, examples: list, questions: dict | None = None) -> str:
+    """The report; `questions`: item id -> the item's question (or source) for the memory table."""
+    questions = questions or {}
     st = s["settings"]
     parts = [f"<h1>ALLURE audit of the evaluator</h1><p>items: {html.escape(str(st.get('tasks')))}, model: "
              f"{html.escape(str(st.get('model')))}, template: {html.escape(str(st.get('template', {}).get('name')))}"
@@ -94,10 +96,12 @@ def render_html(s: dict, examples: list) -> str:
                              "errors"], rows))
     parts.append(_img(plots.ablation_figure(s["ablation"]), "cluster ablation"))
     parts.append("<h2>ICL examples memory</h2>")
-    parts.append(_table(["id", "status", "round", "error", "failure mode", "ICL user turn", "label"],
-                        [[e.id, e.status, e.round, e.error_kind, e.failure_mode, e.user_text[:300],
-                          e.correct_label] for e in examples]))
-    style = ("body{font-family:sans-serif;max-width:1300px;margin:auto}table{border-collapse:collapse;"
+    parts.append(_table(["id", "status", "round", "error", "failure mode", "question", "ICL user turn", "label"],
+                        [[e.id, e.status, e.round, e.error_kind, e.failure_mode,
+                          str(questions.get(e.item_id, ""))[:300], e.user_text[:300], e.correct_label]
+                         for e in examples]))
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 12px}.wide{overflow-x:auto}"
+             "table{border-collapse:collapse;"
              "margin:8px 0;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top;"
              "white-space:pre-wrap}img{max-width:100%}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ALLURE report</title><style>{style}"
@@ -111,5 +115,6 @@ def write_report(run: AuditRun, memory: Memory, out: Path | None = None) -> tupl
     ids = {i for st in run.stages.rows for i in st["icl_ids"]}
     examples = [e for e in memory.examples() if e.run_id == run.run_id or e.id in ids]
     out = out or run.path / "report.html"
-    atomic_write(out, render_html(s, examples))
+    questions = {it["id"]: it.get("question", it.get("source", "")) for it in run.items}
+    atomic_write(out, render_html(s, examples, questions))
     return out, s

@@ -1,7 +1,8 @@
 """The items an ALLURE run evaluates: one JSONL row per (task, response).
 
-Fields: "response" (the generated response), "answer" (the task's correct answer) or "label" (a human 1/0 label,
-for match kind "label"), optional "id" (default: file:line), "match" (a match spec overriding the template's),
+Fields (`icqs schema allure`): "response" (the generated response), "answer" (the task's correct answer: a number,
+an option letter, or text) or "label" (a human 1/0 label; a row with a label and no answer is matched by kind
+"label" whatever the template's match), optional "id" (default: file:line), "match" (a match spec overriding the template's),
 "split" ("audit": its errors grow the memory, "holdout": only measured), "group" (a problem type for error counts),
 and any further fields the template's user turn names ({question}, {source}, ...).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import UserError
+from icqs.contracts import check_row
 from icqs.io import read_jsonl
 
 from .audit import MatchSpec, MatchSpecError, truth
@@ -27,6 +29,9 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
     seen = {}
     for number, row in numbered:
         where = (str(path), number)
+        check_row("allure", row, path, number)
+        if "answer" not in row and "match" not in row:
+            row["match"] = "label"  # a label-only row carries its own truth
         row.setdefault("id", f"{path}:{number}")
         row["id"] = str(row["id"])
         if row["id"] in seen:
@@ -49,6 +54,10 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
         except MatchSpecError as e:
             raise UserError(str(e), *where) from None
         missing = [f for f in template.fields if f not in row]
+        if missing == ["answer"] and "label" in row:
+            raise UserError(f"a row with a label and no answer needs a template that does not show the expected "
+                            f"answer; template {template.name!r} uses {{answer}}: use --template summary or a "
+                            f"YAML template (`icqs schema allure-template`)", *where)
         if missing:
             raise UserError(f"missing field(s) {', '.join(map(repr, missing))} used by template "
                             f"{template.name!r}", *where)

@@ -2,7 +2,14 @@
 response and the expected answer, the assistant turn gives the correct label. A query is written with the same user
 turn, so every example in memory is one past query of the evaluator with its right answer.
 
-A template is a built-in name ("answer", "summary") or a YAML file with the keys
+A template is a built-in name ("answer", "summary") or a YAML file (`icqs schema allure-template`), e.g.
+
+    system: "You grade answers. Reply 'label: 1' if the response's final answer equals the expected answer, else
+      'label: 0'."
+    user: "Question: {question}\nResponse: {response}\nExpected answer: {answer}"
+    match: text
+
+with the keys
   system        the instruction (system message)
   user          the user turn, a format string over the item's fields ({response}, {answer}, {question}, ...)
   label_prefix  what the assistant writes before the label digit (default "label:")
@@ -19,6 +26,7 @@ from pathlib import Path
 from engine.errors import UserError
 from icqs.io import read_yaml
 
+from ..contracts import check_yaml
 from .audit import MatchSpec, MatchSpecError
 
 LABELS = (0, 1)
@@ -111,9 +119,10 @@ def load_template(spec: str) -> Template:
     path = Path(spec)
     if not path.is_file():
         raise UserError(f"no such template file (built-in templates: {', '.join(BUILTIN)})", spec)
-    _, d = read_yaml(spec, "a template file")  # bounded: size, aliases expanded, depth
+    node, d = read_yaml(spec, "a template file")  # bounded: size, aliases expanded, depth
     if not isinstance(d, dict):
-        raise UserError("a template file must be a YAML mapping", spec)
+        raise UserError("a template file must be a YAML mapping (`icqs schema allure-template`)", spec)
+    check_yaml("allure-template", d, node, spec)
     return template_from_dict({"name": path.stem, **d}, spec)
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
+
+import numpy as np
 
 from engine.errors import UserError
 from commands.factory import add_engine_args, engine_from_args, positive_int
 
-from ..run import MeteredEngine, RunDir, add_run_args, format_stats
+from ..contracts import FORMATS
+from ..run import MeteredEngine, RunDir, add_run_args, deterministic_by_default, format_stats
 
 
 def register(subparsers) -> None:
@@ -48,26 +52,29 @@ def register(subparsers) -> None:
     p.add_argument("--generate", action="store_true", help="also generate each variant's judgment and parse it")
     p.add_argument("--max-tokens", type=positive_int, default=256, help="max generated tokens with --generate")
     p.add_argument("--bootstrap", type=positive_int, default=200, help="bootstrap rounds for the leaderboard's 95%% CIs")
+    p.add_argument("--no-tie", action="store_true", help="two-way verdicts: the judge must pick A or B (no [[C]])")
+    p.add_argument("--rubric", default=None, metavar="FILE",
+                   help="a text file with the criteria the judge should use (appended to its instruction)")
     p.set_defaults(func=_run_pairwise)
 
 
 def _common(p) -> None:
-    p.add_argument("input", help="input JSONL")
+    p.add_argument("input", help=FORMATS[p.prog.split()[-1]])
     add_run_args(p)
     add_engine_args(p)
+    deterministic_by_default(p)
     p.add_argument("--batch", type=positive_int, default=16, help="items per engine call (the unit of resumption)")
 
 
-def _items(path: str, fields: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
-    """The rows of an input file, and the line of each row's id (for errors)."""
+def _items(path: str, fields: tuple[str, ...], schema: str) -> tuple[list[dict], dict[str, int]]:
+    """The rows of an input file, each checked against its JSON Schema, and the line of each row's id."""
+    from ..contracts import check_row
     from ..io import read_jsonl
 
     rows, lines = [], {}
     for n, (line, row) in enumerate(read_jsonl(path, required=fields, with_lines=True)):
+        check_row(schema, row, path, line)
         row["id"] = str(row.get("id", n))
-        for f in fields:
-            if not isinstance(row[f], str):
-                raise UserError(f"field {f!r} must be a string", path, line)
         if row["id"] in lines:
             raise UserError(f"duplicate id {row['id']!r} (first on line {lines[row['id']]})", path, line)
         lines[row["id"]] = line
@@ -109,10 +116,10 @@ def _run_judge(args) -> int:
     from .grading import build_prompts, fitting_shots, grade, prompt_tokens
     from .reinforced import demo_drawer, generate_demos
 
-    items, lines = _items(args.input, ("question", "response"))
+    items, lines = _items(args.input, ("question", "response"), "judge")
     pool = items
     if args.demos:  # a separate pool: its ids must not be taken for graded items (a graded item skips its own demo)
-        pool = [{**row, "id": f"demo:{row['id']}"} for row in _items(args.demos, ("question", "response"))[0]]
+        pool = [{**row, "id": f"demo:{row['id']}"} for row in _items(args.demos, ("question", "response"), "judge")[0]]
     auto = args.shots.strip() == "auto"
     try:
         ks = None if auto else sorted({int(k) for k in args.shots.split(",")})
@@ -164,10 +171,63 @@ def _run_judge(args) -> int:
         if args.runs >= 2:
             summary["consistency"] = consistency_by_k([r for r in rows if r["run"] == 0],
                                                       [r for r in rows if r["run"] == 1])
+        models, agreement, warnings = _judge_audit(items, rows, ks)
+        summary.update(by_model=models, agreement=agreement)
         print(json.dumps(summary["by_k"] + summary.get("consistency", []), indent=1))
+        if models:
+            print("per model (mean expected grade 1-10, run 0):")
+            for m in models:
+                print(f"  K={m['k']:<3} {m['model']:<20} n={m['n']:<4} {m['mean_expected']:.2f}")
+        for a in agreement:
+            print(f"judge audit, K={a['k']}: agreement with the reference labels AUC {a['auc']:.2f} "
+                  f"[{a['ci'][0]:.2f},{a['ci'][1]:.2f}] over {a['n']} items: {a['verdict']}")
+        for line in warnings:
+            print(line, file=sys.stderr)
         _finish(run, "judge", eng, summary)
         print(f"summary: {_write_json(run.path / 'summary.json', summary)}")
     return 0
+
+
+def _read_rubric(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read the rubric ({e.__class__.__name__})", path) from None
+    if not text.strip():
+        raise UserError("the rubric file is empty", path)
+    return text
+
+
+def _judge_audit(items: list[dict], rows: list[dict], ks: list[int]) -> tuple[list[dict], list[dict], list[str]]:
+    """Per-model mean grade per K (rows with `model`), the grades' agreement with the reference `label` per K
+    (AUC of the expected grade for label 1 vs 0, bootstrap CI over items, verdict as the score audit's), and
+    `warning:` lines for agreement at chance or inverted."""
+    from ..audit import auc, two_level_ci, verdict
+
+    by_id = {it["id"]: it for it in items}
+    models, agreement, warnings = [], [], []
+    for k in ks:
+        part = [r for r in rows if r["k"] == k and r.get("run", 0) == 0]
+        per_model: dict[str, list] = {}
+        for r in part:
+            if "model" in by_id[r["id"]]:
+                per_model.setdefault(by_id[r["id"]]["model"], []).append(r["expected"])
+        for m in sorted(per_model, key=lambda m: -np.mean(per_model[m])):
+            models.append({"k": k, "model": m, "n": len(per_model[m]), "mean_expected": round(float(np.mean(
+                per_model[m])), 3)})
+        labeled = [(r["expected"], int(by_id[r["id"]]["label"])) for r in part if "label" in by_id[r["id"]]]
+        truths = np.array([t for _, t in labeled])
+        if len(labeled) and min((truths == 1).sum(), (truths == 0).sum()) >= 2:
+            scores = np.array([e for e, _ in labeled])
+            value, ci = auc(scores, truths), two_level_ci(scores[None, :], truths)
+            entry = {"k": k, "n": len(labeled), "auc": value, "ci": list(ci), "verdict": verdict(value, ci)}
+            agreement.append(entry)
+            if entry["verdict"] in ("at chance", "inverted"):
+                warnings.append(f"warning: judge with K={k}: agreement with the reference labels, AUC {value:.2f} "
+                                f"[{ci[0]:.2f},{ci[1]:.2f}], is {entry['verdict']}: its grades are not evidence")
+    return models, agreement, warnings
 
 
 def _grading_by_k(rows: list[dict], ks: list[int]) -> list[dict]:
@@ -187,23 +247,24 @@ def _run_pairwise(args) -> int:
 
     from ..io import ResultWriter
     from ..logs import validator, verdicts_schema
-    from .pairwise import (VARIANTS, pairwise_generated_verdicts, pairwise_logprob_verdicts, summarize_pairwise,
-                           verdict_options)
+    from .pairwise import (VARIANTS, pairwise_audit, pairwise_generated_verdicts, pairwise_logprob_verdicts,
+                           summarize_pairwise, verdict_options)
     from .prompts import VERDICT_PREFIX, chat_wrap
 
-    items, lines = _items(args.input, ("question", "answer_a", "answer_b"))
+    items, lines = _items(args.input, ("question", "answer_a", "answer_b"), "pairwise")
     for it in items:
-        if it.get("winner") not in (None, "model_a", "model_b", "tie"):
-            raise UserError("winner must be model_a, model_b or tie", args.input, lines[it["id"]])
         it["x"], it["y"] = it["answer_a"], it["answer_b"]
+    rubric = _read_rubric(args.rubric)
+    tie = not args.no_tie
     run = RunDir(args.out, "pairwise", {"input": _digest(items), "model": args.model, "dtype": args.dtype,
-                                        "max_tokens": args.max_tokens if args.generate else None})
+                                        "max_tokens": args.max_tokens if args.generate else None,
+                                        "tie": tie, "rubric": rubric})
     eng = _load_engine(args)
     limit = eng.max_request_tokens - (args.max_tokens if args.generate else 0)
-    longest_option = max(verdict_options(), key=len)
+    longest_option = max(verdict_options(tie), key=len)
     for it in items:  # before anything is written
         for v in VARIANTS:
-            prompt = chat_wrap(eng.tokenizer, v.prompt(it["question"], it["x"], it["y"]), VERDICT_PREFIX)
+            prompt = chat_wrap(eng.tokenizer, v.prompt(it["question"], it["x"], it["y"], tie, rubric), VERDICT_PREFIX)
             if (n := len(eng.tokenizer.encode(prompt + longest_option))) > limit:
                 raise UserError(f"item {it['id']!r}: its {v.name} prompt has {n} tokens, over the {limit} that fit "
                                 f"the model's context", args.input, lines[it["id"]])
@@ -212,9 +273,10 @@ def _run_pairwise(args) -> int:
         todo = [it for it in items if not log.done(it["id"])]
         for start in tqdm(range(0, len(todo), args.batch), desc="pairwise", disable=args.quiet):
             part = todo[start:start + args.batch]
-            results = pairwise_logprob_verdicts(eng, part)
+            results = pairwise_logprob_verdicts(eng, part, tie=tie, rubric=rubric)
             if args.generate:
-                for res, gen in zip(results, pairwise_generated_verdicts(eng, part, args.max_tokens)):
+                for res, gen in zip(results, pairwise_generated_verdicts(eng, part, args.max_tokens, tie=tie,
+                                                                         rubric=rubric)):
                     res["generated"] = gen
             for it, res in zip(part, results):
                 log.write({"id": it["id"], **{k: it[k] for k in ("model_a", "model_b", "winner") if k in it},
@@ -222,6 +284,12 @@ def _run_pairwise(args) -> int:
         done = {row["id"]: row for row in log.rows}
         rows = [done[it["id"]] for it in items]
         summary = summarize_pairwise(rows)
+        audit_lines, warnings = pairwise_audit(summary)
+        summary["audit"] = {"lines": audit_lines, "warnings": warnings}
+        for line in audit_lines:
+            print(line)
+        for line in warnings:
+            print(line, file=sys.stderr)
         if all("model_a" in r and "model_b" in r for r in rows):
             from .bradley_terry import format_leaderboard, leaderboard
 

@@ -50,9 +50,16 @@ class Variant:
             return None
         return "first" if (outcome == "model_a") == self.x_first else "second"
 
-    def prompt(self, question: str, x: str, y: str) -> str:
+    def prompt(self, question: str, x: str, y: str, tie: bool = True, rubric: str | None = None) -> str:
         first, second = (x, y) if self.x_first else (y, x)
-        return pairwise_prompt(question, first, second, self.labels)
+        return pairwise_prompt(question, first, second, self.labels, tie, rubric)
+
+    def layout(self) -> str:
+        """What this variant shows where, for readers of the verdicts file."""
+        a_label = self.symbol_of("model_a")
+        b_label = self.symbol_of("model_b")
+        first = "answer_a" if self.x_first else "answer_b"
+        return f"{first} shown first; answer_a labeled {a_label}, answer_b labeled {b_label}, tie C"
 
 
 VARIANTS = (
@@ -69,14 +76,25 @@ SYMBOL_SWAPS = (("AB", "AB_sym"), ("BA", "BA_sym"))
 ORDER_SWAPS = (("AB", "BA"), ("AB_sym", "BA_sym"))
 
 
-def verdict_options() -> list[str]:
-    return [f"[[{s}]]" for s in SYMBOLS]
+def verdict_options(tie: bool = True) -> list[str]:
+    return [f"[[{s}]]" for s in (SYMBOLS if tie else SYMBOLS[:2])]
 
 
 def to_outcome_probs(variant: Variant, symbol_probs) -> np.ndarray:
-    """[P(A), P(B), P(C)] of one variant -> [P(model_a better), P(model_b better), P(tie)]."""
+    """[P(A), P(B), P(C)] (or [P(A), P(B)] without ties) of one variant -> [P(model_a better), P(model_b
+    better), P(tie)]."""
     p = dict(zip(SYMBOLS, np.asarray(symbol_probs, dtype=np.float64)))
-    return np.array([p[variant.symbol_of(o)] for o in OUTCOMES])
+    return np.array([p.get(variant.symbol_of(o), 0.0) for o in OUTCOMES])
+
+
+def labeled(probs) -> dict:
+    """An answer-level distribution as {model_a, model_b, tie} (what the verdicts file stores)."""
+    return {o: round(float(p), 6) for o, p in zip(OUTCOMES, probs)}
+
+
+def as_array(probs) -> np.ndarray:
+    """A stored distribution (labeled dict, or the older [model_a, model_b, tie] list) as an array."""
+    return np.array([probs[o] for o in OUTCOMES] if isinstance(probs, dict) else probs, dtype=np.float64)
 
 
 def parse_verdict(text: str) -> str | None:
@@ -92,33 +110,36 @@ def aggregate(outcome_probs: list[np.ndarray]) -> np.ndarray:
 
 def decide(probs, decisive: bool = False) -> str:
     """The outcome with the largest probability; decisive: model_a or model_b only (the tie option ignored)."""
-    probs = np.asarray(probs)
+    probs = as_array(probs)
     return OUTCOMES[int(np.argmax(probs[:2] if decisive else probs))]
 
 
-def pairwise_logprob_verdicts(engine, items: list[dict], progress: bool = False) -> list[dict]:
+def pairwise_logprob_verdicts(engine, items: list[dict], progress: bool = False, tie: bool = True,
+                              rubric: str | None = None) -> list[dict]:
     """items: dicts with question, x, y. For each item and variant the verdict distribution read from the
-    log-probs of "[[A]]", "[[B]]", "[[C]]" (one scoring call for all of them), mapped to the answers; the
-    aggregate of the four; each variant's verdict and the aggregated verdict (argmax)."""
-    prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"]), VERDICT_PREFIX)
+    log-probs of "[[A]]", "[[B]]", "[[C]]" (without `tie`: "[[A]]", "[[B]]"; one scoring call for all of them),
+    mapped to the answers as {model_a, model_b, tie}; the aggregate of the four; each variant's verdict and the
+    aggregated verdict (argmax)."""
+    options = verdict_options(tie)
+    prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"], tie, rubric), VERDICT_PREFIX)
                for it in items for v in VARIANTS]
-    lp = option_logprobs(engine, prompts, verdict_options(), normalize=True, progress=progress)
-    probs = np.exp(lp).reshape(len(items), len(VARIANTS), len(SYMBOLS))
+    lp = option_logprobs(engine, prompts, options, normalize=True, progress=progress)
+    probs = np.exp(lp).reshape(len(items), len(VARIANTS), len(options))
     out = []
     for i in range(len(items)):
         per = {v.name: to_outcome_probs(v, probs[i, j]) for j, v in enumerate(VARIANTS)}
         agg = aggregate(list(per.values()))
-        out.append({"variants": {k: p.round(6).tolist() for k, p in per.items()},
+        out.append({"variants": {k: labeled(p) for k, p in per.items()},
                     "verdicts": {k: decide(p) for k, p in per.items()},
-                    "aggregate": agg.round(6).tolist(), "verdict": decide(agg)})
+                    "aggregate": labeled(agg), "verdict": decide(agg)})
     return out
 
 
 def pairwise_generated_verdicts(engine, items: list[dict], max_tokens: int = 256,
-                                progress: bool = False) -> list[dict]:
+                                progress: bool = False, tie: bool = True, rubric: str | None = None) -> list[dict]:
     """The judge's own generated judgment for each variant, its verdict parsed and mapped back (None: no verdict
     in the text), and the majority of the four ("tie" when model_a and model_b get as many votes)."""
-    prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"])) for it in items
+    prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"], tie, rubric)) for it in items
                for v in VARIANTS]
     gens = engine.generate(prompts, max_tokens=max_tokens, temperature=0.0, progress=progress)
     out = []
@@ -150,7 +171,8 @@ def _accuracy(rows: list[dict], verdict_of) -> dict:
 def summarize_pairwise(rows: list[dict]) -> dict:
     """Accuracy against the `winner` labels (per variant and aggregated; `decisive`: tie option ignored), bias
     and flip rates of the log-prob verdicts, and the same for the generated ones when present."""
-    summary = {"pairs": len(rows), "logprob": {"bias": bias_report([r["verdicts"] for r in rows])}}
+    summary = {"pairs": len(rows), "variants": {v.name: v.layout() for v in VARIANTS},
+               "logprob": {"bias": bias_report([r["verdicts"] for r in rows])}}
     if any(r.get("winner") is not None for r in rows):
         acc = {v.name: _accuracy(rows, lambda r, n=v.name: r["verdicts"][n]) for v in VARIANTS}
         acc["aggregate"] = _accuracy(rows, lambda r: r["verdict"])
@@ -214,3 +236,35 @@ def bias_report(verdicts: list[dict[str, str]]) -> dict:
         "symbol_A_share": a_sym / decisive if decisive else None,
         "tie_share": 1 - decisive / (len(VARIANTS) * n),
     }
+
+
+TIES_DOMINATE = 0.5
+
+
+def pairwise_audit(summary: dict) -> tuple[list[str], list[str]]:
+    """The pairwise judge's audit from its summary: lines (flip rates, tie share, agreement with `winner`) and
+    `warning:` lines (ties dominate; position or symbol flips in most pairs; agreement at chance)."""
+    bias = summary["logprob"]["bias"]
+    if not bias.get("pairs"):
+        return [], []
+    lines = [f"pairwise audit ({bias['pairs']} pairs x 4 prompts): position flip rate "
+             f"{bias['position_flip_rate']:.2f}, symbol flip rate {bias['symbol_flip_rate']:.2f}, tie share "
+             f"{bias['tie_share']:.2f} (a judge without bias: flips 0, first position and symbol A chosen half "
+             f"the time: {_share(bias['first_position_share'])} / {_share(bias['symbol_A_share'])})"]
+    warn = []
+    if bias["tie_share"] >= TIES_DOMINATE:
+        warn.append(f"warning: ties are {bias['tie_share']:.0%} of the verdicts: the ranking says little; "
+                    f"use --no-tie for two-way verdicts, or --rubric to say what makes an answer better")
+    for name in ("position", "symbol"):
+        if bias[f"{name}_flip_rate"] >= 0.5:
+            warn.append(f"warning: the verdict changes with the {name} of the answers in "
+                        f"{bias[f'{name}_flip_rate']:.0%} of the swaps: this judge is biased")
+    acc = summary["logprob"].get("accuracy", {}).get("aggregate_decisive")
+    if acc and acc["n"]:
+        lines.append(f"agreement with the reference winner (tie option ignored): {acc['accuracy']:.2f} of "
+                     f"{acc['n']} labeled pairs")
+    return lines, warn
+
+
+def _share(v) -> str:
+    return "-" if v is None else f"{v:.2f}"

@@ -103,9 +103,20 @@ PAIRWISE_INSTRUCTION = (
 VERDICT_PREFIX = "My final verdict is: "
 
 
-def pairwise_prompt(question: str, first: str, second: str, labels: tuple[str, str]) -> str:
+NO_TIE = ('"[[A]]" if assistant A is better, "[[B]]" if assistant B is better, and "[[C]]" for a tie.',
+          '"[[A]]" if assistant A is better and "[[B]]" if assistant B is better; a tie is not allowed.')
+
+
+def pairwise_instruction(tie: bool = True, rubric: str | None = None) -> str:
+    """The instruction, with the tie option or without it (--no-tie), and a rubric appended (--rubric)."""
+    text = PAIRWISE_INSTRUCTION if tie else PAIRWISE_INSTRUCTION.replace(*NO_TIE)
+    return text + (f"\n\nJudge by this rubric:\n{rubric.strip()}" if rubric else "")
+
+
+def pairwise_prompt(question: str, first: str, second: str, labels: tuple[str, str], tie: bool = True,
+                    rubric: str | None = None) -> str:
     """The pairwise prompt with `first` shown first as assistant labels[0] and `second` as labels[1]."""
-    return (f"{PAIRWISE_INSTRUCTION}\n\n[User Question]\n{question}\n\n"
+    return (f"{pairwise_instruction(tie, rubric)}\n\n[User Question]\n{question}\n\n"
             f"[The Start of Assistant {labels[0]}'s Answer]\n{first}\n[The End of Assistant {labels[0]}'s Answer]\n\n"
             f"[The Start of Assistant {labels[1]}'s Answer]\n{second}\n[The End of Assistant {labels[1]}'s Answer]")
 

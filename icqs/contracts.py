@@ -1,0 +1,162 @@
+"""The input formats of the evaluation commands, as JSON Schemas shipped in icqs/schemas/ (`icqs schema NAME` prints
+one): the task YAML and candidates JSONL of `icqs score`, the inputs of `icqs judge`, `icqs pairwise` and
+`icqs allure run` and the ALLURE template. The readers validate every row or file against them with jsonschema
+and turn the first violation into one line `file:line: what is wrong` that says what the field holds.
+
+Text must be text: YAML reads unquoted `no`, `yes`, `true`, `null`, `3` or `!!binary ...` as a boolean, null,
+number or bytes, which would reach the prompts as "False", "None" or "b'...'". Where a schema wants a string,
+such a value is an error naming the line (from PyYAML's node marks) and saying to quote it.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from engine.errors import UserError
+
+SCHEMA_DIR = Path(__file__).with_name("schemas")
+NAMES = ("task", "candidates", "judge", "pairwise", "allure", "allure-template")
+FORMATS = {  # what each command reads, for its --help
+    "score": "TASK: a task YAML (`icqs schema task`); CANDIDATES: a JSONL file of answers (`icqs schema candidates`)",
+    "judge": "INPUT: a JSONL file of question/response rows (`icqs schema judge`)",
+    "pairwise": "INPUT: a JSONL file of question/answer_a/answer_b rows (`icqs schema pairwise`)",
+    "allure": "ITEMS: a JSONL file of response rows with answer or label (`icqs schema allure`); --template FILE: a "
+              "YAML template (`icqs schema allure-template`)",
+}
+
+
+@lru_cache(maxsize=None)
+def schema(name: str) -> dict:
+    if name not in NAMES:
+        raise UserError(f"no input format {name!r} (known: {', '.join(NAMES)})")
+    return json.loads((SCHEMA_DIR / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema(name))
+
+
+def field_help(name: str, key: str) -> str:
+    """The schema's description of a top-level field ('' when it has none)."""
+    return schema(name).get("properties", {}).get(key, {}).get("description", "")
+
+
+_YAML_KINDS = {"tag:yaml.org,2002:bool": "boolean", "tag:yaml.org,2002:null": "null",
+               "tag:yaml.org,2002:int": "number", "tag:yaml.org,2002:float": "number",
+               "tag:yaml.org,2002:binary": "binary", "tag:yaml.org,2002:timestamp": "date"}
+
+
+def _json_kind(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, bytes):
+        return "binary"
+    return type(value).__name__
+
+
+def _where(path) -> str:
+    """A readable name of a place in a document: 'labels' item 2, 'good' item 3 field 'y'."""
+    parts = list(path)
+    if not parts:
+        return "the file"
+    text = repr(parts[0])
+    for p in parts[1:]:
+        text += f" item {p + 1}" if isinstance(p, int) else f" field {p!r}"
+    return text
+
+
+def _node_at(node, path):
+    """The deepest YAML node along `path` (mapping keys and sequence indices)."""
+    for p in path:
+        if isinstance(node, yaml.MappingNode):
+            found = next((v for k, v in node.value if k.value == p), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(p, int) and p < len(node.value):
+            found = node.value[p]
+        else:
+            found = None
+        if found is None:
+            break
+        node = found
+    return node
+
+
+def _message(name: str, error: jsonschema.ValidationError, node=None) -> str:
+    path = list(error.absolute_path)
+    if error.validator == "type" and "string" in (error.validator_value if isinstance(error.validator_value, list)
+                                                  else [error.validator_value]):
+        if node is not None and isinstance(node, yaml.ScalarNode) and node.tag in _YAML_KINDS:
+            return (f"{_where(path)} is the YAML {_YAML_KINDS[node.tag]} {node.value!r}, not text; quote it: "
+                    f"\"{node.value}\"")
+        if error.instance is None or isinstance(error.instance, (bool, int, float, bytes)):
+            shown = json.dumps(error.instance) if not isinstance(error.instance, bytes) else "b'...'"
+            return f"{_where(path)} is the {_json_kind(error.instance)} {shown}, not text; quote it: \"{shown}\""
+    if error.validator == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else error.message
+        sub = schema(name)
+        props = sub.get("properties", {}) if not path and missing in sub.get("properties", {}) else \
+            sub.get("$defs", {}).get("example", {}).get("properties", {})
+        help_ = props.get(missing, {}).get("description", "")
+        return (f"missing {'key' if not path else 'field'} {missing!r}" + (f" in {_where(path)}" if path else "")
+                + (f": {help_}" if help_ else "") + f" (see `icqs schema {name}`)")
+    if error.validator == "anyOf" and all(set(sub) == {"required"} for sub in error.validator_value):
+        props = error.schema.get("properties", {})
+        names = [f"{k!r} ({props[k]['description']})" if props.get(k, {}).get("description") else repr(k)
+                 for sub in error.validator_value for k in sub["required"]]
+        return f"missing field {' or '.join(names)} (see `icqs schema {name}`)"
+    if error.validator == "additionalProperties":
+        known = ", ".join(sorted(error.schema.get("properties", {})))
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"unknown key {extra[0]!r}" + (f" in {_where(path)}" if path else "") + f" (known: {known})"
+    if error.validator == "oneOf" and error.context:
+        # the pool is a path or a list: report the list alternative's first problem, if it is one
+        deepest = max(error.context, key=lambda e: len(e.absolute_path))
+        if len(deepest.absolute_path) > len(path):
+            return _message(name, deepest, node)
+    help_ = field_help(name, path[0]) if path and isinstance(path[0], str) else ""
+    what = error.message if len(error.message) <= 120 else error.message[:117] + "..."
+    return f"{_where(path)}: {what}" + (f" ({help_})" if help_ else "")
+
+
+def check_yaml(name: str, data, root, path: str) -> None:
+    """Validate a YAML document (data: its value, root: its composed node) against schema `name`; the first
+    violation (in file order) is a UserError naming the line."""
+    errors = list(_validator(name).iter_errors(data))
+    if not errors:
+        return
+    located = []
+    for e in errors:
+        leaf = e
+        if e.validator == "oneOf" and e.context:
+            deepest = max(e.context, key=lambda c: len(c.absolute_path))
+            leaf = deepest if len(deepest.absolute_path) > len(e.absolute_path) else e
+        node = _node_at(root, leaf.absolute_path)
+        line = node.start_mark.line + 1
+        if leaf.validator == "additionalProperties" and isinstance(node, yaml.MappingNode):
+            known = leaf.schema.get("properties", {})
+            line = next((k.start_mark.line + 1 for k, _ in node.value if k.value not in known), line)
+        located.append((line, e, node))
+    line, error, node = min(located, key=lambda t: t[0])
+    raise UserError(_message(name, error, node), path, line)
+
+
+def check_row(name: str, row, path, line: int | None, definition: str | None = None) -> None:
+    """Validate one JSONL row against schema `name` (or its `$defs` entry `definition`: the task's pool files hold
+    `example` rows); a violation is a UserError naming file:line."""
+    validator = _validator(name) if definition is None else \
+        jsonschema.Draft202012Validator(schema(name)["$defs"][definition])
+    error = jsonschema.exceptions.best_match(validator.iter_errors(row))
+    if error is not None:
+        raise UserError(_message(name, error), str(path), line)
+
+
+def print_schema(name: str) -> str:
+    return json.dumps(schema(name), indent=2, ensure_ascii=False) + "\n"

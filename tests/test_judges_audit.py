@@ -1,0 +1,80 @@
+"""Pairwise and judge fixes (issue 22, parts 2 and 5): --no-tie, --rubric, labeled variants, the pairwise audit
+(flip rates, tie share, a warning when ties dominate), the judge's per-model table and agreement with labels."""
+import json
+
+import pytest
+
+from icqs.cli import main
+from icqs.judges.pairwise import VARIANTS, pairwise_audit, summarize_pairwise, verdict_options
+from icqs.judges.prompts import pairwise_prompt
+from tiny_models import make_tiny_model
+
+PAIRS = [{"id": f"p{n}", "question": f"What is {n} + {n}?", "answer_a": f"It is {2 * n}.", "answer_b": "No idea.",
+          "model_a": "m1", "model_b": "m2", "winner": "model_a"} for n in range(3)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(make_tiny_model(tmp_path_factory.mktemp("jaudit") / "llama", max_position_embeddings=4096))
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_all_ties_warn_instead_of_a_silent_flat_leaderboard():
+    """Why: every verdict a tie gave every model 1000.0 [1000.0, 1000.0], rank 1, with no note."""
+    tie = {o: (1.0 if o == "tie" else 0.0) for o in ("model_a", "model_b", "tie")}
+    rows = [{"id": p["id"], "winner": "model_a", "variants": {v.name: tie for v in VARIANTS},
+             "verdicts": {v.name: "tie" for v in VARIANTS}, "aggregate": tie, "verdict": "tie"} for p in PAIRS]
+    summary = summarize_pairwise(rows)
+    lines, warnings = pairwise_audit(summary)
+    assert "tie share 1.00" in lines[0] and warnings[0].startswith("warning: ties are 100% of the verdicts")
+    assert "--no-tie" in warnings[0]
+    assert set(summary["variants"]) == {"AB", "BA", "AB_sym", "BA_sym"}
+    assert summary["variants"]["BA"] == "answer_b shown first; answer_a labeled B, answer_b labeled A, tie C"
+
+
+def test_no_tie_and_rubric_change_the_prompt_and_options():
+    assert verdict_options(tie=False) == ["[[A]]", "[[B]]"]
+    p = pairwise_prompt("q", "one", "two", ("A", "B"), tie=False, rubric="Prefer the correct sum.")
+    assert "[[C]]" not in p and "a tie is not allowed" in p and "Judge by this rubric:\nPrefer the correct sum." in p
+
+
+def test_pairwise_cli_no_tie_rubric_and_labeled_variants(model, tmp_path, capsys):
+    """Why: the `variants` arrays did not say which position is A, B or tie; no way to forbid ties or give a
+    rubric."""
+    rubric = tmp_path / "rubric.txt"
+    rubric.write_text("The answer with the right sum is better.\n")
+    out = tmp_path / "run"
+    assert main(["pairwise", _jsonl(tmp_path / "p.jsonl", PAIRS), "--out", str(out), "--model", model, "--dtype",
+                 "float32", "--no-tie", "--rubric", str(rubric), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(x) for x in (out / "verdicts.jsonl").read_text().splitlines()]
+    for r in rows:
+        for probs in r["variants"].values():
+            assert set(probs) == {"model_a", "model_b", "tie"} and probs["tie"] == 0.0
+            assert probs["model_a"] + probs["model_b"] == pytest.approx(1.0, abs=1e-4)
+        assert r["verdict"] != "tie"
+    assert "pairwise audit (3 pairs x 4 prompts): position flip rate" in printed
+    assert json.loads((out / "run.json").read_text())["rubric"] == rubric.read_text()
+
+
+def test_judge_per_model_table_and_agreement_with_labels(model, tmp_path, capsys):
+    """Why: the judge summary had no per-model table and no agreement with reference labels."""
+    items = [{"id": f"{m}{n}", "model": m, "question": f"What is {n} + {n}?",
+              "response": f"It is {2 * n + (0 if m == 'good' else 1)}.", "label": int(m == "good")}
+             for m in ("good", "bad") for n in range(3)]
+    out = tmp_path / "run"
+    assert main(["judge", _jsonl(tmp_path / "j.jsonl", items), "--out", str(out), "--model", model, "--dtype",
+                 "float32", "--shots", "0", "--quiet"]) == 0
+    printed = capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    assert {m["model"] for m in summary["by_model"]} == {"good", "bad"} and all(m["n"] == 3 for m in
+                                                                                 summary["by_model"])
+    (a,) = summary["agreement"]
+    assert a["k"] == 0 and a["n"] == 6 and a["ci"][0] <= a["auc"] <= a["ci"][1]
+    assert "per model (mean expected grade 1-10, run 0):" in printed.out
+    assert f"judge audit, K=0: agreement with the reference labels AUC {a['auc']:.2f}" in printed.out
+    assert (a["verdict"] in ("at chance", "inverted")) == ("warning: judge with K=0" in printed.err)
