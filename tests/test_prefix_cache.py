@@ -14,7 +14,7 @@ from engine import prefix_cache
 from engine.prefix_cache import KVCache
 from engine.prefix_cache import Kind, PrefixCache
 
-CONFIG = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=2, hidden_size=2)
+CONFIG = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=2, hidden_size=2, sliding_window=None)
 
 
 def new_cache(pages: int = 12, page_size: int = 4, keep: bool = True) -> PrefixCache:
