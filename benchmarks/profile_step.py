@@ -57,14 +57,12 @@ def instrument(engine) -> list:
     """Marks the loop's phases on this engine (instance attributes shadow the methods; module functions patched);
     returns the undo functions."""
     import engine.engine as engine_module
-    import engine.sampling as sampling
 
     undo = [wrap(engine.scheduler, "schedule", "schedule"), wrap(engine.scheduler, "postprocess", "postprocess"),
             wrap(engine.model, "forward", "forward"), wrap(engine.model, "target_logprobs", "lm_head"),
             wrap(engine.model, "logits", "logits"), wrap(engine_module, "build_step", "build_step")]
     if hasattr(engine_module, "sample"):
         undo.append(wrap(engine_module, "sample", "sample"))
-    del sampling
     return undo
 
 
