@@ -34,36 +34,57 @@ def _ops():
 
 
 def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                       page_size: int, scale: float):
+                                       page_size: int, scale: float, window: int = 0):
+    """window > 0: keys `window` or more positions before the query are masked (prefix key j at position j)."""
     cu = torch.as_tensor(cu_seqlens, dtype=torch.long)
     return _ops().paged_prefill_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), cu, k_cache,
                                           v_cache, torch.as_tensor(block_table), torch.as_tensor(prefix_lens),
-                                          int(page_size), float(scale))
+                                          int(page_size), float(scale), int(window))
 
 
-def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float):
-    """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32)."""
+def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: int = 0):
+    """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32). A sequence's new
+    tokens hold consecutive positions, so a sliding window is a distance in rows."""
     nseq = len(cu_seqlens) - 1
     none = torch.zeros(nseq, 0, dtype=torch.long)
     k, v = k.contiguous(), v.contiguous()
     return paged_prefill_attention_lse_native(q, k, v, cu_seqlens, k, v, none, torch.zeros(nseq, dtype=torch.long),
-                                              1, scale)
+                                              1, scale, window)
 
 
-def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
+def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
     """Contract of attention.segment_attention_merge_ref (q contiguous; out, lse fp32, updated in place)."""
     if rows.numel() and slots.numel():
-        _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse, limits)
+        _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse, limits, starts)
+
+
+def window_starts(segments, window) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The segments under a sliding window (attention.AttentionWindow) as (rows, slots, starts): starts[i] is the
+    first index into slots that row i sees (the segment's slots hold increasing positions); rows that see none
+    of the segment are dropped, and segments left without rows."""
+    out = []
+    for rows, slots in segments:
+        if rows.numel() == 0 or slots.numel() == 0:
+            continue
+        kpos = window.slot_positions[slots]
+        starts = torch.searchsorted(kpos, window.positions[rows] - (window.size - 1))
+        seen = starts < slots.numel()
+        if not bool(seen.all()):
+            rows, starts = rows[seen], starts[seen]
+        if rows.numel():
+            out.append((rows, slots, starts))
+    return out
 
 
 def segment_waves(segments, n_rows: int) -> list[tuple[torch.Tensor, ...]]:
-    """Groups the segments into waves in which no two share a query row, keeping each row's segments in list
-    order (segment i goes to the wave after the last one holding any of its rows). A wave is (rows_cat, row_off,
-    slots_cat, slot_off), one native call: a decode step of 32 sequences has ~65 small segments per layer but
-    4 waves (benchmarks/bench_generation.py, profiled)."""
+    """Groups the segments ((rows, slots) or (rows, slots, starts)) into waves in which no two share a query row,
+    keeping each row's segments in list order (segment i goes to the wave after the last one holding any of its
+    rows). A wave is (rows_cat, row_off, slots_cat, slot_off, starts_cat or None), one native call: a decode step
+    of 32 sequences has ~65 small segments per layer but 4 waves (benchmarks/bench_generation.py, profiled)."""
     level = [0] * n_rows  # per row: the wave after its latest segment's
     waves: list[list] = []
-    for rows, slots in segments:
+    for seg in segments:
+        rows, slots = seg[0], seg[1]
         if rows.numel() == 0 or slots.numel() == 0:
             continue
         rows_list = rows.tolist()
@@ -72,27 +93,32 @@ def segment_waves(segments, n_rows: int) -> list[tuple[torch.Tensor, ...]]:
             level[r] = w + 1
         if w == len(waves):
             waves.append([])
-        waves[w].append((rows, slots))
+        waves[w].append(seg)
     out = []
     for wave in waves:
         offsets = [torch.tensor([0] + [len(x[i]) for x in wave]).cumsum(0) for i in (0, 1)]
-        out.append((torch.cat([r for r, _ in wave]), offsets[0], torch.cat([s for _, s in wave]), offsets[1]))
+        starts = torch.cat([x[2] for x in wave]) if len(wave[0]) > 2 else None
+        out.append((torch.cat([x[0] for x in wave]), offsets[0], torch.cat([x[1] for x in wave]), offsets[1], starts))
     return out
 
 
-_waves_memo: tuple = (None, None)  # (the segments list, its waves): every layer of a step passes the same list
+_waves_memo: tuple = (None, None, None)  # (segments, window, waves): every layer of a step passes the same ones
 
 
-def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
+def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
     """Same contract as attention.cascade_attention_ref; segment K/V are read from the cache in place, the
-    segments of a wave (segment_waves) in one parallel call."""
+    segments of a wave (segment_waves) in one parallel call. `window` (attention.AttentionWindow): keys at
+    window.size or more positions before the query are masked, by absolute position."""
     global _waves_memo
     q = q.contiguous()
-    out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale)
-    if _waves_memo[0] is not segments:
-        _waves_memo = (segments, segment_waves(segments, q.shape[0]))
-    for rows, row_off, slots, slot_off in _waves_memo[1]:
-        _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse)
+    out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale,
+                                              0 if window is None else window.size)
+    if _waves_memo[0] is not segments or _waves_memo[1] is not window:
+        segs = segments if window is None else window_starts(segments, window)
+        _waves_memo = (segments, window, segment_waves(segs, q.shape[0]))
+    for rows, row_off, slots, slot_off, starts in _waves_memo[2]:
+        _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse,
+                                         starts)
     return out.to(q.dtype)
 
 

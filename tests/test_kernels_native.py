@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kernels import native_ops
-from kernels.attention import cascade_attention_ref
+from kernels.attention import AttentionWindow, cascade_attention_ref, segment_attention_merge_ref, \
+    windowed_cascade_attention_ref
 from kernels.paged_attention import paged_prefill_attention_lse_ref
 from kernels.problems import cascade_problem, paged_problem, upcast
 
@@ -144,7 +145,8 @@ def test_segment_waves_match_reference(dtype):
     waves = native_ops.segment_waves(segments, 9)
     assert len(waves) == 3
     seen = []  # per row, the waves of its segments, in segment order
-    for w, (rows, row_off, slots, slot_off) in enumerate(waves):
+    for w, (rows, row_off, slots, slot_off, starts) in enumerate(waves):
+        assert starts is None
         assert len(set(rows.tolist())) == rows.numel()  # no row twice in one wave
         assert row_off[-1] == rows.numel() and slot_off[-1] == slots.numel()
         seen += [(r, w) for r in rows.tolist()]
@@ -153,3 +155,65 @@ def test_segment_waves_match_reference(dtype):
     got = native_ops.cascade_attention_native(**dict(p, segments=segments))
     torch.testing.assert_close(got.float(), cascade_attention_ref(**upcast(dict(p, segments=segments))).float(),
                                **(TOL if dtype == torch.float32 else BF16_TOL))
+
+
+# --- the sliding window (Gemma-3's local layers) ---
+def cascade_window(p, shared_len, own_lens, size):
+    """The AttentionWindow of a cascade_problem: its shared segment at positions 0.., each sequence's own cached
+    segment after it, then its new tokens."""
+    slot_positions = torch.full((p["k_cache"].shape[0],), -10 ** 6, dtype=torch.long)
+    segs = iter(p["segments"])
+    if shared_len:
+        slot_positions[next(segs)[1]] = torch.arange(shared_len)
+    positions = []
+    cu = p["cu_seqlens"]
+    for b, n in enumerate(own_lens):
+        if n:
+            slot_positions[next(segs)[1]] = torch.arange(shared_len, shared_len + n)
+        positions.append(torch.arange(cu[b + 1] - cu[b]) + shared_len + n)
+    return AttentionWindow(size, torch.cat(positions), slot_positions)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [1, 6, 40, 75, 1000])
+@pytest.mark.parametrize("D", [64, 256])
+def test_windowed_cascade_matches_reference(size, dtype, D):
+    """Windows shorter than the new tokens, than the shared segment, and longer than everything; rows whose
+    window ends before a segment take nothing from it; tiles of the bf16 micro-kernel cut by the window."""
+    assert native_ops.load()
+    own = [0, 12, 3, 45]
+    p = cascade_problem([1, 37, 70, 5], shared_len=90, own_lens=own, H=4, Hkv=1, D=D, dtype=dtype, seed=size)
+    window = cascade_window(p, 90, own, size)
+    got = native_ops.cascade_attention_native(**p, window=window)
+    want = windowed_cascade_attention_ref(**upcast(p), window=window)
+    torch.testing.assert_close(got.float(), want, **(TOL if dtype == torch.float32 else BF16_TOL))
+    if size < 1000:  # the window changes the result (the test can fail)
+        assert not torch.allclose(want, cascade_attention_ref(**upcast(p)).float(), **BF16_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segment_merge_starts_and_limits(dtype):
+    """Each row sees slots[start:limit + 1]: as the reference over that slice, row by row; a row with an empty
+    range keeps its running (out, lse)."""
+    assert native_ops.load()
+    p = cascade_problem([40], shared_len=70, own_lens=[0], H=6, Hkv=2, D=64, dtype=dtype, seed=3)
+    rows, slots = torch.arange(40), p["segments"][0][1]
+    gen = torch.Generator().manual_seed(1)
+    starts = torch.randint(0, 70, (40,), generator=gen)
+    limits = torch.clamp(starts + torch.randint(-3, 70, (40,), generator=gen), max=69)
+    out0 = torch.randn(40, 6, 64, generator=gen)
+    lse0 = torch.randn(40, 6, generator=gen)
+    out, lse = out0.clone(), lse0.clone()
+    native_ops.segment_attention_merge_native(p["q"], rows, p["k_cache"], p["v_cache"], slots, p["scale"], out, lse,
+                                              limits, starts)
+    q, kc, vc = (p[k].float() for k in ("q", "k_cache", "v_cache"))
+    tol = TOL if dtype == torch.float32 else BF16_TOL
+    for r in range(40):
+        o, l = out0[r:r + 1].clone(), lse0[r:r + 1].clone()
+        lo, hi = int(starts[r]), int(limits[r])
+        if hi >= lo:
+            oo, ll = out0.clone(), lse0.clone()
+            segment_attention_merge_ref(q, torch.tensor([r]), kc, vc, slots[lo:hi + 1], p["scale"], oo, ll)
+            o, l = oo[r:r + 1], ll[r:r + 1]
+        torch.testing.assert_close(out[r:r + 1], o, **tol)
+        torch.testing.assert_close(lse[r:r + 1], l, **tol)

@@ -38,6 +38,11 @@ struct V16 {
     const __mmask16 m = count >= kLanes ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1u);
     return {_mm512_mask_blend_ps(m, _mm512_set1_ps(kNegInf), v)};
   }
+  // lanes outside [lo, hi) become -inf
+  V16 keep_range(int lo, int hi) const {
+    const auto bits = [](int c) { return c >= kLanes ? 0xFFFFu : c <= 0 ? 0u : (1u << c) - 1u; };
+    return {_mm512_mask_blend_ps(__mmask16(bits(hi) & ~bits(lo)), _mm512_set1_ps(kNegInf), v)};
+  }
   // 2^x: x = n + f with n = round(x), |f| <= 1/2, Taylor series of 2^f to degree 7 (error < 1e-8 relative);
   // x is clamped at -160 so that -inf gives exactly 0 through scalef's underflow.
   V16 exp2() const {
@@ -73,6 +78,7 @@ struct V16 {
   float max() const { float m = v[0]; for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m; return m; }
   float sum() const { float s = 0.f; for (int i = 0; i < kLanes; ++i) s += v[i]; return s; }
   V16 keep_first(int count) const { V16 r = *this; for (int i = count < 0 ? 0 : count; i < kLanes; ++i) r.v[i] = kNegInf; return r; }
+  V16 keep_range(int lo, int hi) const { V16 r = *this; for (int i = 0; i < kLanes; ++i) if (i < lo || i >= hi) r.v[i] = kNegInf; return r; }
   V16 exp2() const { V16 r; for (int i = 0; i < kLanes; ++i) r.v[i] = std::exp2(v[i]); return r; }
 };
 inline V16 fma(V16 a, V16 b, V16 c) {
