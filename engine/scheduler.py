@@ -84,6 +84,12 @@ class StepPlan:
         return sum(c.end - c.start for c in self.chunks)
 
     @property
+    def attention_keys(self) -> int:
+        """(query, key) pairs of a layer's causal attention over the chunks: a token at position p sees p + 1 keys."""
+        return sum((c.end - c.start) * (c.node.start + 1) + (c.end - c.start) * (c.start + c.end - 1) // 2
+                   for c in self.chunks)
+
+    @property
     def empty(self) -> bool:
         return not (self.chunks or self.score_rows or self.sample_rows)
 
@@ -266,6 +272,7 @@ class Scheduler:
         if plan.chunks:
             self.stats.forward_steps += 1
             self.stats.tokens_computed += plan.tokens
+            self.stats.attention_keys += plan.attention_keys
         for chunk in reversed(plan.chunks):
             node = chunk.node
             self.cache.computed(node, chunk.end)

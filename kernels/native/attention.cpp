@@ -327,8 +327,9 @@ void sweep(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const 
   }
 }
 
-// The same sweep key by key, for items of few query vectors (kMR or fewer: a decode step's token): packing
-// 32-key tiles costs more than such an item's arithmetic.
+// The sweep for items of few query vectors (kMR or fewer: a decode step's token), in blocks of kLanes keys
+// converted to fp32 row by row: packing 32-key tiles costs more than such an item's arithmetic. Each score is
+// a dot product; the block's softmax update is vectorised over its keys.
 template <typename T>
 void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const Visible& vis) {
   alignas(64) float qbuf[kMR][512 + kLanes];
@@ -339,36 +340,156 @@ void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh,
     lo[r] = vis.lo(r), hi[r] = vis.hi(r, keys.n);
     if (lo[r] < hi[r]) first = std::min(first, lo[r]), last = std::max(last, hi[r]);
   }
-  float* kr = s.kt.data();  // one key and one value row in fp32, zero padded to DP
-  float* vr = s.vt.data();
-  std::fill(kr, kr + s.DP, 0.f);
-  std::fill(vr, vr + s.DP, 0.f);
-  for (int64_t j = first; j < last; ++j) {
-    const int64_t off = (keys.idx ? keys.idx[j] : keys.base + j) * row_stride + kh * s.D;
-    to_float(keys.k + off, kr, s.D);
-    to_float(keys.v + off, vr, s.D);
+  for (int64_t j0 = first; j0 < last; j0 += kLanes) {
+    const int nb = int(std::min<int64_t>(kLanes, last - j0));
+    for (int j = 0; j < nb; ++j) {  // K and V rows in fp32, zero padded to DP
+      const int64_t off = (keys.idx ? keys.idx[j0 + j] : keys.base + j0 + j) * row_stride + kh * s.D;
+      float* kr = &s.kt[size_t(j) * s.DP];
+      float* vr = &s.vt[size_t(j) * s.DP];
+      to_float(keys.k + off, kr, s.D);
+      to_float(keys.v + off, vr, s.D);
+      std::fill(kr + s.D, kr + s.DP, 0.f);
+      std::fill(vr + s.D, vr + s.DP, 0.f);
+    }
     for (int r = 0; r < s.M; ++r) {
-      if (j < lo[r] || j >= hi[r]) continue;
-      const float* q = qs[r];
-      V16 dot = V16::zero();
-      for (int d = 0; d < s.DP; d += kLanes) dot = fma(V16::load(q + d), V16::load(kr + d), dot);
-      const float score = dot.sum(), mnew = std::max(s.m[r], score);
-      const float corr = std::exp2(s.m[r] - mnew), p = std::exp2(score - mnew);
+      const int a = int(std::clamp<int64_t>(lo[r] - j0, 0, nb)), b = int(std::clamp<int64_t>(hi[r] - j0, 0, nb));
+      if (a >= b) continue;
+      alignas(64) float score[kLanes];
+      for (int j = a; j < b; ++j) {
+        const float* kr = &s.kt[size_t(j) * s.DP];
+        V16 dot = V16::zero();
+        for (int d = 0; d < s.DP; d += kLanes) dot = fma(V16::load(qs[r] + d), V16::load(kr + d), dot);
+        score[j] = dot.sum();
+      }
+      const V16 sc = V16::load(score).keep_range(a, b);
+      const float mnew = std::max(s.m[r], sc.max());
+      const float corr = std::exp2(s.m[r] - mnew);
+      alignas(64) float p[kLanes];
+      const V16 pv = (sc - V16::set1(mnew)).exp2();
+      pv.store(p);
       s.m[r] = mnew;
       float* l = &s.l[size_t(r) * kLanes];
-      (V16::load(l) * V16::set1(corr)).store(l);
-      l[0] += p;
+      fma(V16::load(l), V16::set1(corr), pv).store(l);
       float* acc = &s.acc[size_t(r) * s.DP];
-      for (int d = 0; d < s.DP; d += kLanes)
-        fma(V16::set1(p), V16::load(vr + d), V16::load(acc + d) * V16::set1(corr)).store(acc + d);
+      for (int d = 0; d < s.DP; d += kLanes) {
+        V16 x = V16::load(acc + d) * V16::set1(corr);
+        for (int j = a; j < b; ++j) x = fma(V16::set1(p[j]), V16::load(&s.vt[size_t(j) * s.DP + d]), x);
+        x.store(acc + d);
+      }
     }
   }
 }
 
+#if defined(__AVX512BF16__)
+// The sums of 16 vectors' lanes, as one vector: lane j = sum of x[j]'s lanes (45 adds and shuffles instead of
+// 16 horizontal reductions).
+inline __m512 transpose_sum16(const __m512* x) {
+  __m512 a[8], b[4];
+  for (int j = 0; j < 8; ++j)  // per 128-bit block: partials of keys 2j (elements 0, 2) and 2j + 1 (1, 3)
+    a[j] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * j], x[2 * j + 1]), _mm512_unpackhi_ps(x[2 * j], x[2 * j + 1]));
+  for (int j = 0; j < 4; ++j) {  // per 128-bit block: partials of keys 4j .. 4j + 3
+    const __m512d lo = _mm512_castps_pd(a[2 * j]), hi = _mm512_castps_pd(a[2 * j + 1]);
+    b[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)), _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
+  }
+  // block i of the result: the four blocks of b[i] summed
+  const __m512 c01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+  const __m512 c23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c01, c23, 0x88), _mm512_shuffle_f32x4(c01, c23, 0xDD));
+}
+
+// acc[0 .. NV * 16) = acc * corr + sum over key pairs jp in [jp0, jp1) of p(pair jp) . V(pair jp), with vb's
+// rows of pairs `stride` apart.
+template <int NV>
+inline void pv_pairs(float* acc, const uint32_t* vb, int64_t stride, const uint32_t* pp, int jp0, int jp1,
+                     float corr) {
+  __m512 x[NV];
+#pragma GCC unroll 16
+  for (int c = 0; c < NV; ++c) x[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + c * kLanes), _mm512_set1_ps(corr));
+  for (int jp = jp0; jp < jp1; ++jp) {
+    const __m512bh w = (__m512bh)_mm512_set1_epi32(int(pp[jp]));
+#pragma GCC unroll 16
+    for (int c = 0; c < NV; ++c)
+      x[c] = _mm512_dpbf16_ps(x[c], w, (__m512bh)_mm512_loadu_si512(vb + size_t(jp) * stride + c * kLanes));
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + c * kLanes, x[c]);
+}
+
+// sweep_direct for bf16 queries and keys (head_dim a multiple of 32): scores by bf16 dot products straight
+// from the cache rows, reduced 16 keys at a time; V interleaved in pairs of keys once per block and P.V by bf16
+// dot products (P rounded to bf16, as in the tiles).
+void sweep_direct_bf16(State& s, const Keys<c10::BFloat16>& keys, int64_t row_stride, int64_t kh,
+                       const Visible& vis) {
+  alignas(64) static const c10::BFloat16 zeros[512] = {};
+  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  int64_t lo[kMR], hi[kMR], first = keys.n, last = 0;
+  for (int r = 0; r < s.M; ++r) {
+    lo[r] = vis.lo(r), hi[r] = vis.hi(r, keys.n);
+    if (lo[r] < hi[r]) first = std::min(first, lo[r]), last = std::max(last, hi[r]);
+  }
+  const int nc = s.D / 32;  // 32-value chunks of a row
+  const c10::BFloat16* krow[kLanes];
+  for (int64_t j0 = first; j0 < last; j0 += kLanes) {
+    const int nb = int(std::min<int64_t>(kLanes, last - j0));
+    const c10::BFloat16* vrow[kLanes];
+    for (int j = 0; j < kLanes; ++j) {
+      if (j >= nb) { krow[j] = vrow[j] = zeros; continue; }
+      const int64_t off = (keys.idx ? keys.idx[j0 + j] : keys.base + j0 + j) * row_stride + kh * s.D;
+      krow[j] = keys.k + off;
+      vrow[j] = keys.v + off;
+    }
+    const int D = s.D;
+    uint32_t* vb = s.vb.data();
+    for (int jp = 0; jp < (nb + 1) / 2; ++jp)
+      for (int d = 0; d < D; d += kLanes) {
+        const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp] + d)));
+        const __m512i b = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp + 1] + d)));
+        _mm512_storeu_si512(vb + size_t(jp) * D + d, _mm512_permutex2var_epi16(a, interleave, b));
+      }
+    for (int r = 0; r < s.M; ++r) {
+      const int a = int(std::clamp<int64_t>(lo[r] - j0, 0, nb)), b = int(std::clamp<int64_t>(hi[r] - j0, 0, nb));
+      if (a >= b) continue;
+      const uint32_t* q = &s.qb[size_t(r) * s.DH];
+      __m512 dots[kLanes];
+      for (int j = 0; j < kLanes; ++j) {
+        __m512 acc = _mm512_setzero_ps();
+        if (j >= a && j < b)
+          for (int c = 0; c < nc; ++c)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + c * kLanes),
+                                   (__m512bh)_mm512_loadu_si512(krow[j] + c * 32));
+        dots[j] = acc;
+      }
+      const V16 sc = (V16{transpose_sum16(dots)} * V16::set1(s.qscale)).keep_range(a, b);
+      const float mnew = std::max(s.m[r], sc.max());
+      const float corr = std::exp2(s.m[r] - mnew);
+      const V16 pv = (sc - V16::set1(mnew)).exp2();
+      s.m[r] = mnew;
+      float* l = &s.l[size_t(r) * kLanes];
+      fma(V16::load(l), V16::set1(corr), pv).store(l);
+      alignas(64) uint32_t pp[kLanes];  // p in bf16, pairs of keys (the upper half is zero)
+      _mm512_storeu_si512(pp, (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), pv.v));
+      float* accp = &s.acc[size_t(r) * s.DP];
+      int d0 = 0;  // 4 (then 2) vectors of dimensions at a time, accumulators in registers
+      for (; d0 + 4 * kLanes <= D; d0 += 4 * kLanes) pv_pairs<4>(accp + d0, vb + d0, D, pp, a / 2, (b + 1) / 2, corr);
+      for (; d0 < D; d0 += 2 * kLanes) pv_pairs<2>(accp + d0, vb + d0, D, pp, a / 2, (b + 1) / 2, corr);
+    }
+  }
+}
+#endif
+
 template <typename T>
 void sweep_any(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const Visible& vis, bool direct) {
-  if (direct && s.M <= kMR) sweep_direct(s, keys, row_stride, kh, vis);
-  else sweep(s, keys, row_stride, kh, vis);
+  if (direct && s.M <= kMR) {
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (s.bf16 && s.D % 32 == 0) return sweep_direct_bf16(s, keys, row_stride, kh, vis);
+    }
+#endif
+    sweep_direct(s, keys, row_stride, kh, vis);
+  } else {
+    sweep(s, keys, row_stride, kh, vis);
+  }
 }
 
 // Whether items of this dtype and head size use the bf16 dot-product micro-kernel.
@@ -394,14 +515,23 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.size(2) <= 512, "head_dim above 512 is not supported");
 }
 
-using Item = std::array<int64_t, 3>;  // (sequence, first token, kv head)
+using Item = std::array<int64_t, 4>;  // (sequence or segment, first row, end row, kv head)
+
+// Rows lo..hi-1 in blocks of at most tb, of equal sizes (a remainder of a few rows would sweep every key on its
+// own), times the KV heads.
+void add_items(std::vector<Item>& items, int64_t id, int64_t lo, int64_t hi, int64_t tb, int64_t Hkv) {
+  if (hi <= lo) return;
+  const int64_t nblk = (hi - lo + tb - 1) / tb, size = (hi - lo + nblk - 1) / nblk;
+  for (int64_t r0 = lo; r0 < hi; r0 += size)
+    for (int64_t kh = 0; kh < Hkv; ++kh) items.push_back({id, r0, std::min(hi, r0 + size), kh});
+}
 
 // window > 0: a query at position p sees keys at positions > p - window. A sequence's prefix key j is at
 // position j and its new token t (row t - cu[b] of its own) at prefix_len + t - cu[b].
 template <typename T>
 void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, const at::Tensor& k_cache,
                    const at::Tensor& v_cache, const int64_t* cup, const int64_t* pl, const std::vector<int64_t>& slots,
-                   const std::vector<int64_t>& slot_off, const std::vector<Item>& items, int64_t tb, double scale,
+                   const std::vector<int64_t>& slot_off, const std::vector<Item>& items, double scale,
                    int64_t window, at::Tensor& out, at::Tensor& lse) {
   const int64_t H = q.size(1), Hkv = k_new.size(1), D = q.size(2), g = H / Hkv;
   const T* qp = q.data_ptr<T>();
@@ -410,8 +540,7 @@ void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tenso
   const bool bf16 = use_bf16<T>(D);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t it = 0; it < int64_t(items.size()); ++it) {
-    const auto [b, t0, kh] = items[it];
-    const int64_t t1 = std::min(cup[b + 1], t0 + tb);
+    const auto [b, t0, t1, kh] = items[it];
     thread_local State s;
     thread_local std::vector<int64_t> own_first, own_last, prefix_first;
     s.reset(int((t1 - t0) * g), int(D), bf16);
@@ -476,16 +605,14 @@ void segments_items(const at::Tensor& q, const int64_t* rp, const int64_t* ro, c
                     const int64_t* first, const int64_t* last, int64_t tb, double scale, float* op, float* lp,
                     bool direct) {
   const int64_t Hkv = k_cache.size(1);
-  std::vector<Item> items;  // (segment, first row, kv head)
+  std::vector<Item> items;
   for (int64_t i = 0; i < nseg; ++i)
-    if (so[i + 1] > so[i])
-      for (int64_t r0 = ro[i]; r0 < ro[i + 1]; r0 += tb)
-        for (int64_t kh = 0; kh < Hkv; ++kh) items.push_back({i, r0, kh});
+    if (so[i + 1] > so[i]) add_items(items, i, ro[i], ro[i + 1], tb, Hkv);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t it = 0; it < int64_t(items.size()); ++it) {
-    const auto [i, r0, kh] = items[it];
+    const auto [i, r0, r1, kh] = items[it];
     const Keys<T> keys{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), sp + so[i], 0, so[i + 1] - so[i]};
-    segment_item<T>(q, Hkv, rp, r0, std::min(ro[i + 1], r0 + tb), kh, keys, first, last, scale, op, lp, direct);
+    segment_item<T>(q, Hkv, rp, r0, r1, kh, keys, first, last, scale, op, lp, direct);
   }
 }
 
@@ -518,13 +645,11 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   }
   const int64_t tb = std::max<int64_t>(1, kRowsPerItem / g);
   std::vector<Item> items;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t0 = cup[b]; t0 < cup[b + 1]; t0 += tb)
-      for (int64_t kh = 0; kh < Hkv; ++kh) items.push_back({b, t0, kh});
+  for (int64_t b = 0; b < B; ++b) add_items(items, b, cup[b], cup[b + 1], tb, Hkv);
   auto out = at::empty({T, H, D}, q.options().dtype(at::kFloat));
   auto lse = at::empty({T, H}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
-    prefill_items<scalar_t>(q, k_new, v_new, k_cache, v_cache, cup, pl, slots, slot_off, items, tb, scale, window,
+    prefill_items<scalar_t>(q, k_new, v_new, k_cache, v_cache, cup, pl, slots, slot_off, items, scale, window,
                             out, lse);
   });
   return {out, lse};
