@@ -76,6 +76,43 @@ def window_starts(segments, window) -> list[tuple[torch.Tensor, torch.Tensor, to
     return out
 
 
+FOLD_BELOW = 32  # keys in a tile of the native kernel
+
+
+def fold_short_segments(segments, min_slots: int = FOLD_BELOW) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The segments with each one shorter than `min_slots` keys prepended to the segments right below it, where
+    that is exact: every row of the short segment has a next segment, and every row of those next segments has
+    the short one just before it. A row then sweeps the same keys in fewer, longer segments (a 4-key root shared
+    by 1,000 rows otherwise costs each row a whole key tile and one more merge)."""
+    segs = [[rows, slots] for rows, slots in segments if rows.numel() and slots.numel()]
+    if not any(slots.numel() < min_slots for _, slots in segs):
+        return [(rows, slots) for rows, slots in segs]
+    chain: dict[int, list[int]] = {}  # row -> its segments, in merge order
+    rows_of = [rows.tolist() for rows, _ in segs]
+    for i, rows in enumerate(rows_of):
+        for r in rows:
+            chain.setdefault(r, []).append(i)
+    alive = [True] * len(segs)
+    for i in range(len(segs) - 1, -1, -1):  # deepest first: a row's later segments lie below its earlier ones
+        if segs[i][1].numel() >= min_slots:
+            continue
+        nxt = set()
+        for r in rows_of[i]:
+            c = chain[r]
+            k = c.index(i)
+            if k + 1 == len(c):
+                break
+            nxt.add(c[k + 1])
+        else:
+            if all(chain[r][chain[r].index(c) - 1] == i for c in nxt for r in rows_of[c]):
+                for c in nxt:
+                    segs[c][1] = torch.cat([segs[i][1], segs[c][1]])
+                for r in rows_of[i]:
+                    chain[r].remove(i)
+                alive[i] = False
+    return [(rows, slots) for (rows, slots), keep in zip(segs, alive) if keep]
+
+
 def segment_waves(segments, n_rows: int) -> list[tuple[torch.Tensor, ...]]:
     """Groups the segments ((rows, slots) or (rows, slots, starts)) into waves in which no two share a query row,
     keeping each row's segments in list order (segment i goes to the wave after the last one holding any of its
@@ -114,7 +151,8 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
     out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale,
                                               0 if window is None else window.size)
     if _waves_memo[0] is not segments or _waves_memo[1] is not window:
-        segs = segments if window is None else window_starts(segments, window)
+        segs = fold_short_segments(segments)
+        segs = segs if window is None else window_starts(segs, window)
         _waves_memo = (segments, window, segment_waves(segs, q.shape[0]))
     for rows, row_off, slots, slot_off, starts in _waves_memo[2]:
         _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse,

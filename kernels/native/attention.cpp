@@ -138,9 +138,12 @@ void softmax_tile(State& s, int r0, const V16* s0, const V16* s1, const int* lo,
     const int r = r0 + i;
     tile_sum[i] = V16::zero();
     if (hi[i] <= lo[i]) { std::fill(p[i], p[i] + kNB, 0.f); continue; }
+    // a half of the tile the row does not see costs nothing (short segments, causal and window edges)
+    const bool in_a = lo[i] < kLanes, in_b = hi[i] > kLanes;
     const V16 a = s0[i].keep_range(lo[i], hi[i]), b = s1[i].keep_range(lo[i] - kLanes, hi[i] - kLanes);
-    const float mnew = std::max(s.m[r], a.max(b).max());
-    const V16 pa = (a - V16::set1(mnew)).exp2(), pb = (b - V16::set1(mnew)).exp2();
+    const float mnew = std::max(s.m[r], in_a && in_b ? a.max(b).max() : in_a ? a.max() : b.max());
+    const V16 pa = in_a ? (a - V16::set1(mnew)).exp2() : V16::zero();
+    const V16 pb = in_b ? (b - V16::set1(mnew)).exp2() : V16::zero();
     pa.store(p[i]);
     pb.store(p[i] + kLanes);
     diff[i] = s.m[r] - mnew;
@@ -221,14 +224,23 @@ void tile_rows_bf16(State& s, int r0, int nb, const int* lo, const int* hi) {
     __m512 a0[kMR], a1[kMR];
 #pragma GCC unroll 8
     for (int i = 0; i < kMR; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
-    for (int dp = 0; dp < s.DH; ++dp) {
-      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(&s.kb[size_t(dp) * kNB]);
-      const __m512bh k1 = (__m512bh)_mm512_loadu_si512(&s.kb[size_t(dp) * kNB + kLanes]);
+    if (nb > kLanes) {
+      for (int dp = 0; dp < s.DH; ++dp) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(&s.kb[size_t(dp) * kNB]);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(&s.kb[size_t(dp) * kNB + kLanes]);
 #pragma GCC unroll 8
-      for (int i = 0; i < kMR; ++i) {
-        const __m512bh b = (__m512bh)_mm512_set1_epi32(int(q0[size_t(i) * s.DH + dp]));
-        a0[i] = _mm512_dpbf16_ps(a0[i], b, k0);
-        a1[i] = _mm512_dpbf16_ps(a1[i], b, k1);
+        for (int i = 0; i < kMR; ++i) {
+          const __m512bh b = (__m512bh)_mm512_set1_epi32(int(q0[size_t(i) * s.DH + dp]));
+          a0[i] = _mm512_dpbf16_ps(a0[i], b, k0);
+          a1[i] = _mm512_dpbf16_ps(a1[i], b, k1);
+        }
+      }
+    } else {  // the tile's second half is padding
+      for (int dp = 0; dp < s.DH; ++dp) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(&s.kb[size_t(dp) * kNB]);
+#pragma GCC unroll 8
+        for (int i = 0; i < kMR; ++i)
+          a0[i] = _mm512_dpbf16_ps(a0[i], (__m512bh)_mm512_set1_epi32(int(q0[size_t(i) * s.DH + dp])), k0);
       }
     }
     const __m512 scale = _mm512_set1_ps(s.qscale);
