@@ -217,3 +217,23 @@ def test_segment_merge_starts_and_limits(dtype):
             o, l = oo[r:r + 1], ll[r:r + 1]
         torch.testing.assert_close(out[r:r + 1], o, **tol)
         torch.testing.assert_close(lse[r:r + 1], l, **tol)
+
+
+
+@pytest.mark.parametrize("own_lens", [[40, 35, 5], [40, 35, 0]])
+def test_short_segments_fold_into_the_segments_below(own_lens):
+    """A 4-key root over every sequence's own segment folds into them (its keys come first in each); with a
+    sequence that has nothing below the root, it stays. A short segment with nothing below it stays. The
+    results are the reference's either way."""
+    assert native_ops.load()
+    p = cascade_problem([3, 4, 2], shared_len=4, own_lens=own_lens, H=6, Hkv=2, D=32, seed=5)
+    folded = native_ops.fold_short_segments(p["segments"])
+    root_slots = p["segments"][0][1]
+    if 0 not in own_lens:
+        assert len(folded) == 3
+        for (rows, slots), (rows0, slots0) in zip(folded, p["segments"][1:]):
+            assert torch.equal(rows, rows0) and torch.equal(slots, torch.cat([root_slots, slots0]))
+    else:
+        assert len(folded) == len(p["segments"])
+        assert all(torch.equal(s, s0) for (_, s), (_, s0) in zip(folded, p["segments"]))
+    torch.testing.assert_close(native_ops.cascade_attention_native(**p), cascade_attention_ref(**p), **TOL)
