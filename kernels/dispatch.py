@@ -181,13 +181,16 @@ class StepKernels:
 
     def attention(self, q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, plan, window=None):
         """One layer's attention of the step (the new K/V are already in the cache). Returns [T, H, D].
-        With a sliding `window` (attention.AttentionWindow) it runs the torch reference in every backend and
-        mode: the native, Triton and batch-invariant kernels have no window yet."""
+        With a sliding `window` (attention.AttentionWindow): the native kernel takes it in the fast mode; the
+        Triton and batch-invariant kernels have no window yet, so there it runs the torch reference."""
         if window is not None:
+            fast = None if self.deterministic else resolve("cascade_attention", q.device)
+            if fast is native_ops.cascade_attention_native:
+                return fast(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window)
             if not _state.get("window_logged"):
                 _state["window_logged"] = True
-                log.info("kernels: sliding-window attention -> torch reference (no native, Triton or "
-                         "batch-invariant windowed kernel)")
+                log.info("kernels: sliding-window attention -> torch reference (no Triton or batch-invariant "
+                         "windowed kernel)")
             return windowed_cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
                                                   window)
         if self.deterministic:  # every key from the cache, in fixed absolute chunks
