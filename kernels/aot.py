@@ -115,7 +115,7 @@ def _meta(*shape, dtype=torch.float32):
 
 def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[Launch]:
     """Every kernel launch of one engine step for a model of these widths."""
-    from .problems import cascade_problem, paged_problem
+    from .problems import cascade_problem, cascade_window, paged_problem
 
     H, Hkv, D = shape["heads"], shape["kv_heads"], shape["head_dim"]
     out: list[Launch] = []
@@ -150,10 +150,13 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
     with recording(m["attention_triton"]) as rec:
         m["attention_triton"].paged_prefill_attention_lse_triton(**paged)
         m["attention_triton"].cascade_attention_triton(**cascade)
+        # sliding-window layers (Gemma-3): the window in the self part and a first key per row in the segments
+        m["attention_triton"].cascade_attention_triton(**cascade, window=cascade_window(cascade, 21, [0, 5], 8))
         rows, slots = cascade["segments"][0]  # the deterministic mode's merge: a causal limit per row
-        m["attention_triton"].segment_attention_merge_triton(
-            cascade["q"], rows, cascade["k_cache"], cascade["v_cache"], slots, cascade["scale"],
-            _meta(*cascade["q"].shape), _meta(*cascade["q"].shape[:2]), torch.zeros_like(rows))
+        for starts in (None, torch.zeros_like(rows)):  # and under a window, a first key too
+            m["attention_triton"].segment_attention_merge_triton(
+                cascade["q"], rows, cascade["k_cache"], cascade["v_cache"], slots, cascade["scale"],
+                _meta(*cascade["q"].shape), _meta(*cascade["q"].shape[:2]), torch.zeros_like(rows), starts)
     out += rec
     with recording(m["logprob_triton"]) as rec:
         for top_k in (0, 5):

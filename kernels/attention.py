@@ -41,23 +41,57 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mas
     return out, lse.permute(1, 0, 2).reshape(R, H)
 
 
-def segment_attention_ref(q, k_cache, v_cache, slots, scale, limits=None):
+def segment_attention_ref(q, k_cache, v_cache, slots, scale, limits=None, starts=None):
     """Stacked queries q [R, H, D] of all sequences that share one cached segment attend to all of it.
 
     k_cache, v_cache: [num_slots, Hkv, D] (one layer); slots: [S] int64, S > 0; limits (optional) [R]: the last
-    index into slots each row may see. Returns (out fp32, lse fp32)."""
+    index into slots each row may see; starts (optional) [R]: the first. Every row must see at least one key.
+    Returns (out fp32, lse fp32)."""
     mask = None
+    idx = torch.arange(slots.numel(), device=q.device)[None, :]
     if limits is not None:
-        mask = torch.arange(slots.numel(), device=q.device)[None, :] <= limits.to(q.device)[:, None]
+        mask = idx <= limits.to(q.device)[:, None]
+    if starts is not None:
+        after = idx >= starts.to(q.device)[:, None]
+        mask = after if mask is None else mask & after
     return _attend(q, k_cache[slots], v_cache[slots], scale, mask)
 
 
-def segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
-    """Rows q[rows] attend to cache[slots] (each up to its limit, if given); merged into out[rows], lse[rows]."""
+def segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
+    """Rows q[rows] attend to cache[slots] (each from its start up to its limit, when given); merged into
+    out[rows], lse[rows]. A row whose range is empty keeps its (out, lse)."""
     if rows.numel() == 0 or slots.numel() == 0:
         return
-    o, l = segment_attention_ref(q[rows], k_cache, v_cache, slots, scale, limits)
+    if limits is not None or starts is not None:
+        hi = limits if limits is not None else torch.full_like(rows, slots.numel() - 1)
+        lo = starts if starts is not None else torch.zeros_like(rows)
+        seen = lo <= hi
+        if not bool(seen.all()):
+            rows, lo, hi = rows[seen], lo[seen], hi[seen]
+            limits = hi if limits is not None else None
+            starts = lo if starts is not None else None
+        if rows.numel() == 0:
+            return
+    o, l = segment_attention_ref(q[rows], k_cache, v_cache, slots, scale, limits, starts)
     out[rows], lse[rows] = merge_attention_ref(out[rows], lse[rows], o, l)
+
+
+def segment_starts(segments, window: AttentionWindow) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The cascade's segments under a sliding window as (rows, slots, starts): starts[i] is the first index into
+    slots that row i sees (a segment's slots hold increasing positions); rows that see none of a segment are
+    dropped from it, and segments left without rows."""
+    out = []
+    for rows, slots in segments:
+        if rows.numel() == 0 or slots.numel() == 0:
+            continue
+        kpos = window.slot_positions[slots]
+        starts = torch.searchsorted(kpos, window.positions[rows] - (window.size - 1))
+        seen = starts < slots.numel()
+        if not bool(seen.all()):
+            rows, starts = rows[seen], starts[seen]
+        if rows.numel():
+            out.append((rows, slots, starts))
+    return out
 
 
 def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window=None):
@@ -95,21 +129,17 @@ def merge_attention_ref(out_a, lse_a, out_b, lse_b):
     return out_a * wa + out_b * wb, lse
 
 
-def cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
+def cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
+                          window: AttentionWindow | None = None):
     """Full step attention. segments: list of (rows [R] int64 into q, slots [S] int64 into the cache): the rows
-    of every sequence lying below that cached segment. Returns out [T, H, D] in q's dtype."""
-    out, lse = varlen_causal_attention_ref(q, k_new, v_new, cu_seqlens, scale)
-    for rows, slots in segments:
-        segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse)
-    return out.to(q.dtype)
-
-
-def windowed_cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
-                                   window: AttentionWindow):
-    """cascade_attention_ref under a sliding window: each cached segment's keys are masked by absolute position;
-    a row whose keys in a segment are all outside the window takes nothing from it."""
+    of every sequence lying below that cached segment. Returns out [T, H, D] in q's dtype. With a sliding
+    `window`, each cached segment's keys are masked by absolute position; a row whose keys in a segment are all
+    outside the window takes nothing from it."""
     out, lse = varlen_causal_attention_ref(q, k_new, v_new, cu_seqlens, scale, window)
     for rows, slots in segments:
+        if window is None:
+            segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse)
+            continue
         if rows.numel() == 0 or slots.numel() == 0:
             continue
         qpos = window.positions.to(q.device)[rows]

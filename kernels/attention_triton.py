@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from . import flash_attention
+from .attention import segment_starts
 from .aot import gpu_tiles
 
 LOG2E = 1.4426950408889634
@@ -33,7 +34,7 @@ def _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION: tl.conste
 
 @triton.jit
 def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cu_ptr, bt_ptr, plen_ptr,
-                          blk_seq_ptr, blk_start_ptr, bt_stride, page_size, qk_scale, H, Hkv, D,
+                          blk_seq_ptr, blk_start_ptr, bt_stride, page_size, qk_scale, H, Hkv, D, window,
                           G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           PRECISION: tl.constexpr):
     # one program: BLOCK_R // G tokens x the G query heads of KV head kh, stacked as BLOCK_R query rows
@@ -56,6 +57,9 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    # a sliding window (window > 0): the query at position plen + tok sees keys at positions > plen + tok - window
+    # (prefix key j sits at position j, own key j at plen + j)
+    first = tl.where(window > 0, plen + tok - window + 1, 0)
     for j0 in range(0, plen, BLOCK_N):  # the cached prefix, through the block table
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < plen
@@ -65,7 +69,8 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc, m_i, l_i = _online_update(q, k, v, n_mask[None, :], acc, m_i, l_i, qk_scale, PRECISION)
+        valid = n_mask[None, :] & (offs_n[None, :] >= first[:, None])
+        acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
     for j0 in range(0, tl.minimum(start + BLOCK_R // G, n), BLOCK_N):  # the sequence's own tokens, causal
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < n
@@ -73,7 +78,7 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kn_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(vn_ptr + kv_off, mask=kv_mask, other=0.0)
-        valid = n_mask[None, :] & (offs_n[None, :] <= tok[:, None])
+        valid = n_mask[None, :] & (offs_n[None, :] <= tok[:, None]) & (plen + offs_n[None, :] >= first[:, None])
         acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(out_ptr + q_off, acc / l_safe[:, None], mask=q_mask)
@@ -81,9 +86,10 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
 
 
 @triton.jit
-def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, lse_ptr, lim_ptr, R, S, qk_scale, H,
-                          Hkv, D, G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, HAS_LIMITS: tl.constexpr):
+def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, lse_ptr, lim_ptr, start_ptr, R, S,
+                          qk_scale, H, Hkv, D, G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, HAS_LIMITS: tl.constexpr,
+                          HAS_STARTS: tl.constexpr):
     # one program: BLOCK_R // G of the stacked rows x the G query heads of KV head kh
     kh = tl.program_id(1)
     offs_r = tl.arange(0, BLOCK_R)
@@ -104,6 +110,10 @@ def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, l
         limit = tl.load(lim_ptr + i, mask=r_mask, other=-1)
     else:
         limit = tl.full([BLOCK_R], S - 1, dtype=tl.int64)
+    if HAS_STARTS:  # the first slot index each row sees (a sliding window); the keys before it are masked
+        first = tl.load(start_ptr + i, mask=r_mask, other=0)
+    else:
+        first = tl.zeros([BLOCK_R], dtype=tl.int64)
     for j0 in range(0, S, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < S
@@ -112,7 +122,7 @@ def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, l
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
-        valid = n_mask[None, :] & (offs_n[None, :] <= limit[:, None])
+        valid = n_mask[None, :] & (offs_n[None, :] <= limit[:, None]) & (offs_n[None, :] >= first[:, None])
         acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(out_ptr + q_off, acc / l_safe[:, None], mask=q_mask)
@@ -133,8 +143,9 @@ def _blocks(q: torch.Tensor, group: int):
 
 
 def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                       page_size: int, scale: float):
-    """Contract of paged_attention.paged_prefill_attention_lse_ref: (out fp32 [T, H, D], lse fp32 [T, H])."""
+                                       page_size: int, scale: float, window: int = 0):
+    """Contract of paged_attention.paged_prefill_attention_lse_ref: (out fp32 [T, H, D], lse fp32 [T, H]).
+    window > 0: keys `window` or more positions before the query are masked (prefix key j at position j)."""
     T, H, D = q.shape
     Hkv = k_new.shape[1]
     br, bn, bd, prec, warps = _blocks(q, H // Hkv)
@@ -154,37 +165,44 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
             q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache, out, lse,
             torch.tensor(cu, device=dev), bt, torch.as_tensor(prefix_lens, device=dev).contiguous(),
             torch.tensor(seq, device=dev, dtype=torch.int32), torch.tensor(start, device=dev, dtype=torch.int32),
-            bt.stride(0), page_size, scale * LOG2E, H, Hkv, D,
+            bt.stride(0), page_size, scale * LOG2E, H, Hkv, D, int(window),
             G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=warps)
     return out, lse
 
 
-def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
-    """Rows q[rows] attend to cache[slots] (each up to its entry of limits, when given); the result is merged
-    into out[rows], lse[rows] in place."""
+def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
+    """Rows q[rows] attend to cache[slots] (each from its entry of starts up to its entry of limits, when given);
+    the result is merged into out[rows], lse[rows] in place."""
     R, S = rows.numel(), slots.numel()
     if R == 0 or S == 0:
         return
     H, Hkv, D = q.shape[1], k_cache.shape[1], q.shape[2]
     br, bn, bd, prec, warps = _blocks(q, H // Hkv)
     _segment_merge_kernel[(triton.cdiv(R, br // (H // Hkv)), Hkv)](
-        q, rows, k_cache, v_cache, slots, out, lse, rows if limits is None else limits, R, S, scale * LOG2E, H,
-        Hkv, D, G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, HAS_LIMITS=limits is not None,
-        num_warps=warps)
+        q, rows, k_cache, v_cache, slots, out, lse, rows if limits is None else limits,
+        rows if starts is None else starts, R, S, scale * LOG2E, H, Hkv, D, G=H // Hkv, BLOCK_R=br, BLOCK_N=bn,
+        BLOCK_D=bd, PRECISION=prec, HAS_LIMITS=limits is not None, HAS_STARTS=starts is not None, num_warps=warps)
 
 
-def cascade_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
+def cascade_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
     """Contract of attention.cascade_attention_ref. The self part runs on flash-attn when it is installed (CUDA,
-    fp16/bf16), else on the paged-prefill kernel with empty prefixes."""
+    fp16/bf16, no sliding window), else on the paged-prefill kernel with empty prefixes (a sequence's new tokens
+    hold consecutive positions, so the window is a distance in rows there). With `window`
+    (attention.AttentionWindow), each segment's rows start at their first key inside the window."""
     q = q.contiguous()
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and flash_attention.available():
+    if (window is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and flash_attention.available()):
         out, lse = flash_attention.varlen_causal_attention_flash(q, k_new, v_new, list(cu_seqlens), scale)
     else:
         nseq = len(cu_seqlens) - 1
         none = torch.zeros(nseq, 1, dtype=torch.int32, device=q.device)
         out, lse = paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_new, v_new, none,
                                                       torch.zeros(nseq, dtype=torch.int32, device=q.device), 1,
-                                                      scale)
-    for rows, slots in segments:
-        segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse)
+                                                      scale, 0 if window is None else window.size)
+    if window is None:
+        for rows, slots in segments:
+            segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse)
+    else:
+        for rows, slots, starts in segment_starts(segments, window):
+            segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, starts=starts)
     return out.to(q.dtype)

@@ -10,8 +10,9 @@ row's place in the step, the prefix tree's node boundaries or the token budget.
   tiles from its first key, merged into the row's running (out, lse) in ascending chunk order. A chunk that lies
   inside cached segments shared by many sequences is computed once for all their stacked rows (the cascade's
   sharing), a chunk holding a sequence's new tokens per sequence with a causal limit per row. The segment merge is
-  row-invariant in the native CPU op and the Triton kernel (a masked key adds exact zeros); the torch reference
-  computes the same values but makes no invariance promise.
+  row-invariant in the native CPU op and the Triton kernel (a masked key adds exact zeros; key tiles start at
+  fixed offsets of the chunk); the torch reference computes the same values but makes no invariance promise.
+  A sliding window (Gemma-3's local layers) cuts each row's chunks at the row's own position (windowed_chunks).
 - The target log-prob (`target_logprobs`) runs on fixed [LOGPROB_ROW_TILE x VOCAB_TILE] tiles (rows padded).
 RMSNorm, RoPE, SwiGLU and the KV store are row-wise already (one row's arithmetic never sees another row).
 
@@ -67,8 +68,9 @@ def chunk_segments(cu_seqlens: list[int], positions: torch.Tensor, write_slots: 
 
     Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1], at positions[cu_seqlens[b]] onwards; its cached keys are
     the slots of the segments holding its rows, in list order (ancestors root first, as engine/step.py builds
-    them), and its new keys are write_slots of its rows. Returns [(rows, slots, limits or None)] in ascending
-    chunk order: the rows attend to the slots, each row up to its limit (an index into slots)."""
+    them), and its new keys are write_slots of its rows. Returns [(rows, slots, limits or None, c0)] in ascending
+    chunk order: the rows attend to the slots, each row up to its limit (an index into slots); slot i of a chunk
+    holds the key at absolute position c0 + i."""
     dev = positions.device
     B = len(cu_seqlens) - 1
     cu_t = torch.tensor(cu_seqlens, device=dev)
@@ -110,16 +112,45 @@ def chunk_segments(cu_seqlens: list[int], positions: torch.Tensor, write_slots: 
     out = [(c0, torch.cat(rows), torch.cat(parts), None) for (c0, *_), (rows, parts) in shared.items()]
     out += own
     out.sort(key=lambda e: e[0])  # stable: ascending chunk order per row is all that matters
-    return [(rows, slots, limits) for _, rows, slots, limits in out]
+    return [(rows, slots, limits, c0) for c0, rows, slots, limits in out]
 
 
-def cascade_attention(q, k_cache, v_cache, chunks, scale, merge):
+def windowed_chunks(chunks, window):
+    """The chunks under a sliding window (attention.AttentionWindow) as (rows, slots, limits, starts): a row at
+    position p sees the chunk's keys from position p - window.size + 1 on (starts: indices into slots); rows that
+    see none of a chunk leave it, and chunks left without rows. Only the row's own position decides, so the mode
+    stays batch-invariant."""
+    out = []
+    for rows, slots, limits, c0 in chunks:
+        starts = (window.positions[rows] - (window.size - 1) - c0).clamp_(min=0)
+        last = limits if limits is not None else torch.full_like(starts, slots.numel() - 1)
+        seen = starts <= last
+        if not bool(seen.all()):
+            rows, starts = rows[seen], starts[seen]
+            limits = limits[seen] if limits is not None else None
+        if rows.numel():
+            out.append((rows, slots, limits, starts))
+    return out
+
+
+_window_memo: tuple = (None, None, None)  # (chunks, window, windowed chunks): every local layer of a step
+
+
+def cascade_attention(q, k_cache, v_cache, chunks, scale, merge, window=None):
     """Attention of every row over its chunks (chunk_segments), merged in order by `merge` (the dispatched
-    segment_attention_merge). Returns out [T, H, D] in q's dtype."""
+    segment_attention_merge); with a sliding `window`, over the part of each chunk inside the row's window
+    (windowed_chunks). Returns out [T, H, D] in q's dtype."""
+    global _window_memo
     q = q.contiguous()
     T, H, D = q.shape
     out = torch.zeros(T, H, D, dtype=torch.float32, device=q.device)
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
-    for rows, slots, limits in chunks:
-        merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits)
+    if window is None:
+        for rows, slots, limits, _ in chunks:
+            merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits)
+    else:
+        if _window_memo[0] is not chunks or _window_memo[1] is not window:
+            _window_memo = (chunks, window, windowed_chunks(chunks, window))
+        for rows, slots, limits, starts in _window_memo[2]:
+            merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits, starts)
     return out.to(q.dtype)

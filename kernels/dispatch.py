@@ -28,7 +28,6 @@ import os
 import torch
 
 from . import batch_invariant, native_ops
-from .attention import windowed_cascade_attention_ref
 from .linear import linear as _packed_linear, prepack as _prepack
 
 log = logging.getLogger("kernels")
@@ -181,21 +180,12 @@ class StepKernels:
 
     def attention(self, q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, plan, window=None):
         """One layer's attention of the step (the new K/V are already in the cache). Returns [T, H, D].
-        With a sliding `window` (attention.AttentionWindow): the native kernel takes it in the fast mode; the
-        Triton and batch-invariant kernels have no window yet, so there it runs the torch reference."""
-        if window is not None:
-            fast = None if self.deterministic else resolve("cascade_attention", q.device)
-            if fast is native_ops.cascade_attention_native:
-                return fast(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window)
-            if not _state.get("window_logged"):
-                _state["window_logged"] = True
-                log.info("kernels: sliding-window attention -> torch reference (no Triton or batch-invariant "
-                         "windowed kernel)")
-            return windowed_cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
-                                                  window)
+        A sliding `window` (attention.AttentionWindow, Gemma-3's local layers) masks keys by absolute position
+        in every backend and mode."""
         if self.deterministic:  # every key from the cache, in fixed absolute chunks
-            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge)
-        return cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale)
+            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge,
+                                                     window)
+        return cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
         """Full-vocabulary logits (fp32) of a few rows, `head` as `weight` returned it."""
@@ -223,14 +213,16 @@ def store_kv(k, v, k_cache, v_cache, slots):
     return resolve("store_kv", k.device)(k, v, k_cache, v_cache, slots)
 
 
-def cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale):
-    return resolve("cascade_attention", q.device)(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale)
+def cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
+    return resolve("cascade_attention", q.device)(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
+                                                   window)
 
 
-def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None):
-    """The deterministic mode's attention step (kernels/batch_invariant.py): rows attend to cached slots, each up
-    to its limit, merged into their running (out, lse) in place."""
-    return resolve("segment_attention_merge", q.device)(q, rows, k_cache, v_cache, slots, scale, out, lse, limits)
+def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
+    """The deterministic mode's attention step (kernels/batch_invariant.py): rows attend to cached slots, each from
+    its start up to its limit, merged into their running (out, lse) in place."""
+    return resolve("segment_attention_merge", q.device)(q, rows, k_cache, v_cache, slots, scale, out, lse, limits,
+                                                        starts)
 
 
 def target_logprobs(hidden, weight, targets, top_k=0):

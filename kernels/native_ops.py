@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .attention import segment_starts
+
 log = logging.getLogger(__name__)
 LIB_DIR = Path(__file__).parent / "native"
 
@@ -56,24 +58,6 @@ def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out,
     """Contract of attention.segment_attention_merge_ref (q contiguous; out, lse fp32, updated in place)."""
     if rows.numel() and slots.numel():
         _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse, limits, starts)
-
-
-def window_starts(segments, window) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The segments under a sliding window (attention.AttentionWindow) as (rows, slots, starts): starts[i] is the
-    first index into slots that row i sees (the segment's slots hold increasing positions); rows that see none
-    of the segment are dropped, and segments left without rows."""
-    out = []
-    for rows, slots in segments:
-        if rows.numel() == 0 or slots.numel() == 0:
-            continue
-        kpos = window.slot_positions[slots]
-        starts = torch.searchsorted(kpos, window.positions[rows] - (window.size - 1))
-        seen = starts < slots.numel()
-        if not bool(seen.all()):
-            rows, starts = rows[seen], starts[seen]
-        if rows.numel():
-            out.append((rows, slots, starts))
-    return out
 
 
 FOLD_BELOW = 32  # keys in a tile of the native kernel
@@ -152,7 +136,7 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
                                               0 if window is None else window.size)
     if _waves_memo[0] is not segments or _waves_memo[1] is not window:
         segs = fold_short_segments(segments)
-        segs = segs if window is None else window_starts(segs, window)
+        segs = segs if window is None else segment_starts(segs, window)
         _waves_memo = (segments, window, segment_waves(segs, q.shape[0]))
     for rows, row_off, slots, slot_off, starts in _waves_memo[2]:
         _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse,

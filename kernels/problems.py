@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .attention import AttentionWindow
+
 
 def _packed(seq_lens, H, Hkv, D, dtype, gen):
     T = sum(seq_lens)
@@ -58,3 +60,19 @@ def upcast(problem: dict) -> dict:
     if "segments" in out:
         out["segments"] = [(r, s) for r, s in problem["segments"]]
     return out
+
+
+def cascade_window(p: dict, shared_len: int, own_lens: list[int], size: int):
+    """The AttentionWindow of a cascade_problem: its shared segment at positions 0.., each sequence's own cached
+    segment after it, then its new tokens."""
+    slot_positions = torch.full((p["k_cache"].shape[0],), -10 ** 6, dtype=torch.long)
+    segs = iter(p["segments"])
+    if shared_len:
+        slot_positions[next(segs)[1]] = torch.arange(shared_len)
+    positions = []
+    cu = p["cu_seqlens"]
+    for b, n in enumerate(own_lens):
+        if n:
+            slot_positions[next(segs)[1]] = torch.arange(shared_len, shared_len + n)
+        positions.append(torch.arange(cu[b + 1] - cu[b]) + shared_len + n)
+    return AttentionWindow(size, torch.cat(positions), slot_positions)

@@ -76,6 +76,25 @@ def test_scores_bitwise_independent_of_the_job(tiny, dtype):
         assert got == alone, f"{name}: max diff {diff}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_sliding_window_scores_bitwise_independent_of_the_job(tiny_model_dirs, dtype):
+    """Gemma-3's local layers (a window of 8, far shorter than the prompts and the shared demo prefixes) in the
+    batch-invariant mode: each row's keys cut by its own position, so a score keeps its bits whatever the job."""
+    gemma = load_model_files(str(tiny_model_dirs["gemma3"]))
+    assert gemma[0].sliding_window == 8 and any(gemma[0].sliding_layers)
+    targets, others = jobs(gemma[0].vocab_size, seed=3)
+    targets, others = targets[:8], others[:80]
+    alone = token_logprobs(engine(gemma, dtype).score(targets))
+    mixed = targets + others
+    order = list(range(len(mixed)))
+    random.Random(2).shuffle(order)
+    for budget in (7, 1024):
+        got = engine(gemma, dtype, token_budget=budget).score([mixed[i] for i in order])
+        back = {i: got[pos] for pos, i in enumerate(order)}
+        assert token_logprobs([back[i] for i in range(8)]) == alone, f"budget {budget}"
+    assert token_logprobs(engine(gemma, dtype).score(mixed, share_prefix=False)[:8]) == alone
+
+
 def interleaved(tiny, dtype, targets, others):
     """Engine.add_score / add_generate / step: requests arrive 0-4 at a time between steps, greedy generations
     from prompts sharing the demo prefixes mixed in; returns the targets' token log-probs."""

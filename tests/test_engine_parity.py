@@ -63,8 +63,8 @@ def test_tiny_models_match_transformers(arch, tiny_model_dirs):
 
 
 def test_gemma3_deterministic_mode_matches_transformers(tiny_model_dirs):
-    """Sliding-window layers in the deterministic mode (they run the windowed torch reference there), with prompts
-    and shared prefixes longer than the window of 8."""
+    """Sliding-window layers in the deterministic mode (each row's fixed KV chunks cut at its window, merged by
+    the native op), with prompts and shared prefixes longer than the window of 8."""
     config, weights, tok = load_model_files(str(tiny_model_dirs["gemma3"]))
     hf = hf_model_from_weights(config, weights)
     reqs = _random_requests(config.vocab_size, 12, seed=5)

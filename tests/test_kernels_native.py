@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from kernels import native_ops
-from kernels.attention import AttentionWindow, cascade_attention_ref, segment_attention_merge_ref, \
-    windowed_cascade_attention_ref
+from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
 from kernels.paged_attention import paged_prefill_attention_lse_ref
-from kernels.problems import cascade_problem, paged_problem, upcast
+from kernels.problems import cascade_problem, cascade_window, paged_problem, upcast
 
 if os.environ.get("ICQS_NO_NATIVE") == "1":
     pytest.skip("ICQS_NO_NATIVE=1", allow_module_level=True)
@@ -158,22 +157,6 @@ def test_segment_waves_match_reference(dtype):
 
 
 # --- the sliding window (Gemma-3's local layers) ---
-def cascade_window(p, shared_len, own_lens, size):
-    """The AttentionWindow of a cascade_problem: its shared segment at positions 0.., each sequence's own cached
-    segment after it, then its new tokens."""
-    slot_positions = torch.full((p["k_cache"].shape[0],), -10 ** 6, dtype=torch.long)
-    segs = iter(p["segments"])
-    if shared_len:
-        slot_positions[next(segs)[1]] = torch.arange(shared_len)
-    positions = []
-    cu = p["cu_seqlens"]
-    for b, n in enumerate(own_lens):
-        if n:
-            slot_positions[next(segs)[1]] = torch.arange(shared_len, shared_len + n)
-        positions.append(torch.arange(cu[b + 1] - cu[b]) + shared_len + n)
-    return AttentionWindow(size, torch.cat(positions), slot_positions)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", [1, 6, 40, 75, 1000])
 @pytest.mark.parametrize("D", [64, 256])
@@ -185,7 +168,7 @@ def test_windowed_cascade_matches_reference(size, dtype, D):
     p = cascade_problem([1, 37, 70, 5], shared_len=90, own_lens=own, H=4, Hkv=1, D=D, dtype=dtype, seed=size)
     window = cascade_window(p, 90, own, size)
     got = native_ops.cascade_attention_native(**p, window=window)
-    want = windowed_cascade_attention_ref(**upcast(p), window=window)
+    want = cascade_attention_ref(**upcast(p), window=window)
     torch.testing.assert_close(got.float(), want, **(TOL if dtype == torch.float32 else BF16_TOL))
     if size < 1000:  # the window changes the result (the test can fail)
         assert not torch.allclose(want, cascade_attention_ref(**upcast(p)).float(), **BF16_TOL)

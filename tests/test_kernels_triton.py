@@ -22,7 +22,7 @@ from kernels.kv_store_triton import store_kv_triton  # noqa: E402
 from kernels.logprob import target_logprobs_ref  # noqa: E402
 from kernels.logprob_triton import target_logprobs_triton  # noqa: E402
 from kernels.paged_attention import paged_prefill_attention_lse_ref  # noqa: E402
-from kernels.problems import cascade_problem, paged_problem  # noqa: E402
+from kernels.problems import cascade_problem, cascade_window, paged_problem  # noqa: E402
 from kernels.rmsnorm import rms_norm_ref  # noqa: E402
 from kernels.rmsnorm_triton import rms_norm_triton  # noqa: E402
 from kernels.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
@@ -134,6 +134,42 @@ def test_cascade_attention_without_cache():
     p = problem_on(cascade_problem([4, 7], shared_len=0, own_lens=[0, 0], H=2, Hkv=2, D=16), torch.float32)
     assert p["segments"] == []
     close(AT.cascade_attention_triton(**p), cascade_attention_ref(**p), torch.float32)
+
+
+@pytest.mark.parametrize("size", [1, 7, 30, 1000])
+@pytest.mark.parametrize("D", [16, 256])
+def test_windowed_cascade_attention(size, D):
+    """Gemma-3's sliding window: windows shorter than the new tokens and than the shared segment (rows then take
+    nothing from it), and one longer than everything; head_dim 256 as Gemma-3-270M has."""
+    own = [0, 5, 12]
+    p = problem_on(cascade_problem([3, 18, 1], shared_len=21, own_lens=own, H=4, Hkv=1, D=D, seed=size),
+                   torch.float32)
+    window = cascade_window(p, 21, own, size)
+    window = type(window)(size, window.positions.to(DEVICE), window.slot_positions.to(DEVICE))
+    want = cascade_attention_ref(**p, window=window)
+    close(AT.cascade_attention_triton(**p, window=window), want, torch.float32)
+    if size < 1000:  # the window changes the result (the test can fail)
+        assert not torch.allclose(want.cpu(), cascade_attention_ref(**p).cpu(), atol=1e-3)
+
+
+def test_segment_merge_with_row_starts_and_limits():
+    """The deterministic mode's merge under a window: each row sees the keys from its start to its limit; a row
+    whose range is empty keeps its (out, lse)."""
+    p = problem_on(cascade_problem([12], shared_len=40, own_lens=[0], H=4, Hkv=2, D=16), torch.float32)
+    rows, slots = p["segments"][0]
+    limits = torch.tensor([0, 3, 39, 17, 31, 32, 33, 5, 16, 15, 38, 1], device=DEVICE)
+    starts = torch.tensor([0, 2, 30, 17, 0, 33, 1, 6, 16, 9, 0, 1], device=DEVICE)
+    outs = []
+    for merge, args in ((AT.segment_attention_merge_triton, p), (segment_attention_merge_ref, fp32(p))):
+        out = torch.randn(12, 4, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        lse = torch.randn(12, 4, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+        merge(args["q"], rows, args["k_cache"], args["v_cache"], slots, p["scale"], out, lse, limits, starts)
+        outs.append((out, lse))
+    close(outs[0][0], outs[1][0], torch.float32)
+    close(outs[0][1], outs[1][1], torch.float32)
+    keep = starts > limits  # rows 5 and 7: nothing to see
+    assert torch.equal(outs[0][0][keep], torch.randn(12, 4, 16, generator=torch.Generator().manual_seed(5))
+                       .to(DEVICE)[keep])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

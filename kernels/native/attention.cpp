@@ -306,7 +306,9 @@ void sweep(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh, const 
     const int64_t lo = vis.lo(r), hi = vis.hi(r, keys.n);
     if (lo < hi) first = std::min(first, lo), last = std::max(last, hi);
   }
-  for (int64_t j0 = first; j0 < last; j0 += kNB) {
+  // tiles at fixed offsets (multiples of kNB from key 0), whichever rows share the item: a row's arithmetic
+  // depends on its own keys only (the deterministic mode's batch invariance)
+  for (int64_t j0 = first / kNB * kNB; j0 < last; j0 += kNB) {
     const int nb = int(std::min<int64_t>(kNB, keys.n - j0));
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -352,7 +354,7 @@ void sweep_direct(State& s, const Keys<T>& keys, int64_t row_stride, int64_t kh,
     lo[r] = vis.lo(r), hi[r] = vis.hi(r, keys.n);
     if (lo[r] < hi[r]) first = std::min(first, lo[r]), last = std::max(last, hi[r]);
   }
-  for (int64_t j0 = first; j0 < last; j0 += kLanes) {
+  for (int64_t j0 = first / kLanes * kLanes; j0 < last; j0 += kLanes) {  // blocks at fixed offsets
     const int nb = int(std::min<int64_t>(kLanes, last - j0));
     for (int j = 0; j < nb; ++j) {  // K and V rows in fp32, zero padded to DP
       const int64_t off = (keys.idx ? keys.idx[j0 + j] : keys.base + j0 + j) * row_stride + kh * s.D;
@@ -442,7 +444,7 @@ void sweep_direct_bf16(State& s, const Keys<c10::BFloat16>& keys, int64_t row_st
   }
   const int nc = s.D / 32;  // 32-value chunks of a row
   const c10::BFloat16* krow[kLanes];
-  for (int64_t j0 = first; j0 < last; j0 += kLanes) {
+  for (int64_t j0 = first / kLanes * kLanes; j0 < last; j0 += kLanes) {  // blocks at fixed offsets
     const int nb = int(std::min<int64_t>(kLanes, last - j0));
     const c10::BFloat16* vrow[kLanes];
     for (int j = 0; j < kLanes; ++j) {
