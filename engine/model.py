@@ -145,7 +145,7 @@ class LlamaModel:
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits (fp32) of a few final hidden rows: the rows that sample a token."""
+        """Full-vocabulary logits (the model's dtype) of a few final hidden rows: the rows that sample a token."""
         return self.ops.logits(hidden, self.logits_head)
 
     def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+import kernels
+
 
 def new_generator(seed: int | None, device) -> torch.Generator:
     """A request's own generator: seeded, or from fresh OS entropy (never from or into the global RNG)."""
@@ -21,23 +23,27 @@ def new_generator(seed: int | None, device) -> torch.Generator:
 
 def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
            generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 logits [n, V] -> (tokens [n] int64, their log-probs [n] fp32 under the model's distribution).
+    """logits [n, V] (the model's dtype; computed on in fp32) -> (tokens [n] int64, their log-probs [n] fp32 under
+    the model's distribution).
 
     Row i is greedy (argmax) when temperature[i] <= 0 or top_p[i] <= 0, else sampled at temperature[i] from the
-    smallest set of tokens whose probability mass reaches top_p[i] (the top token is always kept)."""
+    smallest set of tokens whose probability mass reaches top_p[i] (the top token is always kept). The greedy
+    rows take the fused argmax and log-prob (kernels.greedy_logprobs); only the sampled rows are copied to fp32."""
     n = logits.shape[0]
-    tokens = torch.argmax(logits, dim=-1)
+    tokens, logprobs = kernels.greedy_logprobs(logits)
     sampled = [i for i in range(n) if temperature[i] > 0 and top_p[i] > 0]
     if sampled:
         idx = torch.tensor(sampled, device=logits.device)
+        rows = logits[idx].float()
         temp = torch.tensor([temperature[i] for i in sampled], device=logits.device)[:, None]
         p = torch.tensor([top_p[i] for i in sampled], device=logits.device)[:, None]
-        probs, order = torch.sort(torch.softmax(logits[idx] / temp, dim=-1), dim=-1, descending=True)
+        probs, order = torch.sort(torch.softmax(rows / temp, dim=-1), dim=-1, descending=True)
         before = torch.cumsum(probs, dim=-1) - probs
         probs = torch.where(before < p, probs, 0.0)  # the top token always stays (before = 0 < p)
         cdf = torch.cumsum(probs, dim=-1)
         u = torch.cat([torch.rand(1, generator=generators[i], device=logits.device) for i in sampled])
         pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=cdf.shape[1] - 1)
-        tokens[idx] = order.gather(1, pick).squeeze(1)
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+        picked = order.gather(1, pick).squeeze(1)
+        tokens[idx] = picked
+        logprobs[idx] = torch.log_softmax(rows, dim=-1).gather(1, picked[:, None]).squeeze(1)
     return tokens, logprobs

@@ -49,13 +49,14 @@ IMPLS = {
                                 "triton": "attention_triton:segment_attention_merge_triton",
                                 "native": "native_ops:segment_attention_merge_native"},
     "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
+    "greedy_logprobs": {"torch": "logprob:greedy_logprobs_ref", "native": "native_ops:greedy_logprobs_native"},
 }
 ENGINE_OPS = ("rms_norm", "apply_rope", "silu_and_mul", "store_kv", "cascade_attention", "segment_attention_merge",
-              "target_logprobs")
+              "target_logprobs", "greedy_logprobs")
 # Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
 # shapes). store_kv (one index_copy_ per tensor) and target_logprobs (matmul-bound) have no native version.
 CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "rms_norm", "apply_rope",
-                            "silu_and_mul"})
+                            "silu_and_mul", "greedy_logprobs"})
 
 _state = {"backend": None}
 _chosen: dict[tuple[str, str, str], object] = {}
@@ -90,7 +91,7 @@ def _pick(op: str, device: torch.device, backend: str) -> tuple[str, str]:
     impls = IMPLS[op]
     if backend == "auto":
         if device.type == "cuda":
-            return "triton", "CUDA"
+            return ("triton", "CUDA") if "triton" in impls else ("torch", "no Triton kernel for this op")
         if op in CPU_NATIVE_OPS:
             if native_ops.load():
                 return "native", f"measured faster on CPU ({native_ops.LIB_DIR.name}/libicqs_native.so)"
@@ -106,6 +107,8 @@ def _pick(op: str, device: torch.device, backend: str) -> tuple[str, str]:
         if not native_ops.load():
             raise RuntimeError(f"ENGINE_KERNELS=native but libicqs_native.so is not built in {native_ops.LIB_DIR}")
         return "native", "forced"
+    if backend == "triton" and "triton" not in impls:
+        return "torch", "no Triton kernel for this op"
     if backend == "triton" and device.type == "cpu":
         return "triton", "forced; Triton interpreter"
     return backend, "forced"
@@ -188,8 +191,8 @@ class StepKernels:
         return cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
-        """Full-vocabulary logits (fp32) of a few rows, `head` as `weight` returned it."""
-        return _packed_linear(hidden, head).float()
+        """Full-vocabulary logits of a few rows in the model's dtype, `head` as `weight` returned it."""
+        return _packed_linear(hidden, head)
 
     def target_logprobs(self, hidden, weight, targets, top_k=0):
         if self.deterministic:
@@ -223,6 +226,11 @@ def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, l
     its start up to its limit, merged into their running (out, lse) in place."""
     return resolve("segment_attention_merge", q.device)(q, rows, k_cache, v_cache, slots, scale, out, lse, limits,
                                                         starts)
+
+
+def greedy_logprobs(logits):
+    """(tokens, log-probs) of greedy decoding from logits [n, V]: see logprob.greedy_logprobs_ref."""
+    return resolve("greedy_logprobs", logits.device)(logits)
 
 
 def target_logprobs(hidden, weight, targets, top_k=0):

@@ -55,3 +55,11 @@ def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
         if k:
             top_ids[r0:r0 + n], top_lps[r0:r0 + n] = best_ids, best - run_max[:, None] - log_sum[:, None]
     return (logprob, greedy, top_ids, top_lps) if top_k > 0 else (logprob, greedy)
+
+
+def greedy_logprobs_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [n, V] (any float dtype) -> (tokens [n] int64: the first index of each row's largest logit, their
+    log-probs [n] fp32 under log-softmax, computed in fp32): greedy decoding's choice."""
+    x = logits.float()
+    tokens = torch.argmax(x, dim=-1)
+    return tokens, torch.log_softmax(x, dim=-1).gather(1, tokens[:, None]).squeeze(1)

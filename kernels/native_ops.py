@@ -162,3 +162,8 @@ def apply_rope_native(q, k, positions, cos, sin):
 def silu_and_mul_native(gate_up):
     """Contract of swiglu.silu_and_mul_ref."""
     return _ops().silu_and_mul(gate_up.contiguous())
+
+
+def greedy_logprobs_native(logits):
+    """Contract of logprob.greedy_logprobs_ref (two reads of each row, no log-softmax written out)."""
+    return _ops().greedy_logprobs(logits.contiguous())

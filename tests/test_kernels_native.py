@@ -220,3 +220,22 @@ def test_short_segments_fold_into_the_segments_below(own_lens):
         assert len(folded) == len(p["segments"])
         assert all(torch.equal(s, s0) for (_, s), (_, s0) in zip(folded, p["segments"]))
     torch.testing.assert_close(native_ops.cascade_attention_native(**p), cascade_attention_ref(**p), **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [1, 17, 49152])
+def test_greedy_logprobs(dtype, V):
+    """Greedy decoding's argmax (the first index on ties, as torch.argmax) and its log-softmax, against the
+    reference on the same logits."""
+    assert native_ops.load()
+    from kernels.logprob import greedy_logprobs_ref
+    x = (randn(5, V, dtype=torch.float32) * 6).to(dtype)
+    if V > 20:
+        x[2, 40] = x[2, 7] = x[2, 30000 % V] = 100.0  # a tie: the first index wins
+        x[4, V - 1] = 90.0  # the largest at the last position (the vector loop's tail)
+    tokens, logprobs = native_ops.greedy_logprobs_native(x)
+    ref_tokens, ref_logprobs = greedy_logprobs_ref(x)
+    assert torch.equal(tokens, ref_tokens)
+    if V > 20:
+        assert tokens[2] == 7 and tokens[4] == V - 1
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=2e-6, rtol=1e-6)

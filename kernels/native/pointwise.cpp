@@ -1,5 +1,5 @@
 // Native CPU row-wise ops of the Llama block, registered as torch ops `icqs_native::*`: RMSNorm fused with the
-// residual add, RoPE in place on q and k, SwiGLU. Each is one pass over its rows instead of the 2-9 ATen ops
+// residual add, RoPE in place on q and k, SwiGLU, and greedy decoding's argmax with its log-prob. Each is one pass over its rows instead of the 2-9 ATen ops
 // (each with its own allocation and parallel region) of the torch reference, which dominate when a step holds
 // few tokens. Rounding follows the references: intermediate results are rounded to the tensor dtype where the
 // reference computes in that dtype, so bf16 outputs match the torch path.
@@ -144,6 +144,70 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// Greedy decoding's row-wise part: per row of logits, the first index of the largest value and its log-prob
+// under log-softmax (-log sum exp(x - max)), in fp32, in two reads of the row and no [rows x vocab] output
+// (the reference needs argmax, a log-softmax written out and a gather: four passes and two copies).
+template <typename T>
+void greedy_rows(const T* x, int64_t* tok, float* lp, int64_t rows, int64_t V) {
+  at::parallel_for(0, rows, row_grain(V), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = x + r * V;
+      float best = kNegInf;
+      int64_t arg = 0;
+#if defined(__AVX512F__)
+      __m512 vbest = _mm512_set1_ps(kNegInf);
+      __m512i varg = _mm512_setzero_si512();
+      __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const __m512i step = _mm512_set1_epi32(kLanes);
+      int64_t i = 0;
+      for (; i + kLanes <= V && i + kLanes <= (int64_t(1) << 31); i += kLanes) {
+        const __m512 v = load_as_float(row + i, kLanes).v;
+        const __mmask16 gt = _mm512_cmp_ps_mask(v, vbest, _CMP_GT_OQ);  // strictly greater: first index per lane
+        vbest = _mm512_mask_blend_ps(gt, vbest, v);
+        varg = _mm512_mask_blend_epi32(gt, varg, idx);
+        idx = _mm512_add_epi32(idx, step);
+      }
+      alignas(64) float bv[kLanes];
+      alignas(64) int32_t bi[kLanes];
+      _mm512_store_ps(bv, vbest);
+      _mm512_store_si512(bi, varg);
+      for (int l = 0; l < kLanes; ++l)
+        if (bv[l] > best || (bv[l] == best && bi[l] < arg)) best = bv[l], arg = bi[l];
+      for (; i < V; ++i) {
+        const float v = static_cast<float>(row[i]);
+        if (v > best) best = v, arg = i;
+      }
+#else
+      for (int64_t i = 0; i < V; ++i) {
+        const float v = static_cast<float>(row[i]);
+        if (v > best) best = v, arg = i;
+      }
+#endif
+      V16 sum = V16::zero();
+      const V16 vmax = V16::set1(best), l2e = V16::set1(1.4426950408889634f);
+      for (int64_t j = 0; j < V; j += kLanes) {
+        const int c = int(std::min<int64_t>(kLanes, V - j));
+        sum = sum + ((load_as_float(row + j, c) - vmax) * l2e).keep_first(c).exp2();
+      }
+      tok[r] = arg;
+      lp[r] = -std::log(sum.sum());
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> greedy_logprobs(const at::Tensor& logits) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous(),
+              "logits: contiguous CPU [rows, vocab]");
+  TORCH_CHECK(logits.size(1) > 0, "an empty vocabulary");
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  auto tok = at::empty({rows}, logits.options().dtype(at::kLong));
+  auto lp = at::empty({rows}, logits.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "greedy_logprobs", [&] {
+    greedy_rows<scalar_t>(logits.data_ptr<scalar_t>(), tok.data_ptr<int64_t>(), lp.data_ptr<float>(), rows, V);
+  });
+  return {tok, lp};
+}
+
 }  // namespace
 }  // namespace icqs
 
@@ -151,10 +215,12 @@ TORCH_LIBRARY_FRAGMENT(icqs_native, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor? residual) -> (Tensor, Tensor)");
   m.def("apply_rope_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("greedy_logprobs(Tensor logits) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
   m.impl("rms_norm", &icqs::rms_norm);
   m.impl("apply_rope_", &icqs::apply_rope_);
   m.impl("silu_and_mul", &icqs::silu_and_mul);
+  m.impl("greedy_logprobs", &icqs::greedy_logprobs);
 }
