@@ -239,3 +239,17 @@ def test_greedy_logprobs(dtype, V):
     if V > 20:
         assert tokens[2] == 7 and tokens[4] == V - 1
     torch.testing.assert_close(logprobs, ref_logprobs, atol=2e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [None, 3])
+def test_decode_step_one_token_per_sequence(dtype, size):
+    """A decode step: every sequence has one new token (its self part is itself alone), below a shared prefix
+    and its own cached tokens; with and without a sliding window."""
+    assert native_ops.load()
+    own = [4, 0, 9, 2]
+    p = cascade_problem([1, 1, 1, 1], shared_len=20, own_lens=own, H=6, Hkv=2, D=64, dtype=dtype, seed=9)
+    window = None if size is None else cascade_window(p, 20, own, size)
+    got = native_ops.cascade_attention_native(**p, window=window)
+    want = cascade_attention_ref(**upcast(p), window=window)
+    torch.testing.assert_close(got.float(), want.float(), **(TOL if dtype == torch.float32 else BF16_TOL))
