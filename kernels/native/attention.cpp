@@ -187,33 +187,44 @@ void tile_rows(State& s, int r0, int nb, const int* lo, const int* hi) {
 }
 
 #if defined(__AVX512BF16__)
-// Packs keys j0..j0+nb-1 of head kh for the bf16 micro-kernel (zero padded): kb[dp][j] holds key j's
-// dimensions (2dp, 2dp+1); vb[jp][d] holds dimension d of keys (2jp, 2jp+1).
-void pack_tile_bf16(State& s, const Keys<c10::BFloat16>& keys, int64_t j0, int nb, int64_t row_stride,
-                    int64_t kh) {
+// The K and V rows of keys j0..j0+n-1 of head kh (bf16), pointers to a zero row past the nb real ones.
+void key_rows(const Keys<c10::BFloat16>& keys, int64_t j0, int nb, int n, int64_t row_stride, int64_t kh, int D,
+              const c10::BFloat16** krow, const c10::BFloat16** vrow) {
   alignas(64) static const c10::BFloat16 zeros[512] = {};
-  const c10::BFloat16* krow[kNB];
-  const c10::BFloat16* vrow[kNB];
-  for (int j = 0; j < kNB; ++j) {
+  for (int j = 0; j < n; ++j) {
     if (j >= nb) { krow[j] = vrow[j] = zeros; continue; }
-    const int64_t off = (keys.idx ? keys.idx[j0 + j] : keys.base + j0 + j) * row_stride + kh * s.D;
+    const int64_t off = (keys.idx ? keys.idx[j0 + j] : keys.base + j0 + j) * row_stride + kh * D;
     krow[j] = keys.k + off;
     vrow[j] = keys.v + off;
   }
+}
+
+// V rows in pairs of keys: vb[jp][d] holds dimension d of keys (2jp, 2jp+1), for the bf16 P.V dot products.
+void interleave_pairs(const c10::BFloat16* const* vrow, int npairs, int D, uint32_t* vb) {
+  // out[2i] = a[i], out[2i + 1] = b[i]: dimension i of two keys side by side
+  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  for (int jp = 0; jp < npairs; ++jp)
+    for (int d = 0; d < D; d += kLanes) {
+      const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp] + d)));
+      const __m512i b = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp + 1] + d)));
+      _mm512_storeu_si512(vb + size_t(jp) * D + d, _mm512_permutex2var_epi16(a, interleave, b));
+    }
+}
+
+// Packs keys j0..j0+nb-1 of head kh for the bf16 micro-kernel (zero padded): kb[dp][j] holds key j's
+// dimensions (2dp, 2dp+1); V in pairs of keys (interleave_pairs).
+void pack_tile_bf16(State& s, const Keys<c10::BFloat16>& keys, int64_t j0, int nb, int64_t row_stride,
+                    int64_t kh) {
+  const c10::BFloat16* krow[kNB];
+  const c10::BFloat16* vrow[kNB];
+  key_rows(keys, j0, nb, kNB, row_stride, kh, s.D, krow, vrow);
   for (int j = 0; j < kNB; ++j) {
     uint32_t pairs[256];
     std::memcpy(pairs, krow[j], size_t(s.D) * sizeof(c10::BFloat16));
     for (int dp = 0; dp < s.DH; ++dp) s.kb[size_t(dp) * kNB + j] = pairs[dp];
   }
-  // out[2i] = a[i], out[2i + 1] = b[i]: dimension i of two keys side by side
-  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  for (int jp = 0; jp < kNB / 2; ++jp)
-    for (int d = 0; d < s.D; d += kLanes) {
-      const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp] + d)));
-      const __m512i b = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp + 1] + d)));
-      _mm512_storeu_si512(&s.vb[size_t(jp) * s.D + d], _mm512_permutex2var_epi16(a, interleave, b));
-    }
+  interleave_pairs(vrow, kNB / 2, s.D, s.vb.data());
 }
 
 // One bf16 tile for query vectors r0..r0+kMR-1: scores and P.V by bf16 dot products, fp32 accumulation.
@@ -434,33 +445,20 @@ inline void pv_pairs(float* acc, const uint32_t* vb, int64_t stride, const uint3
 // dot products (P rounded to bf16, as in the tiles).
 void sweep_direct_bf16(State& s, const Keys<c10::BFloat16>& keys, int64_t row_stride, int64_t kh,
                        const Visible& vis) {
-  alignas(64) static const c10::BFloat16 zeros[512] = {};
-  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   int64_t lo[kMR], hi[kMR], first = keys.n, last = 0;
   for (int r = 0; r < s.M; ++r) {
     lo[r] = vis.lo(r), hi[r] = vis.hi(r, keys.n);
     if (lo[r] < hi[r]) first = std::min(first, lo[r]), last = std::max(last, hi[r]);
   }
   const int nc = s.D / 32;  // 32-value chunks of a row
+  const int D = s.D;
+  uint32_t* vb = s.vb.data();
   const c10::BFloat16* krow[kLanes];
+  const c10::BFloat16* vrow[kLanes];
   for (int64_t j0 = first / kLanes * kLanes; j0 < last; j0 += kLanes) {  // blocks at fixed offsets
     const int nb = int(std::min<int64_t>(kLanes, last - j0));
-    const c10::BFloat16* vrow[kLanes];
-    for (int j = 0; j < kLanes; ++j) {
-      if (j >= nb) { krow[j] = vrow[j] = zeros; continue; }
-      const int64_t off = (keys.idx ? keys.idx[j0 + j] : keys.base + j0 + j) * row_stride + kh * s.D;
-      krow[j] = keys.k + off;
-      vrow[j] = keys.v + off;
-    }
-    const int D = s.D;
-    uint32_t* vb = s.vb.data();
-    for (int jp = 0; jp < (nb + 1) / 2; ++jp)
-      for (int d = 0; d < D; d += kLanes) {
-        const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp] + d)));
-        const __m512i b = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[2 * jp + 1] + d)));
-        _mm512_storeu_si512(vb + size_t(jp) * D + d, _mm512_permutex2var_epi16(a, interleave, b));
-      }
+    key_rows(keys, j0, nb, kLanes, row_stride, kh, D, krow, vrow);
+    interleave_pairs(vrow, (nb + 1) / 2, D, vb);
     for (int r = 0; r < s.M; ++r) {
       const int a = int(std::clamp<int64_t>(lo[r] - j0, 0, nb)), b = int(std::clamp<int64_t>(hi[r] - j0, 0, nb));
       if (a >= b) continue;
