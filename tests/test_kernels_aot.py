@@ -19,7 +19,7 @@ if importlib.util.find_spec("triton") is None:  # not imported here: see above
 
 ROOT = Path(__file__).resolve().parents[1]
 # SmolLM2 (head_dim 64) in bf16, Llama 3 8B (head_dim 128, GQA 4) in bf16 and in fp32, Gemma-3 270M (head_dim 256,
-# GQA 4: the widest tiles) in both: the tile constexprs of the other shapes are among these (Qwen2 7B differs only in
+# GQA 4: the widest tiles; its sliding window's variants too) in both: the tile constexprs of the other shapes are among these (Qwen2 7B differs only in
 # G, which the tiles ignore; `python -m kernels.aot` prints every model x dtype).
 CASES = [("smollm2-135m", "bfloat16"), ("llama3-8b", "bfloat16"), ("llama3-8b", "float32"),
          ("gemma-3-270m", "bfloat16"), ("gemma-3-270m", "float32")]
@@ -48,6 +48,7 @@ def test_every_kernel_lowers_for_both_targets(compiled):
     attention = [r for r in records if r["kernel"] == "_segment_merge_kernel"]
     assert all(r["constexprs"]["BLOCK_R"] >= 64 for r in attention), "the launches must use the GPU tile choices"
     assert {r["constexprs"]["HAS_LIMITS"] for r in attention} == {False, True}  # cascade and deterministic merges
+    assert {r["constexprs"]["HAS_STARTS"] for r in attention} == {False, True}  # and a sliding window's first keys
     assert all(r["ptx_lines"] > 0 for r in records)
 
 
