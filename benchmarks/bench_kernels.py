@@ -67,6 +67,7 @@ def op_cases(dtype):
     lm_head = rand(VOCAB, HIDDEN) * 0.12
     yield "target_logprobs", f"64 rows x vocab {VOCAB}", dict(hidden=rand(64, HIDDEN), weight=lm_head,
                                                               targets=torch.randint(0, VOCAB, (64,), generator=g))
+    yield "greedy_logprobs", f"a decode step's 32 rows of logits x vocab {VOCAB}", dict(logits=rand(32, VOCAB) * 3)
 
 
 def impl(op: str, backend: str):
