@@ -11,5 +11,5 @@ from .dispatch import (StepKernels, apply_rope, cascade_attention, configure_cpu
 from .rope import rope_cos_sin
 
 __all__ = ["AttentionWindow", "StepKernels", "configure_cpu", "cascade_attention", "segment_attention_merge",
-           "store_kv", "target_logprobs", "greedy_logprobs", "rms_norm", "apply_rope", "rope_cos_sin", "silu_and_mul", "set_backend",
-           "get_backend", "describe"]
+           "store_kv", "target_logprobs", "greedy_logprobs", "rms_norm", "apply_rope", "rope_cos_sin",
+           "silu_and_mul", "set_backend", "get_backend", "describe"]

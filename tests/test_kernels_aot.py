@@ -19,8 +19,9 @@ if importlib.util.find_spec("triton") is None:  # not imported here: see above
 
 ROOT = Path(__file__).resolve().parents[1]
 # SmolLM2 (head_dim 64) in bf16, Llama 3 8B (head_dim 128, GQA 4) in bf16 and in fp32, Gemma-3 270M (head_dim 256,
-# GQA 4: the widest tiles; its sliding window's variants too) in both: the tile constexprs of the other shapes are among these (Qwen2 7B differs only in
-# G, which the tiles ignore; `python -m kernels.aot` prints every model x dtype).
+# GQA 4: the widest tiles; its sliding window's variants too) in both: the tile constexprs of the other shapes are
+# among these (Qwen2 7B differs only in G, which the tiles ignore; `python -m kernels.aot` prints every model x
+# dtype).
 CASES = [("smollm2-135m", "bfloat16"), ("llama3-8b", "bfloat16"), ("llama3-8b", "float32"),
          ("gemma-3-270m", "bfloat16"), ("gemma-3-270m", "float32")]
 KERNELS = {"_rms_norm_kernel", "_rope_kernel", "_silu_and_mul_kernel", "_store_kv_kernel", "_paged_prefill_kernel",
