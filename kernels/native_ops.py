@@ -143,7 +143,7 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
     window.size or more positions before the query are masked, by absolute position."""
     global _waves_memo
     q = q.contiguous()
-    if q.shape[0] == len(cu_seqlens) - 1:  # one new token per sequence (decode): it sees itself only
+    if all(b - a == 1 for a, b in zip(cu_seqlens, cu_seqlens[1:])):  # one new token per sequence (decode)
         out, lse = self_attention_one_token(q, k_new, v_new, scale)
     else:
         out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale,

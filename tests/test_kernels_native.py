@@ -253,3 +253,11 @@ def test_decode_step_one_token_per_sequence(dtype, size):
     got = native_ops.cascade_attention_native(**p, window=window)
     want = cascade_attention_ref(**upcast(p), window=window)
     torch.testing.assert_close(got.float(), want.float(), **(TOL if dtype == torch.float32 else BF16_TOL))
+
+
+def test_step_with_an_empty_sequence_is_not_a_decode_step():
+    """As many new tokens as sequences, but one sequence has none and another two: the second token must still
+    see the first (not the one-token-per-sequence shortcut)."""
+    assert native_ops.load()
+    p = cascade_problem([0, 2], shared_len=5, own_lens=[0, 0], H=2, Hkv=1, D=16, seed=2)
+    torch.testing.assert_close(native_ops.cascade_attention_native(**p), cascade_attention_ref(**p), **TOL)
