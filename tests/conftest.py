@@ -16,6 +16,12 @@ def tiny_model_dirs(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
+def long_tiny_dir(tmp_path_factory):
+    """A tiny llama whose context (4096 positions) holds a few many-shot judge prompts."""
+    return make_tiny_model(tmp_path_factory.mktemp("long_tiny") / "llama", max_position_embeddings=4096)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_dirs):
     """A tiny random Llama HF model directory."""
     return tiny_model_dirs["llama"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from icqs.cli import main
+from jsonl_files import write_jsonl
 from test_icqs_cli import TASK
 
 ITEMS = [{"id": f"q{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(3)]
@@ -18,11 +19,6 @@ PAIRS = [{"id": f"p{n}", "question": f"What is {n} + {n}?", "answer_a": f"It is 
           "model_a": "m1", "model_b": "m2", "winner": "model_a"} for n in range(3)]
 ALLURE_TEMPLATE = "system: Grade.\nuser: \"R: {response}\\nA: {answer}\"\nmatch: number\n"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +34,10 @@ def files(tmp_path):
     rows = [{"id": f"{m}{i}", "model": m, "x": x, "y": y, "truth": 1.0 if m == "good" else 0.0}
             for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
             for i, (x, y) in enumerate(zip(["four", "five"], answers))]
-    _jsonl(tmp_path / "c.jsonl", rows)
-    _jsonl(tmp_path / "items.jsonl", ITEMS)
-    _jsonl(tmp_path / "pairs.jsonl", PAIRS)
-    _jsonl(tmp_path / "allure.jsonl", [dict(id=f"a{i}", response=f"so {i + (i % 2)}", answer=str(i))
+    write_jsonl(tmp_path / "c.jsonl", rows)
+    write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    write_jsonl(tmp_path / "allure.jsonl", [dict(id=f"a{i}", response=f"so {i + (i % 2)}", answer=str(i))
                                        for i in range(6)])
     (tmp_path / "short.yaml").write_text(ALLURE_TEMPLATE)
     return tmp_path
@@ -222,7 +218,7 @@ def test_bad_model_writes_nothing(command, files, tmp_path, capsys):
 
 
 def test_zero_shot_judge_runs_without_demos(files, tiny_model_dir, tmp_path):
-    inp = _jsonl(tmp_path / "one.jsonl", ITEMS[:1])  # one item: no demo could be drawn, none is needed
+    inp = write_jsonl(tmp_path / "one.jsonl", ITEMS[:1])  # one item: no demo could be drawn, none is needed
     out = tmp_path / "run"
     assert main(["judge", inp, "--out", str(out), "--shots", "0", "--model", str(tiny_model_dir), "--dtype",
                  "float32", "--quiet"]) == 0
@@ -233,10 +229,10 @@ def test_zero_shot_judge_runs_without_demos(files, tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("command", ["score", "judge", "pairwise"])
 def test_too_long_names_the_input_line_before_anything_is_written(command, files, tiny_model_dir, tmp_path, capsys):
     long = " ".join(["word"] * 2100)
-    _jsonl(files / "c.jsonl", [{"id": "ok", "model": "m", "x": "four", "y": "yes"},
+    write_jsonl(files / "c.jsonl", [{"id": "ok", "model": "m", "x": "four", "y": "yes"},
                                {"id": "long", "model": "m", "x": long, "y": "no"}])
-    _jsonl(files / "items.jsonl", [ITEMS[0], {**ITEMS[1], "response": long}])
-    _jsonl(files / "pairs.jsonl", [{**PAIRS[0], "question": "?", "answer_a": "a", "answer_b": "b"},
+    write_jsonl(files / "items.jsonl", [ITEMS[0], {**ITEMS[1], "response": long}])
+    write_jsonl(files / "pairs.jsonl", [{**PAIRS[0], "question": "?", "answer_a": "a", "answer_b": "b"},
                                    {**PAIRS[1], "answer_b": long}])
     path = {"score": "c.jsonl", "judge": "items.jsonl", "pairwise": "pairs.jsonl"}[command]
     out = tmp_path / "run"

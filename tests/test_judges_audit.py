@@ -7,20 +7,15 @@ import pytest
 from icqs.cli import main
 from icqs.judges.pairwise import VARIANTS, pairwise_audit, summarize_pairwise, verdict_options
 from icqs.judges.prompts import pairwise_prompt
-from tiny_models import make_tiny_model
+from jsonl_files import write_jsonl
 
 PAIRS = [{"id": f"p{n}", "question": f"What is {n} + {n}?", "answer_a": f"It is {2 * n}.", "answer_b": "No idea.",
           "model_a": "m1", "model_b": "m2", "winner": "model_a"} for n in range(3)]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return str(make_tiny_model(tmp_path_factory.mktemp("jaudit") / "llama", max_position_embeddings=4096))
-
-
-def _jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+def model(long_tiny_dir):
+    return str(long_tiny_dir)
 
 
 def test_all_ties_warn_instead_of_a_silent_flat_leaderboard():
@@ -48,7 +43,7 @@ def test_pairwise_cli_no_tie_rubric_and_labeled_variants(model, tmp_path, capsys
     rubric = tmp_path / "rubric.txt"
     rubric.write_text("The answer with the right sum is better.\n")
     out = tmp_path / "run"
-    assert main(["pairwise", _jsonl(tmp_path / "p.jsonl", PAIRS), "--out", str(out), "--model", model, "--dtype",
+    assert main(["pairwise", write_jsonl(tmp_path / "p.jsonl", PAIRS), "--out", str(out), "--model", model, "--dtype",
                  "float32", "--no-tie", "--rubric", str(rubric), "--quiet"]) == 0
     printed = capsys.readouterr().out
     rows = [json.loads(x) for x in (out / "verdicts.jsonl").read_text().splitlines()]
@@ -67,7 +62,7 @@ def test_judge_per_model_table_and_agreement_with_labels(model, tmp_path, capsys
               "response": f"It is {2 * n + (0 if m == 'good' else 1)}.", "label": int(m == "good")}
              for m in ("good", "bad") for n in range(3)]
     out = tmp_path / "run"
-    assert main(["judge", _jsonl(tmp_path / "j.jsonl", items), "--out", str(out), "--model", model, "--dtype",
+    assert main(["judge", write_jsonl(tmp_path / "j.jsonl", items), "--out", str(out), "--model", model, "--dtype",
                  "float32", "--shots", "0", "--quiet"]) == 0
     printed = capsys.readouterr()
     summary = json.loads((out / "summary.json").read_text())

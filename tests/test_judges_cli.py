@@ -4,19 +4,14 @@ import json
 import pytest
 
 from icqs.cli import main
-from tiny_models import make_tiny_model
+from jsonl_files import write_jsonl
 
 ITEMS = [{"id": f"q{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(3)]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return str(make_tiny_model(tmp_path_factory.mktemp("cli") / "llama", max_position_embeddings=4096))
-
-
-def _jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+def model(long_tiny_dir):
+    return str(long_tiny_dir)
 
 
 def _rows(path):
@@ -24,11 +19,11 @@ def _rows(path):
 
 
 def test_judge_runs_resumes_and_reports_consistency(model, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", ITEMS)
+    inp = write_jsonl(tmp_path / "in.jsonl", ITEMS)
     run = tmp_path / "run"
     run.mkdir()
     # the demos' zero-shot judgments, as a previous run would have cached them
-    _jsonl(run / "demos.jsonl",
+    write_jsonl(run / "demos.jsonl",
            [{"id": it["id"], "rating": n + 5, "reason": "fine"} for n, it in enumerate(ITEMS)])
     argv = ["judge", inp, "--out", str(run), "--model", model, "--dtype", "float32", "--shots", "0,1", "--runs",
             "2", "--generate", "--max-tokens", "3", "--batch", "2", "--quiet"]
@@ -56,10 +51,10 @@ def test_judge_runs_resumes_and_reports_consistency(model, tmp_path):
 
 
 def test_judge_auto_shots_and_too_many_shots(model, tmp_path, capsys):
-    inp = _jsonl(tmp_path / "in.jsonl", ITEMS)
+    inp = write_jsonl(tmp_path / "in.jsonl", ITEMS)
     for name in ("auto", "many"):
         (tmp_path / name).mkdir()
-        _jsonl(tmp_path / name / "demos.jsonl",
+        write_jsonl(tmp_path / name / "demos.jsonl",
                [{"id": it["id"], "rating": 7, "reason": "ok"} for it in ITEMS])
     base = ["judge", inp, "--model", model, "--dtype", "float32", "--quiet"]
     assert main(base + ["--out", str(tmp_path / "auto"), "--shots", "auto"]) == 0
@@ -85,7 +80,7 @@ def test_pairwise_with_labels_and_leaderboard(model, tmp_path):
     names = ["m1", "m2", "m3"]
     rows = [{"id": f"p{i}", "question": "Name a colour.", "answer_a": f"Blue {i}.", "answer_b": "I do not know.",
              "model_a": names[i % 3], "model_b": names[(i + 1) % 3], "winner": "model_a"} for i in range(6)]
-    inp = _jsonl(tmp_path / "pairs.jsonl", rows)
+    inp = write_jsonl(tmp_path / "pairs.jsonl", rows)
     out = tmp_path / "run"
     assert main(["pairwise", inp, "--out", str(out), "--model", model, "--dtype", "float32", "--bootstrap", "20",
                  "--batch", "4", "--quiet"]) == 0

@@ -9,15 +9,8 @@ from icqs.judges.grading import build_prompts, grade, rating_options
 from icqs.judges.pairwise import VARIANTS, as_array, pairwise_generated_verdicts, pairwise_logprob_verdicts, verdict_options
 from icqs.judges.prompts import RATING_PREFIX, VERDICT_PREFIX, Demo, chat_wrap, grading_problem, solution_text
 from icqs.judges.reinforced import demo_drawer, generate_demos
-from tiny_models import make_tiny_model
 
 ITEMS = [{"id": f"i{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(6)]
-
-
-@pytest.fixture(scope="module")
-def long_tiny_dir(tmp_path_factory):
-    """A tiny llama whose context holds a few many-shot judge prompts."""
-    return make_tiny_model(tmp_path_factory.mktemp("judges") / "llama", max_position_embeddings=4096)
 
 
 @pytest.fixture(scope="module")
