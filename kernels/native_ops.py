@@ -54,17 +54,6 @@ def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: in
                                               1, scale, window)
 
 
-def self_attention_one_token(q, k, v, scale: float):
-    """The self part when every sequence has one new token: softmax over one key is 1, so out = v (per query
-    head of its group) and lse = q.k * scale, in fp32. Three torch ops instead of a native call that builds one
-    work item per (sequence, KV head)."""
-    T, H, D = q.shape
-    g = H // k.shape[1]
-    kf = k.float().repeat_interleave(g, dim=1)
-    out = v.float().repeat_interleave(g, dim=1)
-    return out, (q.float() * kf).sum(-1).mul_(scale)
-
-
 def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
     """Contract of attention.segment_attention_merge_ref (q contiguous; out, lse fp32, updated in place)."""
     if rows.numel() and slots.numel():
@@ -143,11 +132,7 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
     window.size or more positions before the query are masked, by absolute position."""
     global _waves_memo
     q = q.contiguous()
-    if all(b - a == 1 for a, b in zip(cu_seqlens, cu_seqlens[1:])):  # one new token per sequence (decode)
-        out, lse = self_attention_one_token(q, k_new, v_new, scale)
-    else:
-        out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale,
-                                                  0 if window is None else window.size)
+    out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale, 0 if window is None else window.size)
     if _waves_memo[0] is not segments or _waves_memo[1] is not window:
         segs = fold_short_segments(segments)
         segs = segs if window is None else segment_starts(segs, window)
