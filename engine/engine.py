@@ -34,6 +34,7 @@ from .sampling import new_generator, sample
 from .scheduler import SampleOutput, Scheduler, ScoreOutput, StepPlan
 from .stats import EngineStats
 from .step import build_step
+from .weights import release_free_memory
 
 log = logging.getLogger("engine")
 
@@ -143,7 +144,10 @@ class Engine:
         torch.set_num_threads(threads)
         log.info("engine: %d CPU thread(s)", threads)
         config, weights, tokenizer = load_model_files(model)
-        return cls(config, weights, tokenizer, dtype=dtype, device=device, **vars(opts))
+        engine = cls(config, weights, tokenizer, dtype=dtype, device=device, **vars(opts))
+        del weights  # the reader and its file mapping
+        release_free_memory()  # the last layers' and the tokenizer's transient heap, not kept resident
+        return engine
 
     @property
     def stats(self) -> EngineStats:

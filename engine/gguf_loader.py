@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import sys
 from pathlib import Path
 
@@ -130,6 +131,56 @@ class _FastReader(gguf.GGUFReader):
         return arr if native else arr.view(dtype.newbyteorder(order))
 
 
+class _LeanReader(_FastReader):
+    """The loader's reader: each metadata array is kept as one byte view of the file (its element type and count
+    beside it) instead of a numpy view per element, and decoded only when asked (`array_values`). A 49k-token
+    vocabulary and its merges would otherwise cost ~40 MiB of small objects while the file is open, and the
+    heap they leave behind stays resident after the load; on a tokenizer-cache hit they are never decoded."""
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if raw_type != gguf.GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        itype, count = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+        start, n = orig_offs + 12, int(count[0])
+        sub = gguf.GGUFValueType(int(itype[0]))
+        if sub == gguf.GGUFValueType.STRING:
+            end = start
+            prefix = self._order_char() + "Q"
+            for _ in range(n):  # each element: a uint64 length, then that many bytes
+                end += 8 + struct.unpack_from(prefix, self.data, end)[0]
+        elif sub in self.gguf_scalar_to_np:
+            end = start + np.dtype(self.gguf_scalar_to_np[sub]).itemsize * n
+        else:  # arrays of arrays: the per-element parse
+            return super()._get_field_parts(orig_offs, raw_type)
+        if end > len(self.data):
+            raise ValueError(f"array at offset {orig_offs} runs past the end of the file")
+        return end - orig_offs, [itype, count, self._get(start, np.uint8, end - start)], [2], [gguf.GGUFValueType.ARRAY, sub]
+
+    @staticmethod
+    def compact(field) -> bool:
+        """Whether this reader kept the field as one block (every array but an array of arrays)."""
+        return len(field.types) == 2 and field.types[0] == gguf.GGUFValueType.ARRAY \
+            and field.types[1] != gguf.GGUFValueType.ARRAY
+
+    def _order_char(self) -> str:
+        swapped = self.byte_order == "S"
+        return (">" if sys.byteorder == "little" else "<") if swapped else "="
+
+    def array_values(self, field) -> list:
+        """The elements of an array field parsed by this reader (strings decoded as UTF-8)."""
+        sub, block = field.types[-1], field.parts[field.data[0]]
+        n = int(field.parts[field.data[0] - 1][0])
+        if sub != gguf.GGUFValueType.STRING:
+            dtype = np.dtype(self.gguf_scalar_to_np[sub]).newbyteorder(self._order_char())
+            return np.frombuffer(block, dtype=dtype, count=n).tolist()
+        raw, prefix, pos, out = block.tobytes(), self._order_char() + "Q", 0, []
+        for _ in range(n):
+            length = struct.unpack_from(prefix, raw, pos)[0]
+            out.append(raw[pos + 8:pos + 8 + length].decode("utf-8"))
+            pos += 8 + length
+        return out
+
+
 def open_gguf(path: Path) -> gguf.GGUFReader:
     if not path.is_file():
         raise UserError("no such file", str(path))
@@ -137,7 +188,7 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
         if f.read(4) != b"GGUF":
             raise UserError("not a GGUF file (no GGUF magic)", str(path))
     try:
-        reader = _FastReader(path)
+        reader = _LeanReader(path)
         for t in reader.tensors:  # a truncated file yields short tensor views
             if t.data.nbytes != t.n_bytes:
                 raise ValueError(f"tensor {t.name} is cut short")
@@ -160,12 +211,16 @@ class _Metadata:
             if default is KeyError:
                 raise UserError(f"missing metadata {key}", self.source)
             return default
+        if _LeanReader.compact(field):
+            return self.reader.array_values(field)
         return field.contents()
 
     def length(self, key: str) -> int:
         """Number of elements of an array field (0 if absent), without decoding them."""
         field = self.fields.get(key)
-        return 0 if field is None else len(field.data)
+        if field is None:
+            return 0
+        return int(field.parts[field.data[0] - 1][0]) if _LeanReader.compact(field) else len(field.data)
 
     def raw_bytes(self, key: str) -> bytes:
         """The field as stored in the file (for hashing without decoding 49k strings)."""

@@ -206,6 +206,37 @@ def test_errors_truncated_and_corrupt_gguf(tmp_path):
     _raises_with_path(tmp_path / "garbage.gguf", "corrupt or truncated")
 
 
+def test_lean_reader_metadata_equals_gguf_readers(smollm2_path, tmp_path):
+    """The loader keeps each metadata array as one block and decodes it on demand: every field (the 49k-token
+    vocabulary, merges, token types, a float array, strings with multi-byte UTF-8, an empty array) reads back as
+    gguf's own GGUFReader decodes it, and a string array cut short is a corrupt file, not a short vocabulary."""
+    import gguf
+
+    from engine.gguf_loader import _Metadata, open_gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "arrays.gguf"), "llama")
+    w.add_array("test.strings", ["a", "", "\u00e9t\u00e9 \U0001f600", "x" * 300])
+    w.add_array("test.floats", [0.5, -1.25, 3.0])
+    w.add_array("test.ints", [1, 2, 3])
+    w.add_array("test.empty", [])
+    w.add_tensor("token_embd.weight", torch.zeros(2, 8).numpy())
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    for path in (smollm2_path, tmp_path / "arrays.gguf"):
+        ours, theirs = _Metadata(open_gguf(path), str(path)), gguf.GGUFReader(path)
+        assert set(ours.fields) == set(theirs.fields)
+        for key, field in theirs.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            assert ours.get(key) == field.contents(), key
+            if field.types[0] == gguf.GGUFValueType.ARRAY:
+                assert ours.length(key) == len(field.data), key
+    assert len(_Metadata(open_gguf(smollm2_path), "").get("tokenizer.ggml.tokens")) == 49152
+    data = (tmp_path / "arrays.gguf").read_bytes()
+    cut = data.index(b"x" * 300) + 100  # inside the last string of test.strings
+    (tmp_path / "cut.gguf").write_bytes(data[:cut])
+    _raises_with_path(tmp_path / "cut.gguf", "corrupt or truncated")
+
+
 def _small_gguf(path, arch="llama", tokenizer_model=None, pre="gpt2"):
     import gguf
 
@@ -381,15 +412,16 @@ def mid_model_dir(tmp_path_factory):
 def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
     """Tensors are read and converted one at a time (no whole-model copy, no fp32 detour for bf16, no file pages
     kept): the peak above the baseline is at most 1.3x the final weight bytes (main before lean loading: 2.09),
-    what stays at most 1.2x. (The 1.1x resident goal holds for real models, benchmarks/bench_load.py: 1.01-1.05x
-    from 0.5B up; on this 146 MiB model a fresh clone measured 1.12x, other runs under 1.1x.)"""
+    what stays at most 1.1x (measured 1.04/1.06 peak, 1.04/1.02 resident in bf16/fp32)."""
     m = _load_memory(mid_model_dir, dtype)
     assert m["weight_bytes"] > 80 * 2 ** 20
-    assert m["peak_ratio"] <= 1.3 and m["resident_ratio"] <= 1.2, m
+    assert m["peak_ratio"] <= 1.3 and m["resident_ratio"] <= 1.1, m
 
 
 def test_gguf_load_releases_the_file_pages(smollm2_path):
     """A quantized GGUF dequantized tensor by tensor into bf16: the mapped file's pages are given back as each
-    tensor is done (the whole-model fp32 copy took 2.9x the weights)."""
+    tensor is done (the whole-model fp32 copy took 2.9x the weights), and the tokenizer's metadata arrays are
+    never parsed element by element (that left ~10 MiB of heap resident: 1.12x). Measured 1.21 peak, 1.08
+    resident, with and without a tokenizer-cache hit; the tokenizer itself is ~13 MiB of the 8%."""
     m = _load_memory(smollm2_path, "bfloat16")
-    assert m["peak_ratio"] <= 1.4 and m["resident_ratio"] <= 1.3, m
+    assert m["peak_ratio"] <= 1.3 and m["resident_ratio"] <= 1.1, m
