@@ -69,12 +69,13 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
                 for kind in ("weight", "bias"):
                     rotary_heads[f"model.layers.{i}.self_attn.{proj}.{kind}"] = heads
 
-    def read(name: str) -> torch.Tensor:
+    def read(name: str, dtype: torch.dtype | None) -> torch.Tensor:
         t = by_name[name]
-        w = _dequantize(t)
-        release_pages(t.data)
         if arch == "gemma3" and name.endswith("norm.weight"):  # stored as 1 + w
-            w = w.float() - 1
+            w = _dequantize(t).float() - 1
+        else:
+            w = _dequantize(t, dtype)
+        release_pages(t.data)
         return unpermute_rotary(w, rotary_heads[name]) if name in rotary_heads else w
 
     config.tie_embeddings = "lm_head.weight" not in by_name
@@ -241,17 +242,34 @@ def _hf_name(name: str, source: str, layer_names: dict[str, str] = _LAYER_NAMES)
     raise UserError(f"unexpected tensor {name} (an unsupported variant of this architecture)", source)
 
 
-def _dequantize(t) -> torch.Tensor:
-    """The tensor in memory of its own: F32 and F16 as stored, BF16 as bfloat16 (its bits), quantized types
-    dequantized to float32 by the gguf package."""
+DEQUANTIZE_BYTES = 8 << 20  # float32 bytes of one block of rows dequantized at a time
+
+
+def _dequantize(t, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The tensor in memory of its own, in `dtype` (None: F32 and F16 as stored, BF16 as bfloat16, quantized types
+    as float32). Quantized types are dequantized by the gguf package a block of rows at a time (each row is whole
+    quant blocks, so this is the same arithmetic), converted into the output as they come and their file pages
+    dropped: a 150k x 896 embedding never exists in float32 on its way to bfloat16."""
     kind = t.tensor_type.name
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first; HF is [out, in]
-    if kind in ("F32", "F16"):
-        return torch.from_numpy(np.array(t.data).reshape(shape))
-    if kind == "BF16":
-        return torch.from_numpy(np.array(t.data).view(np.int16).reshape(shape)).view(torch.bfloat16)
-    values = gguf.quants.dequantize(t.data, t.tensor_type)
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(shape))
+    if kind in ("F32", "F16", "BF16"):
+        raw = np.array(t.data)
+        w = torch.from_numpy(raw.view(np.int16) if kind == "BF16" else raw).reshape(shape)
+        w = w.view(torch.bfloat16) if kind == "BF16" else w
+        return w if dtype is None else w.to(dtype)
+    data = t.data
+    if data.ndim < 2:
+        return torch.from_numpy(gguf.quants.dequantize(data, t.tensor_type).astype(np.float32, copy=False)
+                                .reshape(shape)).to(dtype or torch.float32)
+    out = torch.empty(shape, dtype=dtype or torch.float32)
+    rows = out.view(data.shape[0], -1)
+    step = max(1, DEQUANTIZE_BYTES // (4 * rows.shape[1]))
+    for start in range(0, data.shape[0], step):
+        block = data[start:start + step]
+        values = gguf.quants.dequantize(block, t.tensor_type)
+        rows[start:start + step].copy_(torch.from_numpy(values.astype(np.float32, copy=False)).view(len(block), -1))
+        release_pages(block)
+    return out
 
 
 # --- config ------------------------------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def _lazy_weights(files: list[Path]) -> LazyWeights:
         for name, shape in read.shapes.items():
             if not name.endswith("rotary_emb.inv_freq"):
                 shapes[name], readers[name] = shape, read
-    return LazyWeights(shapes, lambda name: readers[name](name))
+    return LazyWeights(shapes, lambda name, dtype: readers[name](name))  # read as stored, cast after
 
 
 class _Safetensors:

@@ -26,7 +26,7 @@ import kernels
 
 from .config import ModelConfig
 from .prefix_cache import KVCache
-from .weights import release_free_memory
+from .weights import read_as, release_free_memory
 
 
 @dataclass
@@ -51,7 +51,7 @@ class LlamaModel:
         c = config
 
         def w(name):
-            return weights[name].to(device=self.device, dtype=dtype).contiguous()
+            return read_as(weights, name, dtype).to(device=self.device).contiguous()
 
         gemma = c.arch == "gemma3"
 

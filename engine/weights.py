@@ -12,19 +12,28 @@ import torch
 
 class LazyWeights(Mapping):
     """A checkpoint's tensors by HF name, read one at a time: `weights[name]` reads that tensor from the file now
-    (as stored, or float32 where it was quantized) into memory of its own; `shape(name)` reads nothing. The model
-    converts each to its dtype and layout and drops it, so no whole-model intermediate copy ever exists."""
+    (as stored, or float32 where it was quantized) into memory of its own, `read(name, dtype)` straight into a
+    dtype; `shape(name)` reads nothing. The model converts each to its layout and drops it, so no whole-model
+    intermediate copy ever exists."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], read: Callable[[str], torch.Tensor]):
+    def __init__(self, shapes: dict[str, tuple[int, ...]],
+                 read: Callable[[str, torch.dtype | None], torch.Tensor]):
         self._shapes, self._read = shapes, read
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        return self.read(name)
+
+    def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor in `dtype` (None: as stored, float32 where quantized). A reader that converts as it goes
+        (the GGUF dequantizer, a block of rows at a time) never holds a float32 copy of a bf16 weight."""
         if name not in self._shapes:
             raise KeyError(name)
-        return self._read(name)
+        t = self._read(name, dtype)
+        return t if dtype is None else t.to(dtype)
+
 
     def __contains__(self, name) -> bool:  # (Mapping's default would read the tensor)
         return name in self._shapes
@@ -34,6 +43,11 @@ class LazyWeights(Mapping):
 
     def __len__(self) -> int:
         return len(self._shapes)
+
+
+def read_as(weights: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype) -> torch.Tensor:
+    """weights[name] in `dtype`: a LazyWeights converts while it reads, a plain dict's tensor is cast."""
+    return weights.read(name, dtype) if isinstance(weights, LazyWeights) else weights[name].to(dtype)
 
 
 _MADV_DONTNEED = 4

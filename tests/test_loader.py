@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import ModelConfig
+from engine import gguf_loader
 from engine.errors import UserError
 from engine.gguf_loader import load_gguf
 from engine.loader import default_model_path, load_model_files
@@ -65,8 +66,9 @@ def _assert_config_matches_hf(config: ModelConfig, arch: str, **overrides):
 
 @pytest.mark.parametrize("qtype", FLOAT_TYPES + tuple(QUANTIZABLE) + RANDOM_BLOCK_TYPES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_tiny_gguf_round_trip(tmp_path, arch, qtype):
-    """The loader returns exactly what the writer encoded, in HF layout (llama: Q/K permutation undone)."""
+def test_tiny_gguf_round_trip(tmp_path, arch, qtype, monkeypatch):
+    """The loader returns exactly what the writer encoded, in HF layout (llama: Q/K permutation undone), also
+    when it dequantizes one row at a time straight into bfloat16 (the same values as the float32 tensor cast)."""
     overrides = {"num_hidden_layers": 1} if qtype in RANDOM_BLOCK_TYPES else {}
     path, expected = make_tiny_gguf(tmp_path / "m.gguf", arch, qtype, **overrides)
     config, weights, tokenizer = load_model_files(path)
@@ -74,6 +76,11 @@ def test_tiny_gguf_round_trip(tmp_path, arch, qtype):
     assert set(weights) == set(expected)
     for name, tensor in expected.items():
         assert torch.equal(weights[name], tensor), name
+    monkeypatch.setattr(gguf_loader, "DEQUANTIZE_BYTES", 1)  # a block of one row
+    for name, tensor in expected.items():
+        assert torch.equal(weights[name], tensor), name
+        got = weights.read(name, torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, tensor.to(torch.bfloat16)), name
     if qtype not in RANDOM_BLOCK_TYPES:
         _assert_config_matches_hf(config, arch)
     assert tokenizer.add_bos and tokenizer.bos_id == 0 and tokenizer.eos_ids == [1, 3]
