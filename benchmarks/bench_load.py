@@ -4,6 +4,7 @@ and load seconds, each (model, dtype) in a fresh interpreter.
   python benchmarks/bench_load.py                       # SmolLM2, Qwen2.5-0.5B, Qwen2.5-1.5B; bf16 and fp32
   python benchmarks/bench_load.py --models smollm2 --dtypes float32
   python benchmarks/bench_load.py --root /path/to/other/checkout   # the same measurement of another engine
+  python benchmarks/bench_load.py --device-proxy       # and the host's peak when the weights go to another device
   python benchmarks/bench_load.py --llama8b /big/disk/dir          # writes a random Llama-3-8B-shaped bf16
                                                                    # safetensors (16 GiB) there, loads it in bf16
 
@@ -87,10 +88,41 @@ def child(model: str | None, dtype: str) -> dict:
                 seconds=seconds)
 
 
-def run_child(root: Path, model: str | None, dtype: str) -> dict:
+def device_child(model: str | None, dtype: str) -> dict:
+    """The host side of a load onto an accelerator, with the meta device standing in for it (no data lands
+    anywhere, so RSS shows only what the host holds on the way): the peak above the RSS after the checkpoint is
+    opened and the tokenizer loaded, over the bytes of the largest checkpoint tensor in `dtype`."""
+    import gc
+
+    import torch
+
+    from engine.engine import DTYPES
+    from engine.loader import load_model_files
+    from engine.model import LlamaModel
+
+    config, weights, _ = load_model_files(model)
+    # the first meta-device ops import torch's meta kernels (~130 MiB of Python): the runtime's, not the load's
+    import kernels
+
+    meta = torch.ones(4, 4, dtype=DTYPES[dtype]).to("meta")
+    torch.cat([meta, meta]).contiguous().float()
+    kernels.rope_cos_sin(8, 10000.0, None, 4, torch.device("meta"))
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    baseline = _status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    LlamaModel(config, weights, DTYPES[dtype], torch.device("meta"))
+    peak = _status("VmHWM")
+    largest = max(torch.Size(weights.shape(n)).numel() for n in weights) * DTYPES[dtype].itemsize
+    return dict(model=model or "smollm2", dtype=dtype, largest_tensor=largest, host_peak=peak - baseline,
+                host_peak_ratio=(peak - baseline) / largest)
+
+
+def run_child(root: Path, model: str | None, dtype: str, fn: str = "child") -> dict:
     env = dict(os.environ, PYTHONPATH=str(root))
     code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_load; "
-            f"print(json.dumps(bench_load.child({model!r}, {dtype!r})))")
+            f"print(json.dumps(bench_load.{fn}({model!r}, {dtype!r})))")
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"load of {model} {dtype} failed:\n{run.stderr[-3000:]}")
@@ -154,6 +186,8 @@ def main():
     ap.add_argument("--llama8b", type=Path, help="folder for the random Llama-3-8B-shaped checkpoint (16 GiB): "
                     "written if absent, then loaded in bf16 instead of --models")
     ap.add_argument("--json", action="store_true", help="one JSON object per measurement")
+    ap.add_argument("--device-proxy", action="store_true", help="also the host peak of each load onto the meta "
+                    "device, the stand-in for an accelerator (no GPU here)")
     args = ap.parse_args()
     if args.llama8b:
         if not (args.llama8b / "config.json").is_file():
@@ -177,6 +211,12 @@ def main():
             print(f"{r['model']:<14} {dtype:<9} {r['weight_bytes'] / gib:7.2f}Gi {r['baseline'] / gib:6.2f}Gi "
                   f"{(r['peak'] - r['baseline']) / gib:7.2f}Gi {(r['resident'] - r['baseline']) / gib:7.2f}Gi "
                   f"{r['peak_ratio']:7.2f} {r['resident_ratio']:6.2f} {r['seconds']:8.1f}", flush=True)
+    if args.device_proxy:
+        print("# host peak of a load onto another device (meta standing in for CUDA), over the largest tensor")
+        for model, dtype in cases:
+            r = run_child(args.root.resolve(), model, dtype, "device_child")
+            print(f"{Path(r['model']).name:<14} {dtype:<9} largest tensor {r['largest_tensor'] / gib:6.3f}Gi "
+                  f"host peak {r['host_peak'] / gib:6.3f}Gi = {r['host_peak_ratio']:.2f}x", flush=True)
     print(f"# load average after {os.getloadavg()[0]:.2f}")
 
 

@@ -242,7 +242,7 @@ def _hf_name(name: str, source: str, layer_names: dict[str, str] = _LAYER_NAMES)
     raise UserError(f"unexpected tensor {name} (an unsupported variant of this architecture)", source)
 
 
-DEQUANTIZE_BYTES = 8 << 20  # float32 bytes of one block of rows dequantized at a time
+DEQUANTIZE_BYTES = 2 << 20  # float32 bytes of one block of rows dequantized at a time (its temporaries: ~3x)
 
 
 def _dequantize(t, dtype: torch.dtype | None = None) -> torch.Tensor:
