@@ -28,18 +28,41 @@ KERNELS = {"_rms_norm_kernel", "_rope_kernel", "_silu_and_mul_kernel", "_store_k
            "_segment_merge_kernel", "_target_logprob_kernel"}
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
-def compiled(request):
-    model, dtype = request.param
+@pytest.fixture(scope="module")
+def aot_runs(tmp_path_factory):
+    """Every case's compile started at once, one subprocess each writing to files (Triton compiles on one thread:
+    on a 2-core machine this halves the ~5 minutes they take one after another)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    run = subprocess.run([sys.executable, "-m", "kernels.aot", "--json", "--models", model, "--dtypes", dtype],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    records = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    folder = tmp_path_factory.mktemp("aot")
+    runs = {}
+    for model, dtype in CASES:
+        out, err = folder / f"{model}-{dtype}.out", folder / f"{model}-{dtype}.err"
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            proc = subprocess.Popen([sys.executable, "-m", "kernels.aot", "--json", "--models", model, "--dtypes",
+                                     dtype], cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+        runs[(model, dtype)] = (proc, out, err)
+    yield runs
+    for proc, _, _ in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def compiled(request, aot_runs):
+    proc, out, err = aot_runs[request.param]
+    try:
+        returncode = proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"kernels.aot for {request.param} ran past 15 minutes")
+    stdout, stderr = out.read_text(), err.read_text()
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     if not records:
-        pytest.fail(f"kernels.aot compiled nothing (exit {run.returncode}):\n{run.stderr[-3000:]}")
-    return run.returncode, records, run.stderr
+        pytest.fail(f"kernels.aot compiled nothing (exit {returncode}):\n{stderr[-3000:]}")
+    return returncode, records, stderr
 
 
 def test_every_kernel_lowers_for_both_targets(compiled):
