@@ -127,6 +127,14 @@ def test_silu_and_mul(dtype):
     gate_up = randn(3, 5, 2 * 23, dtype=dtype) * 4
     torch.testing.assert_close(native_ops.silu_and_mul_native(gate_up), silu_and_mul_ref(gate_up),
                                **DTYPE_TOL[dtype])
+    # the ends of the vector exp2 (its exponent built from bits on AVX2, scalef on AVX-512): underflow to exactly
+    # 0 and overflow to inf, so silu(g) is g for large g and -0 for very negative g, never NaN
+    gate = torch.tensor([-1e4, -300.0, -130.0, -90.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 90.0, 130.0, 300.0, 1e4,
+                         3.0, -3.0, 7.5, 0.5], dtype=dtype)
+    gate_up = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
+    got, want = native_ops.silu_and_mul_native(gate_up), silu_and_mul_ref(gate_up)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, **DTYPE_TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,6 @@
-// 16 fp32 lanes: one AVX-512 register when the compiler targets AVX-512, a plain array otherwise (the loops of
-// the fallback are left to the auto-vectoriser). Everything the attention kernels need, and nothing more.
+// 16 fp32 lanes: one AVX-512 register when the compiler targets AVX-512, two AVX2 registers when it targets
+// AVX2 + FMA (lanes 0-7 and 8-15; horizontal sums in the same tree as AVX-512's), a plain array otherwise (the
+// loops of the fallback are left to the auto-vectoriser). Everything the attention kernels need, and nothing more.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -9,7 +10,7 @@
 #include <cstdint>
 #include <limits>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -61,6 +62,71 @@ struct V16 {
   }
 };
 inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ICQS_VEC16_AVX2 1
+
+// lane i of an 8-lane half: -1 (all bits) where lo <= base + i < hi, else 0
+inline __m256 lanes_in(int base, int lo, int hi) {
+  const __m256i idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(base));
+  const __m256i below_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(lo), idx);
+  const __m256i below_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx);
+  return _mm256_castsi256_ps(_mm256_andnot_si256(below_lo, below_hi));
+}
+
+// 8 lanes -> one float, in the order of _mm512_reduce_*_ps once its two halves are combined: (i, i+4), (i, i+2),
+// (i, i+1)
+template <typename Op>
+inline float reduce8(__m256 x, Op op) {
+  __m128 r = op(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  r = op(r, _mm_movehl_ps(r, r));
+  r = op(r, _mm_shuffle_ps(r, r, 1));
+  return _mm_cvtss_f32(r);
+}
+
+struct V16 {
+  __m256 lo, hi;
+  static V16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static V16 set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  static V16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
+  V16 operator*(V16 o) const { return {_mm256_mul_ps(lo, o.lo), _mm256_mul_ps(hi, o.hi)}; }
+  V16 operator-(V16 o) const { return {_mm256_sub_ps(lo, o.lo), _mm256_sub_ps(hi, o.hi)}; }
+  V16 operator+(V16 o) const { return {_mm256_add_ps(lo, o.lo), _mm256_add_ps(hi, o.hi)}; }
+  V16 operator/(V16 o) const { return {_mm256_div_ps(lo, o.lo), _mm256_div_ps(hi, o.hi)}; }
+  V16 max(V16 o) const { return {_mm256_max_ps(lo, o.lo), _mm256_max_ps(hi, o.hi)}; }
+  float max() const { return reduce8(_mm256_max_ps(lo, hi), [](__m128 a, __m128 b) { return _mm_max_ps(a, b); }); }
+  float sum() const { return reduce8(_mm256_add_ps(lo, hi), [](__m128 a, __m128 b) { return _mm_add_ps(a, b); }); }
+  // lanes >= count become -inf (count <= 0: all of them)
+  V16 keep_first(int count) const { return keep_range(0, count); }
+  // lanes outside [lo, hi) become -inf
+  V16 keep_range(int first, int end) const {
+    const __m256 inf = _mm256_set1_ps(kNegInf);
+    return {_mm256_blendv_ps(inf, lo, lanes_in(0, first, end)), _mm256_blendv_ps(inf, hi, lanes_in(8, first, end))};
+  }
+  // 2^x as the AVX-512 form computes it (the same polynomial); 2^n is built from n's exponent bits, n clamped to
+  // [-127, 128] so that x <= -127 (-inf included, clamped to -160) gives exactly 0 and x >= 128 gives inf.
+  V16 exp2() const { return {exp2_8(lo), exp2_8(hi)}; }
+
+ private:
+  static __m256 exp2_8(__m256 v) {
+    const __m256 x = _mm256_max_ps(v, _mm256_set1_ps(-160.f));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));
+    __m256 p = _mm256_set1_ps(1.f / 5040);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 720));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    const __m256 e = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-127.f)), _mm256_set1_ps(128.f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(e), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  }
+};
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 
 #else
 
@@ -133,6 +199,75 @@ inline V16 round_as(V16 x) {
 
 template <>
 inline V16 round_as<float>(V16 x) { return x; }
+
+#if defined(ICQS_VEC16_AVX2)
+// 8 bf16 -> 8 fp32 (the bits shifted into the upper half)
+inline __m256 bf16x8_to_float(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <>
+inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, bf16x8_to_float(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// round to nearest even at bf16 precision; NaNs pass through (as the AVX-512 form)
+inline __m256 round_bf16_8(__m256 x) {
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(int(0xFFFF0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+template <>
+inline V16 round_as<c10::BFloat16>(V16 x) { return {round_bf16_8(x.lo), round_bf16_8(x.hi)}; }
+
+template <>
+inline V16 load_as_float<float>(const float* src, int n) {
+  if (n >= kLanes) return V16::load(src);
+  const __m256i lo = _mm256_castps_si256(lanes_in(0, 0, n)), hi = _mm256_castps_si256(lanes_in(8, 0, n));
+  return {_mm256_maskload_ps(src, lo), _mm256_maskload_ps(src + 8, hi)};
+}
+
+template <>
+inline void store_as<float>(V16 x, float* dst, int n) {
+  if (n >= kLanes) return x.store(dst);
+  _mm256_maskstore_ps(dst, _mm256_castps_si256(lanes_in(0, 0, n)), x.lo);
+  _mm256_maskstore_ps(dst + 8, _mm256_castps_si256(lanes_in(8, 0, n)), x.hi);
+}
+
+template <>
+inline V16 load_as_float<c10::BFloat16>(const c10::BFloat16* src, int n) {
+  alignas(32) c10::BFloat16 buf[kLanes];
+  const c10::BFloat16* p = src;
+  if (n < kLanes) {
+    for (int i = 0; i < kLanes; ++i) buf[i] = i < n ? src[i] : c10::BFloat16(0.f);
+    p = buf;
+  }
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {bf16x8_to_float(_mm256_castsi256_si128(h)), bf16x8_to_float(_mm256_extracti128_si256(h, 1))};
+}
+
+template <>
+inline void store_as<c10::BFloat16>(V16 x, c10::BFloat16* dst, int n) {
+  const V16 r = round_as<c10::BFloat16>(x);
+  // the upper 16 bits of each lane, packed in order (packus works within 128-bit halves: permute them back)
+  const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(r.lo), 16);
+  const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(r.hi), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+  if (n >= kLanes) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
+    return;
+  }
+  alignas(32) c10::BFloat16 buf[kLanes];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(buf), packed);
+  for (int i = 0; i < n; ++i) dst[i] = buf[i];
+}
+#endif
 
 #if defined(__AVX512F__)
 // round to nearest even at bf16 precision; NaNs pass through
