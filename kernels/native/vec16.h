@@ -18,6 +18,9 @@ namespace icqs {
 
 constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// e^f = sum f^k / k! for k = 7 down to 0, in Horner's order (2^x = 2^n e^(f ln 2) in the vector forms below)
+constexpr int kExp2Terms = 8;
+constexpr float kExp2Taylor[kExp2Terms] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
 
 #if defined(__AVX512F__)
 
@@ -50,14 +53,8 @@ struct V16 {
     const __m512 x = _mm512_max_ps(v, _mm512_set1_ps(-160.f));
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.6931471805599453f));
-    __m512 p = _mm512_set1_ps(1.f / 5040);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    __m512 p = _mm512_set1_ps(kExp2Taylor[0]);
+    for (int i = 1; i < kExp2Terms; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Taylor[i]));
     return {_mm512_scalef_ps(p, n)};
   }
 };
@@ -113,14 +110,8 @@ struct V16 {
     const __m256 x = _mm256_max_ps(v, _mm256_set1_ps(-160.f));
     const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));
-    __m256 p = _mm256_set1_ps(1.f / 5040);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 720));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    __m256 p = _mm256_set1_ps(kExp2Taylor[0]);
+    for (int i = 1; i < kExp2Terms; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Taylor[i]));
     const __m256 e = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-127.f)), _mm256_set1_ps(128.f));
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(e), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
