@@ -11,7 +11,11 @@ and load seconds, each (model, dtype) in a fresh interpreter.
 baseline: the child's RSS after importing torch and the engine, one small bf16 matmul (oneDNN's code and JIT
 kernels, a fixed ~18 MiB that is the runtime's, not the weights') and giving the C heap's free pages back.
 peak: the high-water mark of RSS during Engine.load (reset just before it, /proc/self/clear_refs). resident: RSS
-after the load (and a gc). Ratios are (peak - baseline) / weight bytes and (resident - baseline) / weight bytes;
+after the load (and a gc). Ratios are (peak - baseline) / weight bytes and (resident - baseline) / weight bytes.
+own/w: what the load itself keeps, = the growth of anonymous memory (RssAnon: tensors, heap) plus the model
+file's pages still mapped, over the weight bytes. It leaves out the shared libraries' code pages that the load
+runs for the first time (RssFile: 8-14 MiB here, varying with the page cache between checkouts of the same
+venv), which RSS counts but which are the runtime's, like oneDNN's code above;
 weight bytes count every tensor the model holds once (a prepacked copy as its blocked tensor). The KV cache is
 allocated uninitialised, so its untouched pages cost nothing here.
 """
@@ -73,7 +77,7 @@ def child(model: str | None, dtype: str) -> dict:
     linear(x, prepack(torch.ones(64, 64, dtype=torch.bfloat16)))
     gc.collect()
     ctypes.CDLL(None).malloc_trim(0)  # the imports' free heap pages out of the baseline
-    baseline = _status("VmRSS")
+    baseline, anon_before = _status("VmRSS"), _status("RssAnon")
     with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS
         f.write("5")
     t0 = time.perf_counter()
@@ -82,10 +86,32 @@ def child(model: str | None, dtype: str) -> dict:
     peak = _status("VmHWM")
     gc.collect()
     resident = _status("VmRSS")
+    own = _status("RssAnon") - anon_before + _mapped_file_rss(engine_files(model))
     wb = weight_bytes(engine.model)
     return dict(model=model or "smollm2", dtype=dtype, weight_bytes=wb, baseline=baseline, peak=peak,
                 resident=resident, peak_ratio=(peak - baseline) / wb, resident_ratio=(resident - baseline) / wb,
-                seconds=seconds)
+                own=own, own_ratio=own / wb, seconds=seconds)
+
+
+def engine_files(model: str | None) -> set[str]:
+    """The checkpoint's files (resolved paths): the GGUF, or every file of an HF directory."""
+    from engine.loader import resolve_model_path
+
+    path = resolve_model_path(model).resolve()
+    return {str(p.resolve()) for p in path.iterdir()} if path.is_dir() else {str(path)}
+
+
+def _mapped_file_rss(files: set[str]) -> int:
+    """Resident bytes of this process's mappings of these files (/proc/self/smaps)."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+                current = head[5] if len(head) > 5 else None
+            elif head and head[0] == "Rss:" and current in files:
+                total += int(head[1]) * 1024
+    return total
 
 
 def device_child(model: str | None, dtype: str) -> dict:
@@ -200,7 +226,7 @@ def main():
     print(f"# {os.uname().nodename} load average {os.getloadavg()[0]:.2f}; engine from {args.root}")
     if not args.json:
         print(f"{'model':<14} {'dtype':<9} {'weights':>9} {'base':>8} {'peak':>9} {'resident':>9} "
-              f"{'peak/w':>7} {'res/w':>6} {'seconds':>8}")
+              f"{'peak/w':>7} {'res/w':>6} {'own/w':>6} {'seconds':>8}")
     gib = 2 ** 30
     for model, dtype in cases:
         r = run_child(args.root.resolve(), model, dtype)
@@ -210,7 +236,8 @@ def main():
         else:
             print(f"{r['model']:<14} {dtype:<9} {r['weight_bytes'] / gib:7.2f}Gi {r['baseline'] / gib:6.2f}Gi "
                   f"{(r['peak'] - r['baseline']) / gib:7.2f}Gi {(r['resident'] - r['baseline']) / gib:7.2f}Gi "
-                  f"{r['peak_ratio']:7.2f} {r['resident_ratio']:6.2f} {r['seconds']:8.1f}", flush=True)
+                  f"{r['peak_ratio']:7.2f} {r['resident_ratio']:6.2f} {r.get('own_ratio', float('nan')):6.2f} "
+                  f"{r['seconds']:8.1f}", flush=True)
     if args.device_proxy:
         print("# host peak of a load onto another device (meta standing in for CUDA), over the largest tensor")
         for model, dtype in cases:

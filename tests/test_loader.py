@@ -419,10 +419,12 @@ def mid_model_dir(tmp_path_factory):
 def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
     """Tensors are read and converted one at a time (no whole-model copy, no fp32 detour for bf16, no file pages
     kept): the peak above the baseline is at most 1.3x the final weight bytes (main before lean loading: 2.09),
-    what stays at most 1.1x (measured 1.04/1.06 peak, 1.04/1.02 resident in bf16/fp32)."""
+    what the load keeps at most 1.1x (anonymous memory and the file's pages; measured 1.04/1.06 peak, ~1.03
+    kept in bf16/fp32). RSS after the load also counts the libraries' code pages first run by the load (8-14 MiB,
+    varying with the page cache between checkouts: a fresh clone measured 1.11x here): at most 1.2x."""
     m = _load_memory(mid_model_dir, dtype)
     assert m["weight_bytes"] > 80 * 2 ** 20
-    assert m["peak_ratio"] <= 1.3 and m["resident_ratio"] <= 1.1, m
+    assert m["peak_ratio"] <= 1.3 and m["own_ratio"] <= 1.1 and m["resident_ratio"] <= 1.2, m
 
 
 @pytest.mark.parametrize("model", ["smollm2", "mid"])
@@ -448,7 +450,9 @@ def test_load_onto_another_device_holds_one_tensor_on_the_host(model, smollm2_pa
 def test_gguf_load_releases_the_file_pages(smollm2_path):
     """A quantized GGUF dequantized tensor by tensor into bf16: the mapped file's pages are given back as each
     tensor is done (the whole-model fp32 copy took 2.9x the weights), and the tokenizer's metadata arrays are
-    never parsed element by element (that left ~10 MiB of heap resident: 1.12x). Measured 1.21 peak, 1.08
-    resident, with and without a tokenizer-cache hit; the tokenizer itself is ~13 MiB of the 8%."""
+    never parsed element by element (that left ~10 MiB of heap: 1.12x). Measured 1.14-1.20 peak, 1.065 kept
+    (anonymous memory and the file's pages; the tokenizer itself is ~13 MiB of the 6.5%), RSS 1.08-1.12 after the
+    load (with the libraries' code pages the load ran first: see above). Before the lean metadata reader: 1.099
+    kept, so the bound here is 1.08."""
     m = _load_memory(smollm2_path, "bfloat16")
-    assert m["peak_ratio"] <= 1.3 and m["resident_ratio"] <= 1.1, m
+    assert m["peak_ratio"] <= 1.3 and m["own_ratio"] <= 1.08 and m["resident_ratio"] <= 1.2, m
