@@ -84,8 +84,9 @@ class LlamaModel:
                 gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                 down=fused(p + "mlp.down_proj.weight")))
             release_free_memory()  # the layer's transient copies, not kept resident by malloc
-        # the generation logits' copy of the LM head (the fused target log-prob reads the plain one in tiles)
-        self.logits_head = self.ops.weight(self.lm_head)
+        # the generation logits' copy of the LM head (the fused target log-prob reads the plain one in tiles),
+        # packed on the first generation step: an engine that only scores never holds it
+        self._logits_head = None
         self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position,
                                                   self.device)
         self.local_cos, self.local_sin = (
@@ -146,7 +147,9 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits (the model's dtype) of a few final hidden rows: the rows that sample a token."""
-        return self.ops.logits(hidden, self.logits_head)
+        if self._logits_head is None:  # a one-off reorder (SmolLM2: ~0.1 s), then kept
+            self._logits_head = self.ops.weight(self.lm_head)
+        return self.ops.logits(hidden, self._logits_head)
 
     def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0):
         """log P(target) (fp32) and is_greedy of each final hidden row, and with top_k the k best tokens: the LM
