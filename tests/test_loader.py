@@ -430,9 +430,11 @@ def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
 @pytest.mark.parametrize("model", ["smollm2", "mid"])
 def test_load_onto_another_device_holds_one_tensor_on_the_host(model, smollm2_path, mid_model_dir):
     """Loading onto an accelerator (the meta device stands in: no GPU here) holds about one tensor on the host at a
-    time: the host's peak above the opened checkpoint is at most 1.3x the largest tensor in the model's dtype, plus
-    2 MiB of bookkeeping (measured: SmolLM2 GGUF 1.16x of its 54 MiB embedding, dequantized a block of rows at a
-    time straight into bf16; the bf16 safetensors model 4.2 MiB for a 3 MiB largest tensor)."""
+    time: the host's peak above the opened checkpoint is at most 1.5x the largest tensor in the model's dtype, plus
+    2 MiB of bookkeeping (measured: SmolLM2 GGUF 1.14x of its 54 MiB embedding, dequantized a block of rows at a
+    time straight into bf16, in this checkout, 1.24x in a fresh clone and 1.38x there inside the full suite: the
+    peak is RSS, which counts library code pages as they fault in; before the row blocks 4.5x. The bf16
+    safetensors model: 4.2 MiB for a 3 MiB largest tensor)."""
     import sys
     from pathlib import Path
 
@@ -444,7 +446,7 @@ def test_load_onto_another_device_holds_one_tensor_on_the_host(model, smollm2_pa
         sys.path.remove(str(bench))
     m = bench_load.run_child(bench.parent, str(smollm2_path if model == "smollm2" else mid_model_dir), "bfloat16",
                              "device_child")
-    assert m["host_peak"] <= 1.3 * m["largest_tensor"] + 2 * 2 ** 20, m
+    assert m["host_peak"] <= 1.5 * m["largest_tensor"] + 2 * 2 ** 20, m
 
 
 def test_gguf_load_releases_the_file_pages(smollm2_path):
