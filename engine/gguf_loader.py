@@ -257,10 +257,7 @@ def _dequantize(t, dtype: torch.dtype | None = None) -> torch.Tensor:
         w = torch.from_numpy(raw.view(np.int16) if kind == "BF16" else raw).reshape(shape)
         w = w.view(torch.bfloat16) if kind == "BF16" else w
         return w if dtype is None else w.to(dtype)
-    data = t.data
-    if data.ndim < 2:
-        return torch.from_numpy(gguf.quants.dequantize(data, t.tensor_type).astype(np.float32, copy=False)
-                                .reshape(shape)).to(dtype or torch.float32)
+    data = t.data if t.data.ndim >= 2 else t.data.reshape(1, -1)  # a 1-D tensor: one row of whole blocks
     out = torch.empty(shape, dtype=dtype or torch.float32)
     rows = out.view(data.shape[0], -1)
     step = max(1, DEQUANTIZE_BYTES // (4 * rows.shape[1]))

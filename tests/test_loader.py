@@ -419,8 +419,8 @@ def mid_model_dir(tmp_path_factory):
 def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
     """Tensors are read and converted one at a time (no whole-model copy, no fp32 detour for bf16, no file pages
     kept): the peak above the baseline is at most 1.3x the final weight bytes (main before lean loading: 2.09),
-    what the load keeps at most 1.1x (anonymous memory and the file's pages; measured 1.04/1.06 peak, ~1.03
-    kept in bf16/fp32). RSS after the load also counts the libraries' code pages first run by the load (8-14 MiB,
+    what the load keeps at most 1.1x (anonymous memory and the file's pages; measured peak 1.04/1.06 in
+    bf16/fp32). RSS after the load also counts the libraries' code pages first run by the load (8-14 MiB,
     varying with the page cache between checkouts: a fresh clone measured 1.11x here): at most 1.2x."""
     m = _load_memory(mid_model_dir, dtype)
     assert m["weight_bytes"] > 80 * 2 ** 20
