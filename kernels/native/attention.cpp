@@ -140,7 +140,9 @@ void softmax_tile(State& s, int r0, const V16* s0, const V16* s1, const int* lo,
     if (hi[i] <= lo[i]) { std::fill(p[i], p[i] + kNB, 0.f); continue; }
     // a half of the tile the row does not see costs nothing (short segments, causal and window edges)
     const bool in_a = lo[i] < kLanes, in_b = hi[i] > kLanes;
-    const V16 a = s0[i].keep_range(lo[i], hi[i]), b = s1[i].keep_range(lo[i] - kLanes, hi[i] - kLanes);
+    const bool whole = lo[i] == 0 && hi[i] == kNB;  // the common case: no lane to mask
+    const V16 a = whole ? s0[i] : s0[i].keep_range(lo[i], hi[i]);
+    const V16 b = whole ? s1[i] : s1[i].keep_range(lo[i] - kLanes, hi[i] - kLanes);
     const float mnew = std::max(s.m[r], in_a && in_b ? a.max(b).max() : in_a ? a.max() : b.max());
     const V16 pa = in_a ? (a - V16::set1(mnew)).exp2() : V16::zero();
     const V16 pb = in_b ? (b - V16::set1(mnew)).exp2() : V16::zero();
@@ -164,6 +166,17 @@ void tile_rows(State& s, int r0, int nb, const int* lo, const int* hi) {
   V16 s0[kMR], s1[kMR];
   for (int i = 0; i < kMR; ++i) s0[i] = s1[i] = V16::zero();
   const float* q0 = &s.q[size_t(r0) * s.DP];
+#if defined(ICQS_VEC16_AVX2)
+  // AVX2 has 16 vector registers: the 6 x 32 scores (24 of them) would spill, so one half of the tile at a time
+  // (each score sums over d in the same order either way)
+  for (int half = 0; half < 2; ++half) {
+    V16* acc = half ? s1 : s0;
+    for (int d = 0; d < s.D; ++d) {
+      const V16 k = V16::load(&s.kt[size_t(d) * kNB + half * kLanes]);
+      for (int i = 0; i < kMR; ++i) acc[i] = fma(V16::set1(q0[size_t(i) * s.DP + d]), k, acc[i]);
+    }
+  }
+#else
   for (int d = 0; d < s.D; ++d) {
     const V16 k0 = V16::load(&s.kt[size_t(d) * kNB]), k1 = V16::load(&s.kt[size_t(d) * kNB + kLanes]);
     for (int i = 0; i < kMR; ++i) {
@@ -172,6 +185,7 @@ void tile_rows(State& s, int r0, int nb, const int* lo, const int* hi) {
       s1[i] = fma(b, k1, s1[i]);
     }
   }
+#endif
   alignas(64) float p[kMR][kNB];
   float corr[kMR];
   softmax_tile(s, r0, s0, s1, lo, hi, p, corr);

@@ -103,10 +103,10 @@ struct V16 {
   }
   // 2^x as the AVX-512 form computes it (the same polynomial); 2^n is built from n's exponent bits, n clamped to
   // [-127, 128] so that x <= -127 (-inf included, clamped to -160) gives exactly 0 and x >= 128 gives inf.
-  V16 exp2() const { return {exp2_8(lo), exp2_8(hi)}; }
+  __attribute__((always_inline)) V16 exp2() const { return {exp2_8(lo), exp2_8(hi)}; }
 
  private:
-  static __m256 exp2_8(__m256 v) {
+  __attribute__((always_inline)) static __m256 exp2_8(__m256 v) {
     const __m256 x = _mm256_max_ps(v, _mm256_set1_ps(-160.f));
     const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));
