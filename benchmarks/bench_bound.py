@@ -17,6 +17,10 @@ For each thread count (torch.set_num_threads, in this order, back to back):
   (attention's scores and P.V over every computed token's keys, from the engine's attention_keys counter, and
   the LM head's rows), and "ceiling of the linear fraction" is what the issue's measure would read if every
   matmul ran at the bound and nothing else took time (linear FLOPs over all matmul FLOPs).
+  The linear FLOPs are those the engine ran: the last layer's o-projection and MLP run only on the rows whose
+  hidden states a request reads (the engine's hidden_rows counter), so a computed token that no request reads
+  costs that much less. "Fraction, whole layers" counts every computed token through whole layers instead: the
+  job's time against the bound for the work a model without that saving would do.
   The GEMM bound is measured again after the jobs and the larger of the two is used.
 - plain: unrelated (context, continuation) pairs of bench_scoring.py, `share_prefix=False`, the same measure.
 - decode: 32 prompts x 64 new tokens, greedy, against transformers `generate` (batch 32, same weights and dtype).
@@ -51,6 +55,11 @@ def layer_shapes(config) -> dict[str, tuple[int, int]]:
 def linear_params(config) -> int:
     """Weights of the layer stack's linears (the FLOPs per token are twice this; embedding and LM head excluded)."""
     return config.num_layers * sum(o * i for o, i in layer_shapes(config).values())
+
+
+def trimmed_params(config) -> int:
+    """Weights of the last layer's linears that a row whose hidden state nobody reads skips (o, gate_up, down)."""
+    return sum(o * i for name, (o, i) in layer_shapes(config).items() if name != "qkv")
 
 
 def best_seconds(fn, repeat: int) -> float:
@@ -92,13 +101,15 @@ def engine_stat(engine, name: str) -> int:
 
 def part_scoring(engine, config, requests, share: bool, rate: float) -> list:
     """One scoring job: [requests, tokens computed, seconds, tokens/s, linear GFLOP/s, its fraction of the bound,
-    the matmul work's fraction (linears + attention + LM head rows), the linear fraction's ceiling]."""
+    the matmul work's fraction (linears + attention + LM head rows), the linear fraction's ceiling, the fraction
+    counting whole layers for every computed token]."""
     engine.score(requests[:2], share_prefix=share)  # warm-up
     t = time.perf_counter()
     engine.score(requests, share_prefix=share)
     seconds = time.perf_counter() - t
     tokens = engine_stat(engine, "tokens_computed")
-    linear = 2.0 * tokens * linear_params(config)
+    whole = 2.0 * tokens * linear_params(config)
+    linear = whole - 2.0 * (tokens - engine_stat(engine, "hidden_rows")) * trimmed_params(config)
     # the other matmuls every step must do: attention's scores and P.V (a token at position p sees p + 1 keys, in
     # every layer and query head) and the LM head's rows for the scored tokens
     attention = 4.0 * engine_stat(engine, "attention_keys") * config.num_heads * config.head_dim * config.num_layers
@@ -106,7 +117,7 @@ def part_scoring(engine, config, requests, share: bool, rate: float) -> list:
     gflops = linear / seconds / 1e9
     matmul = linear + attention + lm_head
     return [len(requests), tokens, seconds, tokens / seconds, gflops, gflops / rate,
-            matmul / seconds / 1e9 / rate, linear / matmul]
+            matmul / seconds / 1e9 / rate, linear / matmul, whole / seconds / 1e9 / rate]
 
 
 def part_decode(engine, config, tok, weights, dtype, prompts: int, new_tokens: int, rate: float, bandwidth: float,
@@ -179,12 +190,15 @@ def main(argv=None) -> dict:
             for row in rows:
                 row[6] *= rate / best
                 row[7] *= rate / best
+                row[9] *= rate / best
             print(f"\nscoring ({args.dtype}; GEMM bound {rate:.1f} before, {again:.1f} after the jobs: fractions of "
                   f"{best:.1f}; load average {load_average()}):\n")
             print(table(["job", "requests", "tokens computed", "wall s", "tokens/s", "linear GFLOP/s",
-                         "fraction of GEMM bound", "all matmuls' fraction", "ceiling of the linear fraction"], rows))
+                         "fraction of GEMM bound", "all matmuls' fraction", "ceiling of the linear fraction",
+                         "fraction, whole layers"], rows))
             for (key, *_), row in zip(jobs, rows):
                 res[key], res[key + "_matmuls"], res[key + "_ceiling"] = row[6], row[7], row[8]
+                res[key + "_whole_layers"] = row[9]
         if "decode" in parts:
             d = part_decode(engine, config, tok, weights, dtype, args.prompts, args.new_tokens, rate, bandwidth,
                             args.repeat)

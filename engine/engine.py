@@ -277,7 +277,7 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.chunks:
             batch = build_step(plan.chunks, self.device)
-            self.kv.write_hidden(batch.write_slots, self.model.forward(batch, self.kv))
+            self.kv.write_hidden(batch.write_slots, batch.out_rows, self.model.forward(batch, self.kv))
         score_out = sample_out = None
         if plan.score_rows:
             score_out = self._score(plan)

@@ -8,7 +8,8 @@ attend within a sliding window and rotate with their own rope base.
 
 One forward step takes the new tokens of many sequences packed back to back (no padding) and an attention plan
 (`StepBatch`): where their K/V go in the paged cache and which cached segments each sequence attends to. Only the
-rows that are asked for leave the last layer (the LM head never runs on the others).
+rows that are asked for leave the last layer: its attention output, o-projection and MLP run on those rows only
+(the others' K/V are all the cache needs from it), and the LM head never runs on the others.
 
 Deterministic mode (`deterministic=True`): every matmul, the attention and the target log-prob take their
 batch-invariant forms (kernels/batch_invariant.py), so a row's result is bitwise the same whatever else the step
@@ -113,6 +114,8 @@ class LlamaModel:
             kv.positions[batch.write_slots] = batch.positions
             window = kernels.AttentionWindow(c.sliding_window, batch.positions, kv.positions)
         residual = None
+        rows = batch.out_rows
+        trim = rows.numel() < T  # the last layer's work after its K/V store runs on the rows asked for only
         for i, L in enumerate(self.layers):
             x, residual = kernels.rms_norm(h, L["attn_norm"], c.rms_norm_eps, residual)
             qkv = linear(x, L["qkv"], L["qkv_bias"])
@@ -129,9 +132,14 @@ class LlamaModel:
             else:
                 kernels.apply_rope(q, k, batch.positions, self.cos, self.sin)
             kernels.store_kv(k, v, kv.k[i], kv.v[i], batch.write_slots)
+            last = trim and i == len(self.layers) - 1
+            if last and rows.numel() == 0:
+                return h.new_empty(0, c.hidden_size)
             attn = ops.attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments, self.scale, plan,
                                  window if L["sliding"] else None)
-            h = linear(attn.reshape(T, q_dim), L["o"])
+            if last:
+                attn, residual = attn[rows], residual[rows]
+            h = linear(attn.reshape(-1, q_dim), L["o"])
             if L["post_attn_norm"] is not None:
                 h = kernels.rms_norm(h, L["post_attn_norm"], c.rms_norm_eps)[0]
             x, residual = kernels.rms_norm(h, L["mlp_norm"], c.rms_norm_eps, residual)
@@ -141,8 +149,7 @@ class LlamaModel:
                 h = kernels.rms_norm(h, L["post_mlp_norm"], c.rms_norm_eps)[0]
             else:
                 h = linear(kernels.silu_and_mul(linear(x, L["gate_up"])), L["down"])
-        rows = batch.out_rows
-        out, _ = kernels.rms_norm(h[rows], self.norm, c.rms_norm_eps, residual[rows])
+        out, _ = kernels.rms_norm(h, self.norm, c.rms_norm_eps, residual)
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

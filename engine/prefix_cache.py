@@ -21,12 +21,14 @@ least recently used candidate).
 The pages under the tree (`KVCache`, first in this file): the paged KV cache: fixed-size pages with checked reference counts.
 
 Per layer, K and V are [num_pages * page_size, Hkv, D]; a token's K/V live at slot = page * page_size + offset.
-Beside them, `hidden` [num_pages * page_size, hidden_size] keeps each computed token's final (normed) hidden
-state, so that a later request scores any continuation of a cached prefix (or asks its log-probs again) with the
-LM head alone, without recomputing the layers; and `memo` keeps, per slot, what scoring that token computed (its
-log-prob given its prefix, whether it was the argmax, the top k), so that asking again costs nothing. Pages are
-allocated per prefix-tree node and shared by reference
-count when a node is split; a double free or a reference to a free page raises at once."""
+Beside them, `hidden` [num_pages * page_size, hidden_size] keeps the final (normed) hidden state of each computed
+token that a request asked for when it was computed (`has_hidden` says which: the model's last layer runs its
+o-projection and MLP on those rows only), so that a later request scores a continuation of a cached prefix (or asks
+its log-probs again) with the LM head alone, without recomputing the layers (a request that needs a state that was
+not kept computes its continuation's positions anew: Scheduler._add_score); and `memo` keeps, per slot, what
+scoring that token computed (its log-prob given its prefix, whether it was the argmax, the top k), so that asking
+again costs nothing. Pages are allocated per prefix-tree node and shared by reference count when a node is split; a
+double free or a reference to a free page raises at once."""
 from __future__ import annotations
 
 import enum
@@ -79,6 +81,7 @@ class KVCache:
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.hidden = torch.empty(num_pages * page_size, config.hidden_size, dtype=dtype, device=device)
+        self.has_hidden = torch.zeros(num_pages * page_size, dtype=torch.bool, device=device)
         # absolute position of the token at each slot, written with its K/V: sliding-window layers mask by it
         self.positions = (torch.empty(num_pages * page_size, dtype=torch.int64, device=device)
                           if config.sliding_window else None)
@@ -124,9 +127,16 @@ class KVCache:
             if self.refcount[p] == 0:
                 self.free_pages.append(p)
 
-    def write_hidden(self, slots: torch.Tensor, hidden: torch.Tensor):
-        """Keep the final hidden states of the tokens just computed at their slots."""
-        self.hidden[slots] = hidden
+    def write_hidden(self, slots: torch.Tensor, rows: torch.Tensor, hidden: torch.Tensor):
+        """The tokens just computed at `slots`: keep the final hidden states `hidden` of those at `rows` (indices
+        into slots); the others have none."""
+        self.has_hidden[slots] = False
+        self.has_hidden[slots[rows]] = True
+        self.hidden[slots[rows]] = hidden
+
+    def hidden_kept(self, slots: list[int]) -> bool:
+        """Whether every one of these computed tokens' final hidden states is kept."""
+        return not slots or bool(self.has_hidden[torch.tensor(slots, device=self.has_hidden.device)].all())
 
     def read_hidden(self, slots: list[int]) -> torch.Tensor:
         """The kept hidden states at these slots (a copy: later steps may reuse the slots)."""
@@ -181,7 +191,7 @@ class Node:
         self.pages: list[int] = []
         self.page_offset = 0  # offset of tokens[0] inside pages[0]
         self.slots = torch.empty(capacity or len(tokens), dtype=torch.long)
-        self.done = 0  # tokens whose K/V (and hidden states) are in the cache
+        self.done = 0  # tokens whose K/V (and the hidden states asked for) are in the cache
         self.users = 0  # locks: requests whose last node this is (they keep it, and so its ancestors, alive)
 
     def __len__(self):
@@ -283,17 +293,28 @@ class PrefixCache:
         self._order = itertools.count()
 
     # ---- lookup and insertion -----------------------------------------------------------------------------------
+    def _match(self, seq: list[int]):
+        """(node, m) for each SHARED node on the path of a sequence of input tokens: the node holds seq's tokens
+        from its start, m of them (only the last one yielded may hold fewer than all its tokens)."""
+        node, pos = self.root, 0
+        while pos < len(seq):
+            child = node.children.get(seq[pos])
+            if child is None:
+                return
+            m = common_prefix(child.tokens, seq[pos:])
+            whole = m == len(child)
+            yield child, m
+            if not whole:
+                return
+            node, pos = child, pos + m
+
     def match_insert(self, seq: list[int], on_split: Callable[[Node, Node, int], None]) -> tuple[int, list[Node]]:
         """Insert a sequence of input tokens as SHARED nodes, reusing every node (computed, being computed or
         pending) that holds a prefix of it. Returns (tokens whose K/V are already computed, the nodes of the path
         from the root's child to the last token). on_split(upper, lower, m) after a node is cut after m tokens
         (lower is the node that was there, now its tail)."""
         node, pos, reused, path = self.root, 0, 0, []
-        while pos < len(seq):
-            child = node.children.get(seq[pos])
-            if child is None:
-                return reused, path + [self._attach(Node(seq[pos:], node, pos))]
-            m = common_prefix(child.tokens, seq[pos:])
+        for child, m in self._match(seq):
             if m < len(child):
                 lower, child = child, child.split(m, self.kv)
                 self.last_used[child] = self.last_used[lower]
@@ -303,7 +324,18 @@ class PrefixCache:
             reused += child.done
             node, pos = child, pos + m
             path.append(child)
+        if pos < len(seq):
+            path.append(self._attach(Node(seq[pos:], node, pos)))
         return reused, path
+
+    def hidden_kept(self, seq: list[int], first: int) -> bool:
+        """Whether every token of seq from position `first` on that is already computed has its final hidden
+        state kept (read-only: nothing is split or inserted)."""
+        slots = []
+        for node, m in self._match(seq):
+            lo, hi = max(first - node.start, 0), min(m, node.done)
+            slots += node.slots[lo:hi].tolist() if lo < hi else []
+        return self.kv.hidden_kept(slots)
 
     def add_private(self, parent: Node, tokens: list[int], start: int, kind: Kind, key, capacity: int | None = None
                     ) -> Node:

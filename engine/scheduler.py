@@ -120,8 +120,13 @@ class Scheduler:
 
     def _add_score(self, req: ScoreRequest, share_prefix: bool):
         full, first = req.full, len(req.context) - 1  # the hidden state at `first` predicts continuation[0]
-        if share_prefix:
+        if share_prefix and self.cache.hidden_kept(full[:-1], first):
             reused, path = self.cache.match_insert(full[:-1], self._split)
+        elif share_prefix:  # some of its positions were computed without their hidden states: share the context
+            # before them and compute the rest anew, in a node of its own
+            reused, path = self.cache.match_insert(full[:first], self._split)
+            parent = path[-1] if path else self.cache.root
+            path.append(self.cache.add_private(parent, full[first:-1], first, Kind.PRIVATE, key=("private", req.id)))
         else:
             leaf = self.cache.add_private(self.cache.root, full[:-1], 0, Kind.PRIVATE, key=("private", req.id))
             reused, path = 0, [leaf]
@@ -217,11 +222,12 @@ class Scheduler:
                 self.stats.kv_waits += 1
                 blocked = blocked or node
                 continue
-            self._plan_chunk(plan, node, n, protected)
+            chunk = self._plan_chunk(plan, node, n, protected)
             planned.add(id(node))
             budget -= n
             if node.done + n == len(node):
                 plan.sample_rows.append(SampleRow(node.slot(len(node) - 1), req))
+                chunk.keep.append(len(node) - 1)
         while self.stack and budget > 0:
             node = self.stack[-1]
             if not node.attached or node.complete:
@@ -250,20 +256,23 @@ class Scheduler:
             self._fail_subtree(blocked)
         return plan
 
-    def _plan_chunk(self, plan: StepPlan, node: Node, n: int, protected: set[int]):
+    def _plan_chunk(self, plan: StepPlan, node: Node, n: int, protected: set[int]) -> Chunk:
         a, b = node.done, node.done + n
-        plan.chunks.append(Chunk(node, a, b))
+        chunk = Chunk(node, a, b)
+        plan.chunks.append(chunk)
         protected.update(id(x) for x in (node, *node.ancestors()))
         rows = self.rows.get(node)
         if rows:
+            now = [r for r in rows if a <= r.offset < b]
             plan.score_rows += [ScoreRow(node.slot(r.offset), r.request, r.index, r.target,
-                                         node.slot(r.offset + 1) if r.offset + 1 < b else -1)
-                                for r in rows if a <= r.offset < b]
+                                         node.slot(r.offset + 1) if r.offset + 1 < b else -1) for r in now]
+            chunk.keep += [r.offset for r in now]
             rows = [r for r in rows if not a <= r.offset < b]
             if rows:
                 self.rows[node] = rows
             else:
                 del self.rows[node]
+        return chunk
 
     def postprocess(self, plan: StepPlan, score_out: ScoreOutput | None = None,
                     sample_out: SampleOutput | None = None, seconds: float = 0.0) -> list[Event]:
@@ -272,6 +281,7 @@ class Scheduler:
         if plan.chunks:
             self.stats.forward_steps += 1
             self.stats.tokens_computed += plan.tokens
+            self.stats.hidden_rows += sum(len(set(c.keep)) for c in plan.chunks)
             self.stats.attention_keys += plan.attention_keys
         for chunk in reversed(plan.chunks):
             node = chunk.node

@@ -17,6 +17,8 @@ class EngineStats:
     cache_hit_tokens: int = 0  # requested tokens already computed when their request came
     peak_kv_pages: int = 0  # the most KV pages held at once (since the engine was made, or during the job)
     forward_steps: int = 0  # steps that ran the model's layers
+    hidden_rows: int = 0  # computed tokens whose final hidden state was asked for (the others skip the last
+    # layer's o-projection and MLP)
     attention_keys: int = 0  # (query, key) pairs of a layer's attention: a computed token sees its position + 1 keys
     preemptions: int = 0  # nodes whose pages were freed while still needed (recomputed later)
     evicted_nodes: int = 0  # cached prefixes nobody referenced, evicted (least recently used first) for pages

@@ -110,3 +110,34 @@ def test_generation_evicts_cached_prefixes_when_full(tiny):
     fresh = engine(tiny).generate([list(range(100, 140))], max_tokens=20)
     assert out[0].token_ids == fresh[0].token_ids
     assert eng.last_stats.evicted_nodes > 0
+
+
+def test_positions_computed_without_their_hidden_states_are_computed_again(tiny):
+    """The last layer's o-projection and MLP run only on the rows a step's requests ask for, so a cached context
+    keeps no hidden states but those; a later request whose continuation starts inside it shares the context up to
+    there and computes the rest in a node of its own, with the log-probs of a cold engine."""
+    rng = random.Random(5)
+    ctx = [rng.randrange(4, tiny[0].vocab_size) for _ in range(40)]
+    cont = [rng.randrange(4, tiny[0].vocab_size) for _ in range(3)]
+    eng = engine(tiny, keep_cache=True, token_budget=64)
+    eng.score([(ctx, cont)])
+    s = eng.last_stats
+    assert (s.tokens_computed, s.hidden_rows) == (len(ctx) + len(cont) - 1, len(cont))
+    later = [(ctx[:25], ctx[25:] + cont), (ctx, cont[:1] + [9, 8])]  # the second needs only kept states
+    base = logprobs(engine(tiny), later, share_prefix=False)
+    assert logprobs(eng, later) == pytest.approx(base, abs=1e-5)
+    s = eng.last_stats
+    assert s.cache_hit_tokens == 24 + len(ctx) + 1  # position 24 on computed anew for the first
+    assert s.tokens_computed == (len(ctx) + len(cont) - 1 - 24) + 1
+    assert logprobs(eng, later) == pytest.approx(base, abs=1e-5)  # again: the same, from the same cache
+    assert eng.kv.used_pages > 0
+
+
+def test_the_last_layer_runs_on_the_rows_asked_for(tiny):
+    reqs = icqs_shaped(tiny[0].vocab_size, seed=4)
+    eng = engine(tiny)
+    eng.score(reqs)
+    s = eng.last_stats
+    # one row per distinct (scored position) of the job: the answers' positions under each demo set and question
+    needed = {tuple((c + a)[:p + 1]) for c, a in reqs for p in range(len(c) - 1, len(c) + len(a) - 1)}
+    assert s.hidden_rows == len(needed) < s.tokens_computed / 3
