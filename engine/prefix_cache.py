@@ -130,9 +130,10 @@ class KVCache:
     def write_hidden(self, slots: torch.Tensor, rows: torch.Tensor, hidden: torch.Tensor):
         """The tokens just computed at `slots`: keep the final hidden states `hidden` of those at `rows` (indices
         into slots); the others have none."""
+        kept = slots[rows]
         self.has_hidden[slots] = False
-        self.has_hidden[slots[rows]] = True
-        self.hidden[slots[rows]] = hidden
+        self.has_hidden[kept] = True
+        self.hidden[kept] = hidden
 
     def hidden_kept(self, slots: list[int]) -> bool:
         """Whether every one of these computed tokens' final hidden states is kept."""

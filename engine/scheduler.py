@@ -227,7 +227,7 @@ class Scheduler:
             budget -= n
             if node.done + n == len(node):
                 plan.sample_rows.append(SampleRow(node.slot(len(node) - 1), req))
-                chunk.keep.append(len(node) - 1)
+                chunk.keep.add(len(node) - 1)
         while self.stack and budget > 0:
             node = self.stack[-1]
             if not node.attached or node.complete:
@@ -266,7 +266,7 @@ class Scheduler:
             now = [r for r in rows if a <= r.offset < b]
             plan.score_rows += [ScoreRow(node.slot(r.offset), r.request, r.index, r.target,
                                          node.slot(r.offset + 1) if r.offset + 1 < b else -1) for r in now]
-            chunk.keep += [r.offset for r in now]
+            chunk.keep.update(r.offset for r in now)
             rows = [r for r in rows if not a <= r.offset < b]
             if rows:
                 self.rows[node] = rows
@@ -281,7 +281,7 @@ class Scheduler:
         if plan.chunks:
             self.stats.forward_steps += 1
             self.stats.tokens_computed += plan.tokens
-            self.stats.hidden_rows += sum(len(set(c.keep)) for c in plan.chunks)
+            self.stats.hidden_rows += sum(len(c.keep) for c in plan.chunks)
             self.stats.attention_keys += plan.attention_keys
         for chunk in reversed(plan.chunks):
             node = chunk.node

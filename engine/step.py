@@ -22,7 +22,7 @@ class Chunk:
     node: Node
     start: int
     end: int
-    keep: list[int] = field(default_factory=list)
+    keep: set[int] = field(default_factory=set)
 
 
 def build_step(chunks: list[Chunk], device) -> StepBatch:
@@ -38,7 +38,7 @@ def build_step(chunks: list[Chunk], device) -> StepBatch:
             segments.setdefault(id(anc), [anc.slots[:len(anc)], []])[1].append(torch.arange(r0, r0 + b - a))
         if a > 0:
             segments[(id(node), a)] = [node.slots[:a], [torch.arange(r0, r0 + b - a)]]
-        out += [r0 + off - a for off in sorted(set(chunk.keep))]
+        out += [r0 + off - a for off in sorted(chunk.keep)]
         cu.append(r0 + b - a)
     return StepBatch(
         token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
