@@ -58,11 +58,11 @@ def op_cases(dtype):
         cascade_problem([512], 2000, [0], H, HKV, D, dtype)
     yield "rms_norm", f"{T} x {HIDDEN} with residual", dict(x=rand(T, HIDDEN), weight=rand(HIDDEN), eps=1e-5,
                                                             residual=rand(T, HIDDEN))
-    yield "apply_rope", f"{T} tokens", dict(q=rand(T, H, D), k=rand(T, HKV, D), positions=torch.arange(T), cos=cos,
-                                            sin=sin)
+    for n in (T, 32):  # a prefill chunk, a decode step
+        yield "rope_store_kv", f"{n} tokens", dict(
+            qkv=rand(n, (H + 2 * HKV) * D), positions=torch.arange(n), cos=cos, sin=sin, k_cache=cache,
+            v_cache=cache.clone(), slots=torch.randperm(4096, generator=g)[:n], num_heads=H, num_kv_heads=HKV)
     yield "silu_and_mul", f"{T} x 2*{INTER}", dict(gate_up=rand(T, 2 * INTER))
-    yield "store_kv", f"{T} tokens", dict(k=rand(T, HKV, D), v=rand(T, HKV, D), k_cache=cache,
-                                          v_cache=cache.clone(), slots=torch.randperm(4096, generator=g)[:T])
     # LM-head scale of a trained model (logits with std ~3): random unit weights would push exp() into denormals
     lm_head = rand(VOCAB, HIDDEN) * 0.12
     yield "target_logprobs", f"64 rows x vocab {VOCAB}", dict(hidden=rand(64, HIDDEN), weight=lm_head,

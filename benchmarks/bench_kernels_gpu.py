@@ -95,11 +95,11 @@ def run(model: str, rows: list, smoke: bool = False):
     cos, sin = rope_cos_sin(D, 500000.0, None, T, dev)
     elementwise = [
         ("rms_norm", dict(x=rand(T, hidden), weight=rand(hidden), eps=1e-5, residual=rand(T, hidden)), 6 * hidden),
-        ("apply_rope", dict(q=rand(T, H, D), k=rand(T, Hkv, D), positions=torch.arange(T, device=dev), cos=cos,
-                            sin=sin), 4 * (H + Hkv) * D + 16 * D),
+        ("rope_store_kv", dict(qkv=rand(T, (H + 2 * Hkv) * D), positions=torch.arange(T, device=dev), cos=cos,
+                               sin=sin, k_cache=rand(2 * T, Hkv, D), v_cache=rand(2 * T, Hkv, D),
+                               slots=torch.randperm(2 * T, device=dev)[:T], num_heads=H, num_kv_heads=Hkv),
+         4 * (H + 2 * Hkv) * D + 4 * Hkv * D + 16 * D),
         ("silu_and_mul", dict(gate_up=rand(T, 2 * inter)), 6 * inter),
-        ("store_kv", dict(k=rand(T, Hkv, D), v=rand(T, Hkv, D), k_cache=rand(2 * T, Hkv, D),
-                          v_cache=rand(2 * T, Hkv, D), slots=torch.randperm(2 * T, device=dev)[:T]), 8 * Hkv * D),
     ]
     for op, kw, bytes_per_token in elementwise:
         for backend in ("triton", "torch"):

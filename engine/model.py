@@ -119,19 +119,15 @@ class LlamaModel:
         for i, L in enumerate(self.layers):
             x, residual = kernels.rms_norm(h, L["attn_norm"], c.rms_norm_eps, residual)
             qkv = linear(x, L["qkv"], L["qkv_bias"])
-            q = qkv[:, :q_dim].reshape(T, c.num_heads, c.head_dim)
-            k = qkv[:, q_dim:q_dim + kv_dim].reshape(T, c.num_kv_heads, c.head_dim)
-            v = qkv[:, q_dim + kv_dim:].reshape(T, c.num_kv_heads, c.head_dim)
-            if L["q_norm"] is not None:  # per-head RMSNorm of queries and keys (Qwen3)
-                q = kernels.rms_norm(q.reshape(T * c.num_heads, c.head_dim), L["q_norm"], c.rms_norm_eps)[0]
-                k = kernels.rms_norm(k.reshape(T * c.num_kv_heads, c.head_dim), L["k_norm"], c.rms_norm_eps)[0]
-                q, k = q.view(T, c.num_heads, c.head_dim), k.view(T, c.num_kv_heads, c.head_dim)
-            q, k = q.contiguous(), k.contiguous()
-            if L["sliding"]:
-                kernels.apply_rope(q, k, batch.positions, self.local_cos, self.local_sin)
-            else:
-                kernels.apply_rope(q, k, batch.positions, self.cos, self.sin)
-            kernels.store_kv(k, v, kv.k[i], kv.v[i], batch.write_slots)
+            if L["q_norm"] is not None:  # per-head RMSNorm of queries and keys before the rotation (Qwen3)
+                q = kernels.rms_norm(qkv[:, :q_dim].reshape(T * c.num_heads, c.head_dim), L["q_norm"],
+                                     c.rms_norm_eps)[0]
+                k = kernels.rms_norm(qkv[:, q_dim:q_dim + kv_dim].reshape(T * c.num_kv_heads, c.head_dim),
+                                     L["k_norm"], c.rms_norm_eps)[0]
+                qkv = torch.cat([q.view(T, q_dim), k.view(T, kv_dim), qkv[:, q_dim + kv_dim:]], dim=1)
+            cos, sin = (self.local_cos, self.local_sin) if L["sliding"] else (self.cos, self.sin)
+            q, k, v = kernels.rope_store_kv(qkv, batch.positions, cos, sin, kv.k[i], kv.v[i], batch.write_slots,
+                                            c.num_heads, c.num_kv_heads)
             last = trim and i == len(self.layers) - 1
             if last and rows.numel() == 0:
                 return h.new_empty(0, c.hidden_size)

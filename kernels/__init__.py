@@ -5,11 +5,10 @@ the deterministic mode's forms of the step (fixed-shape matmuls, attention in fi
 picks its mode once through dispatch.StepKernels. Importing the package changes no process setting
 (dispatch.configure_cpu does, called by the engine)."""
 from .attention import AttentionWindow
-from .dispatch import (StepKernels, apply_rope, cascade_attention, configure_cpu, describe, get_backend,
-                       greedy_logprobs, rms_norm, segment_attention_merge, set_backend, silu_and_mul, store_kv,
-                       target_logprobs)
+from .dispatch import (StepKernels, cascade_attention, configure_cpu, describe, get_backend, greedy_logprobs,
+                       rms_norm, rope_store_kv, segment_attention_merge, set_backend, silu_and_mul, target_logprobs)
 from .rope import rope_cos_sin
 
 __all__ = ["AttentionWindow", "StepKernels", "configure_cpu", "cascade_attention", "segment_attention_merge",
-           "store_kv", "target_logprobs", "greedy_logprobs", "rms_norm", "apply_rope", "rope_cos_sin",
+           "rope_store_kv", "target_logprobs", "greedy_logprobs", "rms_norm", "rope_cos_sin",
            "silu_and_mul", "set_backend", "get_backend", "describe"]

@@ -34,8 +34,7 @@ MODEL_SHAPES = {
     "gemma-3-270m": dict(hidden=640, heads=4, kv_heads=1, head_dim=256, intermediate=2048, vocab=262144),
 }
 
-KERNEL_MODULES = ("rmsnorm_triton", "rope_triton", "swiglu_triton", "kv_store_triton", "attention_triton",
-                  "logprob_triton")
+KERNEL_MODULES = ("rmsnorm_triton", "rope_triton", "swiglu_triton", "attention_triton", "logprob_triton")
 
 _force = {"gpu": False}
 
@@ -126,16 +125,13 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         m["rmsnorm_triton"].rms_norm_triton(x, w, 1e-5, residual=x)
     out += rec
     with recording(m["rope_triton"]) as rec:
-        m["rope_triton"].apply_rope_triton(_meta(tokens, H, D, dtype=dtype), _meta(tokens, Hkv, D, dtype=dtype),
-                                           _meta(tokens, dtype=torch.int64), _meta(4096, D), _meta(4096, D))
+        m["rope_triton"].rope_store_kv_triton(_meta(tokens, (H + 2 * Hkv) * D, dtype=dtype),
+                                              _meta(tokens, dtype=torch.int64), _meta(4096, D), _meta(4096, D),
+                                              _meta(1024, Hkv, D, dtype=dtype), _meta(1024, Hkv, D, dtype=dtype),
+                                              _meta(tokens, dtype=torch.int64), H, Hkv)
     out += rec
     with recording(m["swiglu_triton"]) as rec:
         m["swiglu_triton"].silu_and_mul_triton(_meta(tokens, 2 * shape["intermediate"], dtype=dtype))
-    out += rec
-    with recording(m["kv_store_triton"]) as rec:
-        m["kv_store_triton"].store_kv_triton(_meta(tokens, Hkv, D, dtype=dtype), _meta(tokens, Hkv, D, dtype=dtype),
-                                             _meta(1024, Hkv, D, dtype=dtype), _meta(1024, Hkv, D, dtype=dtype),
-                                             _meta(tokens, dtype=torch.int64))
     out += rec
 
     def on_meta(problem):

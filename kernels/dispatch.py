@@ -3,7 +3,7 @@
 Backends (env ENGINE_KERNELS, or set_backend()):
   auto    CUDA tensors -> Triton. CPU tensors -> the path measured faster on the CPU by
           benchmarks/bench_kernels.py: the native ops (kernels/native, C++/OpenMP) where the library is built and
-          the op is in CPU_NATIVE_OPS, the torch references for the others (KV store, target log-prob).
+          the op is in CPU_NATIVE_OPS, the torch references for the others (the target log-prob).
           Without the library, the torch references, and a warning says so once.
   torch   the torch references (*_ref) everywhere.
   triton  the Triton kernels everywhere; on a CPU this is the Triton interpreter, which needs TRITON_INTERPRET=1
@@ -37,11 +37,10 @@ BACKENDS = ("auto", "torch", "triton", "native")
 IMPLS = {
     "rms_norm": {"torch": "rmsnorm:rms_norm_ref", "triton": "rmsnorm_triton:rms_norm_triton",
                  "native": "native_ops:rms_norm_native"},
-    "apply_rope": {"torch": "rope:apply_rope_ref", "triton": "rope_triton:apply_rope_triton",
-                   "native": "native_ops:apply_rope_native"},
+    "rope_store_kv": {"torch": "rope:rope_store_kv_ref", "triton": "rope_triton:rope_store_kv_triton",
+                      "native": "native_ops:rope_store_kv_native"},
     "silu_and_mul": {"torch": "swiglu:silu_and_mul_ref", "triton": "swiglu_triton:silu_and_mul_triton",
                      "native": "native_ops:silu_and_mul_native"},
-    "store_kv": {"torch": "kv_store:store_kv_ref", "triton": "kv_store_triton:store_kv_triton"},
     "cascade_attention": {"torch": "attention:cascade_attention_ref",
                           "triton": "attention_triton:cascade_attention_triton",
                           "native": "native_ops:cascade_attention_native"},
@@ -51,11 +50,11 @@ IMPLS = {
     "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
     "greedy_logprobs": {"torch": "logprob:greedy_logprobs_ref", "native": "native_ops:greedy_logprobs_native"},
 }
-ENGINE_OPS = ("rms_norm", "apply_rope", "silu_and_mul", "store_kv", "cascade_attention", "segment_attention_merge",
+ENGINE_OPS = ("rms_norm", "rope_store_kv", "silu_and_mul", "cascade_attention", "segment_attention_merge",
               "target_logprobs", "greedy_logprobs")
 # Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
-# shapes). store_kv (one index_copy_ per tensor) and target_logprobs (matmul-bound) have no native version.
-CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "rms_norm", "apply_rope",
+# shapes). target_logprobs (matmul-bound) has no native version.
+CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "rms_norm", "rope_store_kv",
                             "silu_and_mul", "greedy_logprobs"})
 
 _state = {"backend": None}
@@ -204,16 +203,15 @@ def rms_norm(x, weight, eps, residual=None):
     return resolve("rms_norm", x.device)(x, weight, eps, residual)
 
 
-def apply_rope(q, k, positions, cos, sin):
-    return resolve("apply_rope", q.device)(q, k, positions, cos, sin)
+def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads):
+    """(q, k, v) of a layer from its fused projection, q and k rotated, k and v stored in the cache: see
+    rope.rope_store_kv_ref."""
+    return resolve("rope_store_kv", qkv.device)(qkv, positions, cos, sin, k_cache, v_cache, slots, num_heads,
+                                                num_kv_heads)
 
 
 def silu_and_mul(gate_up):
     return resolve("silu_and_mul", gate_up.device)(gate_up)
-
-
-def store_kv(k, v, k_cache, v_cache, slots):
-    return resolve("store_kv", k.device)(k, v, k_cache, v_cache, slots)
 
 
 def cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):

@@ -1,7 +1,7 @@
 """The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
 Python functions with the signatures of their torch references: cascade and paged-prefill attention reading the
-KV cache in place (attention.cpp), RMSNorm, RoPE and SwiGLU (pointwise.cpp). `load()` is False when the library
-is absent."""
+KV cache in place (attention.cpp), RMSNorm, RoPE with the KV-cache store, SwiGLU and greedy decoding's
+argmax (pointwise.cpp). `load()` is False when the library is absent."""
 from __future__ import annotations
 
 import functools
@@ -153,9 +153,9 @@ def rms_norm_native(x, weight, eps, residual=None):
     return out, (x if residual is None else new_res)
 
 
-def apply_rope_native(q, k, positions, cos, sin):
-    """Contract of rope.apply_rope_ref: in place on contiguous q and k."""
-    _ops().apply_rope_(q, k, positions, cos, sin)
+def rope_store_kv_native(qkv, positions, cos, sin, k_cache, v_cache, slots, num_heads: int, num_kv_heads: int):
+    """Contract of rope.rope_store_kv_ref, in one pass over each token's row (the cache in qkv's dtype)."""
+    return _ops().rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads)
 
 
 def silu_and_mul_native(gate_up):

@@ -1,9 +1,13 @@
-"""Rotary position embeddings (rotate-half layout, as HF Llama/Qwen2), with Llama 3 frequency scaling."""
+"""Rotary position embeddings (rotate-half layout, as HF Llama/Qwen2), with Llama 3 frequency scaling, and the
+op the model calls: a layer's attention inputs from its fused q/k/v projection, rotated and stored in the KV cache
+(`rope_store_kv_ref`)."""
 from __future__ import annotations
 
 import math
 
 import torch
+
+from .kv_store import store_kv_ref
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -46,3 +50,19 @@ def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, co
     s = sin[positions].to(q.dtype).unsqueeze(1)
     q.copy_(_rotate(q, c, s))
     k.copy_(_rotate(k, c, s))
+
+
+def rope_store_kv_ref(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, num_heads: int,
+                      num_kv_heads: int):
+    """A layer's attention inputs from its fused projection qkv [T, (H + 2 Hkv) * D]: q and k rotated
+    (apply_rope_ref), k and v written into the cache at `slots` (store_kv_ref). Returns contiguous q [T, H, D],
+    k and v [T, Hkv, D]; qkv is not modified."""
+    T = qkv.shape[0]
+    D = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    q, k, v = (x.reshape(T, n, D).clone(memory_format=torch.contiguous_format)
+               for x, n in zip(qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=1),
+                               (num_heads, num_kv_heads, num_kv_heads)))
+    apply_rope_ref(q, k, positions, cos, sin)
+    store_kv_ref(k, v, k_cache, v_cache, slots)
+    return q, k, v

@@ -53,7 +53,7 @@ def test_cpu_default_is_native_where_measured_faster(caplog):
         expected = "native" if op in dispatch.CPU_NATIVE_OPS else "torch"
         assert dispatch.resolve(op, CPU).__module__ == f"kernels.{dispatch.IMPLS[op][expected].split(':')[0]}"
     assert "kernels: cascade_attention on cpu -> native" in caplog.text
-    assert "kernels: store_kv on cpu -> torch" in caplog.text
+    assert "kernels: target_logprobs on cpu -> torch" in caplog.text
     assert kernels.describe("cpu").startswith("auto on cpu:")
 
 
@@ -70,7 +70,7 @@ def test_missing_native_library_falls_back_with_one_warning(monkeypatch, caplog)
 
 def test_forced_native_uses_references_for_ops_without_native_version():
     kernels.set_backend("native")
-    assert dispatch.resolve("store_kv", CPU).__name__ == "store_kv_ref"
+    assert dispatch.resolve("target_logprobs", CPU).__name__ == "target_logprobs_ref"
 
 
 def test_entry_points_follow_the_backend():

@@ -1,6 +1,6 @@
 """The native CPU ops (kernels/native, built by `pip install` through CMakeLists.txt) against the torch references:
 attention in fp32 to 1e-5 and in bf16 against the fp32 reference on the same (bf16-rounded) inputs; the row-wise
-ops (RMSNorm, RoPE, SwiGLU) in fp32 and bf16.
+ops (RMSNorm, RoPE with the KV store, SwiGLU) in fp32 and bf16.
 
 The library must be built; set ICQS_NO_NATIVE=1 to skip these tests on a machine without a C++ toolchain."""
 import os
@@ -107,17 +107,44 @@ def test_rms_norm(dtype, with_residual):
 @pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}],
                          ids=["default", "llama3"])
-def test_rope_in_place(dtype, scaling):
+@pytest.mark.parametrize("T", [9, 1, 0])
+def test_rope_store_kv(dtype, scaling, T):
+    """The reference (split, RoPE in place, index_copy_ into the cache; v bitwise), from rows strided as a slice of
+    a wider projection; other cache slots and the input untouched."""
     assert native_ops.load()
-    from kernels.rope import apply_rope_ref, rope_cos_sin
-    cos, sin = rope_cos_sin(20, 10000.0, scaling, 300)
-    q, k = randn(9, 6, 20, dtype=dtype), randn(9, 2, 20, dtype=dtype, seed=1)
-    positions = torch.tensor([0, 1, 2, 150, 299, 64, 5, 7, 7])
-    q_ref, k_ref = q.clone(), k.clone()
-    apply_rope_ref(q_ref, k_ref, positions, cos, sin)
-    native_ops.apply_rope_native(q, k, positions, cos, sin)
-    torch.testing.assert_close(q, q_ref, **DTYPE_TOL[dtype])
-    torch.testing.assert_close(k, k_ref, **DTYPE_TOL[dtype])
+    from kernels.rope import rope_cos_sin, rope_store_kv_ref
+    H, Hkv, D = 6, 2, 20
+    cos, sin = rope_cos_sin(D, 10000.0, scaling, 300)
+    qkv = randn(T, (H + 2 * Hkv) * D + 8, dtype=dtype)[:, 3:3 + (H + 2 * Hkv) * D]
+    positions = torch.tensor([0, 1, 2, 150, 299, 64, 5, 7, 7])[:T]
+    slots = torch.tensor([5, 0, 9, 3, 7, 11, 2, 4, 13])[:T]
+    before = qkv.clone()
+    caches = [randn(14, Hkv, D, dtype=dtype, seed=i) for i in range(2)]
+    caches += [c.clone() for c in caches]
+    want = rope_store_kv_ref(qkv, positions, cos, sin, caches[0], caches[1], slots, H, Hkv)
+    got = native_ops.rope_store_kv_native(qkv, positions, cos, sin, caches[2], caches[3], slots, H, Hkv)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.is_contiguous()
+        torch.testing.assert_close(g, w, **DTYPE_TOL[dtype])
+    torch.testing.assert_close(caches[2], caches[0], **DTYPE_TOL[dtype])
+    assert torch.equal(got[2], want[2]) and torch.equal(caches[3], caches[1])
+    untouched = torch.ones(14, dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(caches[2][untouched], caches[0][untouched])
+    assert torch.equal(qkv, before)
+
+
+def test_rope_store_kv_rejects_out_of_range_slots_and_positions():
+    assert native_ops.load()
+    from kernels.rope import rope_cos_sin
+    cos, sin = rope_cos_sin(8, 10000.0, None, 16)
+    qkv, cache = randn(2, 4 * 8, dtype=torch.float32), torch.zeros(4, 1, 8)
+    with pytest.raises(RuntimeError, match="slot out of the cache"):
+        native_ops.rope_store_kv_native(qkv, torch.tensor([0, 1]), cos, sin, cache, cache.clone(),
+                                        torch.tensor([0, 4]), 2, 1)
+    with pytest.raises(RuntimeError, match="position out of the rope table"):
+        native_ops.rope_store_kv_native(qkv, torch.tensor([0, 16]), cos, sin, cache, cache.clone(),
+                                        torch.tensor([0, 1]), 2, 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -17,16 +17,14 @@ pytest.importorskip("triton")
 
 from kernels import attention_triton as AT  # noqa: E402
 from kernels.attention import cascade_attention_ref, segment_attention_merge_ref  # noqa: E402
-from kernels.kv_store import store_kv_ref  # noqa: E402
-from kernels.kv_store_triton import store_kv_triton  # noqa: E402
 from kernels.logprob import target_logprobs_ref  # noqa: E402
 from kernels.logprob_triton import target_logprobs_triton  # noqa: E402
 from kernels.paged_attention import paged_prefill_attention_lse_ref  # noqa: E402
 from kernels.problems import cascade_problem, cascade_window, paged_problem  # noqa: E402
 from kernels.rmsnorm import rms_norm_ref  # noqa: E402
 from kernels.rmsnorm_triton import rms_norm_triton  # noqa: E402
-from kernels.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
-from kernels.rope_triton import apply_rope_triton  # noqa: E402
+from kernels.rope import rope_cos_sin, rope_store_kv_ref  # noqa: E402
+from kernels.rope_triton import rope_store_kv_triton  # noqa: E402
 from kernels.swiglu import silu_and_mul_ref  # noqa: E402
 from kernels.swiglu_triton import silu_and_mul_triton  # noqa: E402
 
@@ -81,29 +79,31 @@ def test_rms_norm(with_residual, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["default", "llama3"])
-def test_rope_in_place(scaling, dtype):
-    cos, sin = on(torch.float32, *rope_cos_sin(20, 10000.0, scaling, 300))
-    q, k, positions = on(dtype, randn(7, 6, 20), randn(7, 2, 20, seed=1), torch.tensor([0, 1, 2, 150, 299, 64, 5]))
-    q_ref, k_ref = q.clone(), k.clone()
-    apply_rope_ref(q_ref, k_ref, positions, cos, sin)
-    apply_rope_triton(q, k, positions, cos, sin)
-    close(q, q_ref, dtype)
-    close(k, k_ref, dtype)
+def test_rope_store_kv(scaling, dtype):
+    """q and k rotated, v copied, k and v in the cache at the slots; qkv's rows strided as a slice of a wider
+    projection; the input untouched."""
+    H, Hkv, D = 6, 2, 20
+    cos, sin = on(torch.float32, *rope_cos_sin(D, 10000.0, scaling, 300))
+    wide, positions, slots = on(dtype, randn(7, (H + 2 * Hkv) * D + 8), torch.tensor([0, 1, 2, 150, 299, 64, 5]),
+                                torch.tensor([5, 0, 9, 3, 7, 11, 2]))
+    qkv = wide[:, 4:4 + (H + 2 * Hkv) * D]
+    before = qkv.clone()
+    caches = on(dtype, *[torch.zeros(12, Hkv, D) for _ in range(4)])
+    want = rope_store_kv_ref(qkv, positions, cos, sin, caches[0], caches[1], slots, H, Hkv)
+    got = rope_store_kv_triton(qkv, positions, cos, sin, caches[2], caches[3], slots, H, Hkv)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.is_contiguous()
+        close(g, w, dtype)
+    close(caches[2], caches[0], dtype)
+    close(caches[3], caches[1], dtype)
+    assert torch.equal(caches[3], caches[1]) and caches[0].abs().sum() > 0  # v is copied, k written
+    assert torch.equal(qkv, before)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     (gate_up,) = on(dtype, randn(3, 5, 2 * 23))
     close(silu_and_mul_triton(gate_up), silu_and_mul_ref(gate_up), dtype)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_store_kv_through_slots(dtype):
-    k, v, slots = on(dtype, randn(6, 3, 8), randn(6, 3, 8, seed=1), torch.tensor([5, 0, 9, 3, 7, 11]))
-    caches = on(dtype, *[torch.zeros(12, 3, 8) for _ in range(4)])
-    store_kv_ref(k, v, caches[0], caches[1], slots)
-    store_kv_triton(k, v, caches[2], caches[3], slots)
-    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
 
 # odd lengths, an empty sequence, an empty prefix, prefixes shorter than, equal to and longer than a page

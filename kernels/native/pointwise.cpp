@@ -1,5 +1,5 @@
 // Native CPU row-wise ops of the Llama block, registered as torch ops `icqs_native::*`: RMSNorm fused with the
-// residual add, RoPE in place on q and k, SwiGLU, and greedy decoding's argmax with its log-prob. Each is one pass over its rows instead of the 2-9 ATen ops
+// residual add, RoPE fused with the KV-cache store, SwiGLU, and greedy decoding's argmax with its log-prob. Each is one pass over its rows instead of the 2-9 ATen ops
 // (each with its own allocation and parallel region) of the torch reference, which dominate when a step holds
 // few tokens. Rounding follows the references: intermediate results are rounded to the tensor dtype where the
 // reference computes in that dtype, so bf16 outputs match the torch path.
@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <tuple>
 
@@ -69,48 +70,78 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tenso
   return {out, sum};
 }
 
-// x * cos + rotate_half(x) * sin, each product and the sum rounded to T as the reference computes them in T.
+// x * cos + rotate_half(x) * sin of `heads` rows of D values at src, written at dst; each product and the sum
+// rounded to T as the reference computes them in T.
 template <typename T>
-void rope_heads(T* base, int64_t heads, int64_t D, const float* c, const float* s) {
+void rope_heads(const T* src, T* dst, int64_t heads, int64_t D, const float* c, const float* s) {
   const int64_t half = D / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    T* x = base + h * D;
+    const T* x = src + h * D;
+    T* y = dst + h * D;
     for (int64_t i = 0; i < half; ++i) {
       const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[i + half]);
       const float c1 = static_cast<float>(round_to<T>(c[i])), c2 = static_cast<float>(round_to<T>(c[i + half]));
       const float s1 = static_cast<float>(round_to<T>(s[i])), s2 = static_cast<float>(round_to<T>(s[i + half]));
       const float a1 = static_cast<float>(round_to<T>(x1 * c1)), b1 = static_cast<float>(round_to<T>(-x2 * s1));
       const float a2 = static_cast<float>(round_to<T>(x2 * c2)), b2 = static_cast<float>(round_to<T>(x1 * s2));
-      x[i] = round_to<T>(a1 + b1);
-      x[i + half] = round_to<T>(a2 + b2);
+      y[i] = round_to<T>(a1 + b1);
+      y[i + half] = round_to<T>(a2 + b2);
     }
   }
 }
 
-void apply_rope_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos,
-                 const at::Tensor& sin) {
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && q.dim() == 3 && k.dim() == 3, "q, k: contiguous [T, H, D]");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.size(2) == k.size(2) && q.size(2) % 2 == 0, "q/k mismatch");
+// A layer's attention inputs from its fused q/k/v projection, in one pass over each token's row: q and k rotated
+// into contiguous [T, H, D] / [T, Hkv, D] tensors, v copied out, and k, v written into the cache at the token's
+// slot (the reference: split, two copies, RoPE in place, two index_copy_ calls).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_store_kv(const at::Tensor& qkv, const at::Tensor& positions,
+                                                             const at::Tensor& cos, const at::Tensor& sin,
+                                                             const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                                             const at::Tensor& slots, int64_t num_heads,
+                                                             int64_t num_kv_heads) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && (qkv.size(0) <= 1 || qkv.stride(1) == 1),
+              "qkv: CPU [T, (H + 2 Hkv) * D] with contiguous rows");
+  const int64_t T = qkv.size(0), H = num_heads, Hkv = num_kv_heads;
+  TORCH_CHECK(H > 0 && Hkv > 0 && qkv.size(1) % (H + 2 * Hkv) == 0, "qkv width is not (H + 2 Hkv) * head_dim");
+  const int64_t D = qkv.size(1) / (H + 2 * Hkv);
+  TORCH_CHECK(D % 2 == 0, "head_dim must be even");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.size(1) == Hkv &&
+              k_cache.size(2) == D && v_cache.sizes() == k_cache.sizes(), "caches: contiguous [slots, Hkv, D]");
+  TORCH_CHECK(k_cache.scalar_type() == qkv.scalar_type() && v_cache.scalar_type() == qkv.scalar_type(),
+              "the cache dtype differs from qkv's");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin tables must be fp32");
-  const auto pos = positions.to(at::kLong).contiguous();
+  const auto pos = positions.to(at::kLong).contiguous(), sl = slots.to(at::kLong).contiguous();
   const auto c = cos.contiguous(), s = sin.contiguous();
-  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), D = q.size(2);
+  TORCH_CHECK(pos.numel() == T && sl.numel() == T, "positions and slots must have one entry per token");
   TORCH_CHECK(c.size(1) == D && s.size(1) == D, "cos/sin tables do not match head_dim");
   const int64_t* pp = pos.data_ptr<int64_t>();
-  const int64_t max_pos = c.size(0);
-  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(pp[t] >= 0 && pp[t] < max_pos, "position out of the rope table");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "apply_rope_", [&] {
-    scalar_t* qp = q.data_ptr<scalar_t>();
-    scalar_t* kp = k.data_ptr<scalar_t>();
+  const int64_t* sp = sl.data_ptr<int64_t>();
+  const int64_t max_pos = c.size(0), num_slots = k_cache.size(0);
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(pp[t] >= 0 && pp[t] < max_pos, "position out of the rope table");
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "slot out of the cache");
+  }
+  auto q = at::empty({T, H, D}, qkv.options()), k = at::empty({T, Hkv, D}, qkv.options()),
+       v = at::empty({T, Hkv, D}, qkv.options());
+  const int64_t row_stride = T > 0 ? qkv.stride(0) : 0, kv_row = Hkv * D;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_store_kv", [&] {
+    const scalar_t* src = qkv.data_ptr<scalar_t>();
+    scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
+    scalar_t *kc = k_cache.data_ptr<scalar_t>(), *vc = v_cache.data_ptr<scalar_t>();
     const float* cp = c.data_ptr<float>();
-    const float* sp = s.data_ptr<float>();
-    at::parallel_for(0, T, row_grain((H + Hkv) * D), [&](int64_t t0, int64_t t1) {
+    const float* snp = s.data_ptr<float>();
+    at::parallel_for(0, T, row_grain((H + 2 * Hkv) * D), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        rope_heads(qp + t * H * D, H, D, cp + pp[t] * D, sp + pp[t] * D);
-        rope_heads(kp + t * Hkv * D, Hkv, D, cp + pp[t] * D, sp + pp[t] * D);
+        const scalar_t* row = src + t * row_stride;
+        const float *ct = cp + pp[t] * D, *st = snp + pp[t] * D;
+        rope_heads(row, qp + t * H * D, H, D, ct, st);
+        rope_heads(row + H * D, kp + t * kv_row, Hkv, D, ct, st);
+        std::memcpy(vp + t * kv_row, row + (H + Hkv) * D, kv_row * sizeof(scalar_t));
+        std::memcpy(kc + sp[t] * kv_row, kp + t * kv_row, kv_row * sizeof(scalar_t));
+        std::memcpy(vc + sp[t] * kv_row, vp + t * kv_row, kv_row * sizeof(scalar_t));
       }
     });
   });
+  return {q, k, v};
 }
 
 // silu(gate) rounded to T (F.silu's output), times up, rounded to T.
@@ -213,14 +244,15 @@ std::tuple<at::Tensor, at::Tensor> greedy_logprobs(const at::Tensor& logits) {
 
 TORCH_LIBRARY_FRAGMENT(icqs_native, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor? residual) -> (Tensor, Tensor)");
-  m.def("apply_rope_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()");
+  m.def("rope_store_kv(Tensor qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor slots, int num_heads, int num_kv_heads) -> (Tensor, Tensor, Tensor)");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
   m.def("greedy_logprobs(Tensor logits) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
   m.impl("rms_norm", &icqs::rms_norm);
-  m.impl("apply_rope_", &icqs::apply_rope_);
+  m.impl("rope_store_kv", &icqs::rope_store_kv);
   m.impl("silu_and_mul", &icqs::silu_and_mul);
   m.impl("greedy_logprobs", &icqs::greedy_logprobs);
 }
