@@ -44,14 +44,20 @@ def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_c
                                           int(page_size), float(scale), int(window))
 
 
+_self_memo: tuple = (None, None)  # (cu_seqlens, (its tensor, empty block table, zero prefix lengths)): per step
+
+
 def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: int = 0):
     """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32). A sequence's new
     tokens hold consecutive positions, so a sliding window is a distance in rows."""
-    nseq = len(cu_seqlens) - 1
-    none = torch.zeros(nseq, 0, dtype=torch.long)
+    global _self_memo
+    if _self_memo[0] is not cu_seqlens:  # every layer of a step passes the same list
+        nseq = len(cu_seqlens) - 1
+        _self_memo = (cu_seqlens, (torch.as_tensor(cu_seqlens, dtype=torch.long),
+                                   torch.zeros(nseq, 0, dtype=torch.long), torch.zeros(nseq, dtype=torch.long)))
+    cu, none, zero = _self_memo[1]
     k, v = k.contiguous(), v.contiguous()
-    return paged_prefill_attention_lse_native(q, k, v, cu_seqlens, k, v, none, torch.zeros(nseq, dtype=torch.long),
-                                              1, scale, window)
+    return _ops().paged_prefill_attention(q.contiguous(), k, v, cu, k, v, none, zero, 1, float(scale), int(window))
 
 
 def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):

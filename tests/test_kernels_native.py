@@ -46,6 +46,23 @@ def test_cascade_attention_fp32(ratio, D):
     torch.testing.assert_close(native_ops.cascade_attention_native(**p), cascade_attention_ref(**p), **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cascade_attention_decode_step(dtype):
+    """One new token per sequence (the self part's lone-token path: out = v, lse = the score), under a shared
+    segment and own segments of 0-9 keys, GQA 3."""
+    assert native_ops.load()
+    p = cascade_problem([1] * 6, shared_len=40, own_lens=[3, 0, 9, 1, 0, 5], H=6, Hkv=2, D=64, dtype=dtype)
+    out = native_ops.cascade_attention_native(**p)
+    torch.testing.assert_close(out.float(), cascade_attention_ref(**upcast(p)),
+                               **(TOL if dtype == torch.float32 else BF16_TOL))
+    alone = cascade_problem([1, 1], shared_len=0, own_lens=[0, 0], H=4, Hkv=2, D=32, dtype=dtype)
+    out, lse = native_ops.varlen_causal_attention_native(alone["q"], alone["k_new"], alone["v_new"],
+                                                         alone["cu_seqlens"], alone["scale"])
+    assert torch.equal(out, alone["v_new"].float().repeat_interleave(2, dim=1))
+    want = (alone["q"].float() * alone["k_new"].float().repeat_interleave(2, dim=1)).sum(-1) * alone["scale"]
+    torch.testing.assert_close(lse, want, **TOL)
+
+
 def test_cascade_attention_without_cache():
     assert native_ops.load()
     p = cascade_problem([4, 7], shared_len=0, own_lens=[0, 0], H=2, Hkv=2, D=16)

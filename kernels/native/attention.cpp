@@ -567,6 +567,18 @@ void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tenso
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t it = 0; it < int64_t(items.size()); ++it) {
     const auto [b, t0, t1, kh] = items[it];
+    if (pl[b] == 0 && cup[b + 1] - cup[b] == 1) {  // a lone token (a decode step's self part): its only key is
+      const T* kr = k_new.data_ptr<T>() + (t0 * Hkv + kh) * D;  // itself, so out = v and lse = its score
+      const T* vr = v_new.data_ptr<T>() + (t0 * Hkv + kh) * D;
+      for (int64_t h = kh * g; h < (kh + 1) * g; ++h) {
+        const T* qr = qp + (t0 * H + h) * D;
+        float dot = 0.f;
+        for (int64_t d = 0; d < D; ++d) dot += static_cast<float>(qr[d]) * static_cast<float>(kr[d]);
+        lp[t0 * H + h] = dot * float(scale);
+        for (int64_t d = 0; d < D; ++d) op[(t0 * H + h) * D + d] = static_cast<float>(vr[d]);
+      }
+      continue;
+    }
     thread_local State s;
     thread_local std::vector<int64_t> own_first, own_last, prefix_first;
     s.reset(int((t1 - t0) * g), int(D), bf16);
