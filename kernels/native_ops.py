@@ -44,18 +44,26 @@ def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_c
                                           int(page_size), float(scale), int(window))
 
 
-_self_memo: tuple = (None, None)  # (cu_seqlens, (its tensor, empty block table, zero prefix lengths)): per step
+_step_memo: dict[str, tuple] = {}  # name -> (the step's objects it was built from, the value)
+
+
+def _per_step(name: str, keys: tuple, build):
+    """`build()`, memoised while `keys` are the same objects: every layer of a step passes the step's own lists
+    (cu_seqlens, segments), so what is derived from them alone is built once per step (the memo holds the keys,
+    so their identities cannot be reused meanwhile)."""
+    hit = _step_memo.get(name)
+    if hit is None or any(a is not b for a, b in zip(hit[0], keys)):
+        hit = _step_memo[name] = (keys, build())
+    return hit[1]
 
 
 def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: int = 0):
     """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32). A sequence's new
     tokens hold consecutive positions, so a sliding window is a distance in rows."""
-    global _self_memo
-    if _self_memo[0] is not cu_seqlens:  # every layer of a step passes the same list
-        nseq = len(cu_seqlens) - 1
-        _self_memo = (cu_seqlens, (torch.as_tensor(cu_seqlens, dtype=torch.long),
-                                   torch.zeros(nseq, 0, dtype=torch.long), torch.zeros(nseq, dtype=torch.long)))
-    cu, none, zero = _self_memo[1]
+    nseq = len(cu_seqlens) - 1
+    cu, none, zero = _per_step("self", (cu_seqlens,), lambda: (
+        torch.as_tensor(cu_seqlens, dtype=torch.long), torch.zeros(nseq, 0, dtype=torch.long),
+        torch.zeros(nseq, dtype=torch.long)))
     k, v = k.contiguous(), v.contiguous()
     return _ops().paged_prefill_attention(q.contiguous(), k, v, cu, k, v, none, zero, 1, float(scale), int(window))
 
@@ -129,21 +137,20 @@ def segment_waves(segments, n_rows: int) -> list[tuple[torch.Tensor, ...]]:
     return out
 
 
-_waves_memo: tuple = (None, None, None)  # (segments, window, waves): every layer of a step passes the same ones
-
-
 def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
     """Same contract as attention.cascade_attention_ref; segment K/V are read from the cache in place, the
     segments of a wave (segment_waves) in one parallel call. `window` (attention.AttentionWindow): keys at
     window.size or more positions before the query are masked, by absolute position."""
-    global _waves_memo
     q = q.contiguous()
     out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale, 0 if window is None else window.size)
-    if _waves_memo[0] is not segments or _waves_memo[1] is not window:
+
+    def waves():
         segs = fold_short_segments(segments)
-        segs = segs if window is None else segment_starts(segs, window)
-        _waves_memo = (segments, window, segment_waves(segs, q.shape[0]))
-    for rows, row_off, slots, slot_off, starts in _waves_memo[2]:
+        return segment_waves(segs if window is None else segment_starts(segs, window), q.shape[0])
+
+    # a model with local and global layers (Gemma-3) keeps the waves of both kinds for the step
+    for rows, row_off, slots, slot_off, starts in _per_step("waves" if window is None else "windowed waves",
+                                                           (segments, window), waves):
         _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse,
                                          starts)
     return out.to(q.dtype)

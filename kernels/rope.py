@@ -58,11 +58,12 @@ def rope_store_kv_ref(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
     """A layer's attention inputs from its fused projection qkv [T, (H + 2 Hkv) * D]: q and k rotated
     (apply_rope_ref), k and v written into the cache at `slots` (store_kv_ref). Returns contiguous q [T, H, D],
     k and v [T, Hkv, D]; qkv is not modified."""
-    T = qkv.shape[0]
-    D = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
-    q, k, v = (x.reshape(T, n, D).clone(memory_format=torch.contiguous_format)
-               for x, n in zip(qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=1),
-                               (num_heads, num_kv_heads, num_kv_heads)))
+    T, H, Hkv = qkv.shape[0], num_heads, num_kv_heads
+    D = qkv.shape[1] // (H + 2 * Hkv)
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=1)  # column slices, copied below: qkv stays as it is
+    dense = torch.contiguous_format
+    q = q.reshape(T, H, D).clone(memory_format=dense)
+    k, v = k.reshape(T, Hkv, D).clone(memory_format=dense), v.reshape(T, Hkv, D).clone(memory_format=dense)
     apply_rope_ref(q, k, positions, cos, sin)
     store_kv_ref(k, v, k_cache, v_cache, slots)
     return q, k, v

@@ -10,23 +10,25 @@ import triton.language as tl
 
 
 @triton.jit
-def _load_halves(base, heads, D, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
-    """The first and second halves of `heads` rows of D values at `base`."""
+def _halves(base, heads, D, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """Pointers to the first halves of `heads` rows of D values at `base` (the second halves are D // 2 further),
+    their mask, and D // 2."""
     offs_h = tl.arange(0, BLOCK_H)
     offs = tl.arange(0, HALF)
     half = D // 2
     mask = (offs_h < heads)[:, None] & (offs < half)[None, :]
-    ptr = base + offs_h[:, None] * D + offs[None, :]
+    return base + offs_h[:, None] * D + offs[None, :], mask, half
+
+
+@triton.jit
+def _load_halves(base, heads, D, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    ptr, mask, half = _halves(base, heads, D, BLOCK_H, HALF)
     return tl.load(ptr, mask=mask, other=0.0), tl.load(ptr + half, mask=mask, other=0.0)
 
 
 @triton.jit
 def _store_halves(base, x1, x2, heads, D, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
-    offs_h = tl.arange(0, BLOCK_H)
-    offs = tl.arange(0, HALF)
-    half = D // 2
-    mask = (offs_h < heads)[:, None] & (offs < half)[None, :]
-    ptr = base + offs_h[:, None] * D + offs[None, :]
+    ptr, mask, half = _halves(base, heads, D, BLOCK_H, HALF)
     tl.store(ptr, x1.to(base.dtype.element_ty), mask=mask)
     tl.store(ptr + half, x2.to(base.dtype.element_ty), mask=mask)
 
