@@ -6,9 +6,10 @@ in the same process.
                                                [--dtype bfloat16] [--model PATH]
 
 For each thread count (torch.set_num_threads, in this order, back to back):
-- bound: the best of --repeat runs of a 1024-row `F.linear` (plain weight) and of the engine's prepacked linear
-  (kernels/linear.py) at each of a layer's four weight shapes (qkv, o, gate_up, down); the GEMM rate is a layer's
-  FLOPs over the sum of the best times, i.e. one 1024-row pass through a whole layer's linears.
+- bound: the best of --repeat runs of a 1024-row `F.linear` (plain weight), of oneDNN's prepacked linear and, where
+  the engine packs fp32 weights for it, of the native panel linear (kernels/linear.py) at each of a layer's four
+  weight shapes (qkv, o, gate_up, down); the GEMM rate is a layer's FLOPs over the sum of the best times, i.e. one
+  1024-row pass through a whole layer's linears.
 - icqs: the ICQS-shaped job of bench_icqs_workload.py (11 ratios x 4 demo sets x 4 models' answers; --scale of its
   50 questions) through `Engine.score(share_prefix=True)`. Its rate counts the layers' linear FLOPs only
   (2 x tokens computed x a layer stack's linear weights), over the job's whole wall time: everything that is not a
@@ -41,7 +42,7 @@ from common import engine_weight_bytes, hf_model, load_average, machine, table
 from engine import Engine
 from engine.engine import DTYPES
 from engine.loader import load_model_files
-from kernels.linear import linear as packed_linear, prepack
+from kernels.linear import Panels, linear as packed_linear, prepack
 
 
 def layer_shapes(config) -> dict[str, tuple[int, int]]:
@@ -73,19 +74,21 @@ def best_seconds(fn, repeat: int) -> float:
 
 
 def gemm_bound(config, dtype, rows: int, repeat: int) -> tuple[float, list[list]]:
-    """GFLOP/s of one `rows`-row pass through a layer's four linears, each at its best of plain F.linear and the
-    prepacked linear; and a row per shape for the table."""
+    """GFLOP/s of one `rows`-row pass through a layer's four linears, each at its best of plain F.linear, oneDNN's
+    prepacked linear and the native panels (where the engine uses them); and a row per shape for the table."""
     gen = torch.Generator().manual_seed(0)
     total_flops, total_s, out = 0.0, 0.0, []
     for name, (o, i) in layer_shapes(config).items():
         w = (torch.randn(o, i, generator=gen) * i ** -0.5).to(dtype)
         x = torch.randn(rows, i, generator=gen).to(dtype)
-        packed = prepack(w, rows)
+        packed, panels = prepack(w, rows), prepack(w, rows, panels=True)
         plain_s = best_seconds(lambda: F.linear(x, w), repeat)
         packed_s = best_seconds(lambda: packed_linear(x, packed), repeat)
+        panels_s = best_seconds(lambda: packed_linear(x, panels), repeat) if isinstance(panels, Panels) else None
         flops = 2.0 * rows * o * i
-        total_flops, total_s = total_flops + flops, total_s + min(plain_s, packed_s)
-        out.append([name, f"{o}x{i}", flops / plain_s / 1e9, flops / packed_s / 1e9])
+        total_flops, total_s = total_flops + flops, total_s + min(plain_s, packed_s, panels_s or packed_s)
+        out.append([name, f"{o}x{i}", flops / plain_s / 1e9, flops / packed_s / 1e9,
+                    flops / panels_s / 1e9 if panels_s else "-"])
     return total_flops / total_s / 1e9, out
 
 
@@ -171,7 +174,8 @@ def main(argv=None) -> dict:
         bandwidth = memory_bandwidth(args.repeat)
         print(f"\n## {threads} thread(s): {args.rows}-row GEMM bound {rate:.1f} GFLOP/s, memory read "
               f"{bandwidth:.1f} GB/s (load average {load_average()})\n")
-        print(table(["linear", "out x in", "F.linear GFLOP/s", "prepacked GFLOP/s"], shape_rows))
+        print(table(["linear", "out x in", "F.linear GFLOP/s", "oneDNN prepacked GFLOP/s", "native panels GFLOP/s"],
+                    shape_rows))
         res = results[threads] = dict(gemm_gflops=rate, bandwidth_gbs=bandwidth)
         jobs = []
         if "icqs" in parts:

@@ -155,7 +155,8 @@ def configure_cpu(threads: int | None = None) -> None:
 class StepKernels:
     """The matmuls, attention and target log-prob of one model, in its mode, chosen here once:
 
-    fast           linear weights prepacked once (bf16 on the CPU: oneDNN's blocked layout, kernels/linear.py),
+    fast           linear weights prepacked once (kernels/linear.py: oneDNN's blocked layout on the CPU, fp32 in
+                   the native op's panels on an AVX2 build),
                    the cascade attention over the step's new K/V and the shared cached segments.
     deterministic  the batch-invariant forms (kernels/batch_invariant.py): fixed-shape row tiles for matmuls and
                    the target log-prob, attention from the cache in fixed absolute KV chunks."""
@@ -165,8 +166,12 @@ class StepKernels:
         configure_cpu()
 
     def weight(self, w: torch.Tensor):
-        """The form of a linear weight that `linear` runs fastest in this mode (plain in the deterministic one)."""
-        return w if self.deterministic else _prepack(w)
+        """The form of a linear weight that `linear` runs fastest in this mode (plain in the deterministic one):
+        fp32 CPU weights as the native op's panels where that was measured faster (kernels/linear.py), unless a
+        backend other than the native ops is forced."""
+        if self.deterministic:
+            return w
+        return _prepack(w, panels=get_backend() in ("auto", "native"))
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.deterministic:

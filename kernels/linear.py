@@ -8,17 +8,27 @@ the four, 576x960, took 8% more), at 1 row 1.7-2.6x faster; about the same for p
 fp32 weights are packed too: F.linear runs MKL's sgemm for them, which packs the weight on every call; on an
 AVX2 EPYC (1 thread) oneDNN's packed kernel ran the LM head's 32 decode rows 1.66x faster, the MLP's 1.38x and
 1024-row chunks ~10% faster, equal to F.linear to fp32 rounding (not bitwise: another summation order).
+
+`prepack(w, panels=True)` (what the engine's fast mode asks for where the native library was built for AVX2, not
+AVX-512) packs an fp32 weight for the native op instead (kernels/native/linear.cpp, `Panels`): panels of 24
+output columns and a 4 x 24 register tile. On the AVX2 EPYC it ran a decode step's 32 rows 1.1-1.3x faster than
+oneDNN's packed kernel and 1024-row chunks at about oneDNN's rate or above, at 1 and 2 threads
+(benchmarks/RESULTS.md); each output is one FMA chain over the inputs, so a row's result is the same whatever
+else the call holds. Where AVX-512 is built, oneDNN keeps the fp32 weights (the panels were not measured there).
 Other dtypes and devices keep the plain weight: the reference `linear_ref` (= F.linear) runs for them.
 
-A packed weight is an opaque oneDNN tensor: only `linear` may use it (no slicing, no .T). The model keeps plain
-copies where other code reads the weight (the LM head in the fused target log-prob, the deterministic mode).
+A packed weight is opaque: only `linear` may use it (no slicing, no .T). The model keeps plain copies where
+other code reads the weight (the LM head in the fused target log-prob, the deterministic mode).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from . import native_ops
+
 linear_ref = F.linear
+PANEL = 24  # output columns per panel of the native op (kPanel in kernels/native/linear.cpp, which checks it)
 
 
 class Packed:
@@ -29,15 +39,40 @@ class Packed:
         self.blocked = blocked
 
 
-def prepack(weight: torch.Tensor, rows_hint: int = 32):
-    """A Packed copy of `weight` where oneDNN runs it (bf16 and fp32 on the CPU) and it computes F.linear on a
-    probe: bitwise in bf16, to fp32 rounding in fp32 (oneDNN's kernel sums in another order than MKL's, which
-    F.linear runs for fp32); else the weight unchanged. linear() takes either."""
-    if not (weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float32)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+class Panels(Packed):
+    """An fp32 weight [N, K] as the native op's panels: `blocked` is [ceil(N / PANEL), K, PANEL], panel p holding
+    output columns p * PANEL .. (p + 1) * PANEL - 1 (zero rows past N)."""
+    __slots__ = ("out_features",)
+
+    def __init__(self, weight: torch.Tensor):
+        n, k = weight.shape
+        p = -(-n // PANEL)
+        padded = weight if p * PANEL == n else F.pad(weight, (0, 0, 0, p * PANEL - n))
+        super().__init__(padded.reshape(p, PANEL, k).transpose(1, 2).contiguous())
+        self.out_features = n
+
+
+def panels_available() -> bool:
+    """Whether the native panel linear runs here and was measured faster than oneDNN: a native library built for
+    AVX2 (without AVX-512)."""
+    return native_ops.load() and native_ops.simd() == "avx2"
+
+
+def prepack(weight: torch.Tensor, rows_hint: int = 32, panels: bool = False):
+    """A packed copy of `weight` that computes F.linear on a probe (bitwise in bf16; to fp32 rounding in fp32,
+    whose kernels sum in another order than MKL's, which F.linear runs): with `panels`, an fp32 CPU weight as
+    Panels where panels_available(); else a Packed copy where oneDNN runs it (bf16 and fp32 on the CPU); else the
+    weight unchanged. linear() takes any of them."""
+    cpu = weight.device.type == "cpu"
+    if panels and cpu and weight.dtype == torch.float32 and weight.dim() == 2 and panels_available():
+        form = lambda: Panels(weight)  # noqa: E731
+    elif cpu and weight.dtype in (torch.bfloat16, torch.float32) and torch.backends.mkldnn.is_available() \
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        form = lambda: Packed(torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint))  # noqa: E731
+    else:
         return weight
     try:
-        packed = Packed(torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint))
+        packed = form()
         probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
         got, want = linear(probe, packed), F.linear(probe, weight)
         if torch.equal(got, want) if weight.dtype == torch.bfloat16 else \
@@ -49,7 +84,10 @@ def prepack(weight: torch.Tensor, rows_hint: int = 32):
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for a plain or a Packed weight."""
+    """F.linear(x, weight, bias) for a plain, a Packed or a Panels weight."""
+    if isinstance(weight, Panels):
+        y = native_ops.linear_panels_native(x.reshape(-1, x.shape[-1]), weight.blocked, weight.out_features, bias)
+        return y.view(*x.shape[:-1], weight.out_features)
     if isinstance(weight, Packed):
         return torch.ops.mkldnn._linear_pointwise(x, weight.blocked, bias, "none", [], "")
     return F.linear(x, weight, bias)

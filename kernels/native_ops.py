@@ -1,7 +1,7 @@
 """The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
 Python functions with the signatures of their torch references: cascade and paged-prefill attention reading the
 KV cache in place (attention.cpp), RMSNorm, RoPE with the KV-cache store, SwiGLU and greedy decoding's
-argmax (pointwise.cpp). `load()` is False when the library is absent."""
+argmax (pointwise.cpp); fp32 linear layers on packed weight panels (linear.cpp). `load()` is False when the library is absent."""
 from __future__ import annotations
 
 import functools
@@ -33,6 +33,13 @@ def load() -> bool:
 
 def _ops():
     return torch.ops.icqs_native
+
+
+@functools.cache
+def simd() -> str:
+    """The vector instruction set the library was built for ("avx512bf16", "avx512", "avx2", "none"; "" when it
+    is absent)."""
+    return _ops().simd() if load() else ""
 
 
 def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
@@ -154,6 +161,11 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
         _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse,
                                          starts)
     return out.to(q.dtype)
+
+
+def linear_panels_native(x, panels, n: int, bias=None):
+    """F.linear(x [M, K] fp32, W, bias) for W [n, K] packed as kernels.linear.Panels (`panels` its tensor)."""
+    return _ops().linear_panels(x, panels, int(n), bias)
 
 
 def rms_norm_native(x, weight, eps, residual=None):

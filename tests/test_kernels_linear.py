@@ -1,12 +1,14 @@
 """kernels/linear.py: a weight prepacked in oneDNN's layout gives bitwise the results of F.linear in bf16 and
 F.linear's to fp32 rounding in fp32 (CPU), for every row count (decode steps of 1 row to prefill chunks of
-hundreds) and with a bias; fp16 is not packed."""
+hundreds) and with a bias; fp16 is not packed. The native op's fp32 panels (kernels/native/linear.cpp) give
+F.linear's results to fp32 rounding, each row independent of the others in the call."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernels  # noqa: F401  (sets the oneDNN ISA cap before the first GEMM)
-from kernels.linear import Packed, linear, linear_ref, prepack
+from kernels import native_ops
+from kernels.linear import Packed, Panels, linear, linear_ref, panels_available, prepack
 
 
 @pytest.mark.parametrize("rows", [1, 3, 32, 33, 257])
@@ -39,3 +41,65 @@ def test_fp16_weights_stay_plain():
     assert prepack(w) is w
     x = torch.randn(2, 4).half()
     assert torch.equal(linear(x, w), F.linear(x, w))
+
+
+needs_panels = pytest.mark.skipif(not (native_ops.load() and native_ops.simd() in ("avx2", "avx512", "avx512bf16")),
+                                  reason="the native panel linear needs the library built with AVX2 or wider")
+
+
+@needs_panels
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 32, 33, 257, 300])
+@pytest.mark.parametrize("out_features", [48, 200])
+def test_panel_linear_equals_f_linear_to_rounding(rows, out_features):
+    """Whole and partial 4-row tiles, a partial last panel (200 = 8 x 24 + 8), more rows than one row block (256),
+    a bias, a 3-d input and a strided one."""
+    g = torch.Generator().manual_seed(rows * 1000 + out_features)
+    w, b = torch.randn(out_features, 97, generator=g), torch.randn(out_features, generator=g)
+    x = torch.randn(rows, 97, generator=g)
+    p = Panels(w)
+    assert p.blocked.shape == (-(-out_features // 24), 97, 24)
+    torch.testing.assert_close(linear(x, p), linear_ref(x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(linear(x, p, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    wide = torch.randn(rows, 2 * 97, generator=g)[:, ::2]
+    torch.testing.assert_close(linear(wide, p), F.linear(wide, w), rtol=1e-5, atol=1e-5)
+    x3 = x.view(1, rows, 97)
+    assert torch.equal(linear(x3, p, b), linear(x, p, b).view(1, rows, out_features))
+
+
+@needs_panels
+def test_panel_linear_rows_do_not_depend_on_the_call():
+    """Each output is one FMA chain over the inputs: a row's result is bitwise the same alone, in any 4-row tile
+    position, in a larger call, and on 1 or 2 threads."""
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(75, 130, generator=g), torch.randn(75, generator=g)
+    x = torch.randn(37, 130, generator=g)
+    p = Panels(w)
+    full = linear(x, p, b)
+    for r in (0, 1, 2, 3, 5, 36):
+        assert torch.equal(linear(x[r:r + 1], p, b)[0], full[r])
+        assert torch.equal(linear(x[max(0, r - 2):r + 3], p, b)[min(r, 2)], full[r])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        assert torch.equal(linear(x, p, b), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_panels
+def test_panel_linear_rejects_mismatched_shapes():
+    p = Panels(torch.randn(30, 16))
+    with pytest.raises(RuntimeError, match="must be"):
+        linear(torch.randn(4, 17), p)
+    with pytest.raises(RuntimeError, match="float32"):
+        linear(torch.randn(4, 16).bfloat16(), p)
+    with pytest.raises(RuntimeError, match="do not fit"):
+        native_ops.linear_panels_native(torch.randn(4, 16), p.blocked, 49)
+
+
+def test_prepack_picks_panels_only_for_fp32_where_measured():
+    w = torch.randn(48, 32)
+    got = prepack(w, panels=True)
+    assert isinstance(got, Panels) == panels_available()
+    assert not isinstance(prepack(w), Panels)  # without panels=True: oneDNN or plain, as before
+    assert not isinstance(prepack(w.bfloat16(), panels=True), Panels)
