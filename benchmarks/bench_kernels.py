@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/bench_kernels.py [--repeat 5] [--no-e2e]
 
 Per op it prints the median wall time of each CPU implementation (torch reference, native C++ where one exists)
-in bf16 and fp32, their ratio, and the path the dispatch picks (`auto`); then the engine end to end (SmolLM2,
+in bf16 and fp32, their ratio, and the path the dispatch picks (`auto`); the fp32 linears at a decode step's 32
+rows, one row and a 1024-row chunk in each weight form (F.linear, oneDNN prepacked, the native panels) and the
+form the engine's fast mode packs; then the engine end to end (SmolLM2,
 bf16) with ENGINE_KERNELS=torch vs auto. CPU time (all threads) is printed beside wall time because the machine
 may be shared: it is the steadier of the two under load. The last line says whether `auto` picked the faster
 path everywhere.
@@ -70,6 +72,40 @@ def op_cases(dtype):
     yield "greedy_logprobs", f"a decode step's 32 rows of logits x vocab {VOCAB}", dict(logits=rand(32, VOCAB) * 3)
 
 
+LINEAR_SHAPES = {"qkv": ((H + 2 * HKV) * D, HIDDEN), "o": (HIDDEN, H * D), "gate_up": (2 * INTER, HIDDEN),
+                 "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}
+
+
+def linear_cases():
+    """(label, x, {form: weight}) for SmolLM2's fp32 linears at 1, 32 and 1024 rows (the LM head: decode rows
+    only): the plain weight (F.linear, the reference), oneDNN's prepacked copy and the native panels (where the
+    library runs them)."""
+    from kernels.linear import Panels, prepack
+
+    g = torch.Generator().manual_seed(0)
+    for name, (n, k) in LINEAR_SHAPES.items():
+        w = torch.randn(n, k, generator=g) * k ** -0.5
+        forms = {"F.linear": w, "oneDNN": prepack(w), "panels": prepack(w, panels=True)}
+        forms = {f: v for f, v in forms.items() if f == "F.linear" or v is not w}
+        if not isinstance(forms.get("panels"), Panels):
+            forms.pop("panels", None)
+        for rows in (1, 32) if name == "lm_head" else (1, 32, 1024):
+            yield f"{name} {n}x{k}, {rows} rows", torch.randn(rows, k, generator=g), forms
+
+
+def bench_linear(repeat: int) -> None:
+    from kernels.dispatch import StepKernels
+    from kernels.linear import linear
+
+    engine_form = type(StepKernels().weight(torch.randn(48, 32))).__name__
+    print(f"\n{'fp32 linear':<32} {'F.linear ms':>11} {'oneDNN ms':>10} {'panels ms':>10}   engine packs: "
+          f"{ {'Tensor': 'plain', 'Packed': 'oneDNN', 'Panels': 'panels'}[engine_form]}")
+    for label, x, forms in linear_cases():
+        t = {f: timed(lambda: linear(x, w), repeat)[0] for f, w in forms.items()}
+        cells = " ".join(f"{t[f]:10.3f}" if f in t else f"{'-':>10}" for f in ("oneDNN", "panels"))
+        print(f"{label:<32} {t['F.linear']:11.3f} {cells}   fastest: {min(t, key=t.get)}")
+
+
 def impl(op: str, backend: str):
     module, name = dispatch.IMPLS[op][backend].split(":")
     return getattr(__import__(f"kernels.{module}", fromlist=[name]), name)
@@ -127,6 +163,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, native library: {'yes' if native_ops.load() else 'absent'}")
     ok = bench_ops(args.repeat)
+    bench_linear(args.repeat)
     if not args.no_e2e:
         ok = bench_engine(max(1, args.repeat // 2)) and ok
     print("auto picks the faster CPU path everywhere" if ok else "WARNING: auto did not pick the faster path above")

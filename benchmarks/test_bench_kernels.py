@@ -1,6 +1,7 @@
 """Kernel and step microbenchmarks (pytest-benchmark): each CPU op the dispatch can pick, its native version
-against its torch reference, on the engine's shapes (bench_kernels.op_cases: SmolLM2), and one engine scoring step
-with the native ops against the torch references.
+against its torch reference, on the engine's shapes (bench_kernels.op_cases: SmolLM2), the fp32 linears in each
+weight form against F.linear (bench_kernels.linear_cases), and one engine scoring step with the native ops against
+the torch references.
 
     .venv/bin/python -m pytest benchmarks/ --benchmark-only --benchmark-autosave   # table saved in .benchmarks/
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import kernels
-from bench_kernels import impl, op_cases
+from bench_kernels import impl, linear_cases, op_cases
 from kernels import dispatch, native_ops
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -40,6 +41,25 @@ def test_op(benchmark, dtype, case, backend):
     benchmark.group = f"{op}: {label}, {dtype}"
     benchmark.extra_info.update(op=op, backend=backend, picked_by_auto=backend == _auto_pick(op))
     benchmark(impl(op, backend), **kwargs)
+
+
+@functools.cache
+def _linear_cases() -> list:
+    return list(linear_cases())
+
+
+@pytest.mark.parametrize("form", ["F.linear", "oneDNN", "panels"])
+@pytest.mark.parametrize("case", range(14))
+def test_linear(benchmark, case, form):
+    from kernels.linear import linear
+
+    if case >= len(_linear_cases()):
+        pytest.skip("no such case")
+    label, x, forms = _linear_cases()[case]
+    if form not in forms:
+        pytest.skip(f"no {form} weight here")
+    benchmark.group = f"fp32 linear {label}"
+    benchmark(linear, x, forms[form])
 
 
 def _auto_pick(op: str) -> str:
