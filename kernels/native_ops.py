@@ -1,7 +1,8 @@
 """The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
 Python functions with the signatures of their torch references: cascade and paged-prefill attention reading the
 KV cache in place (attention.cpp), RMSNorm, RoPE with the KV-cache store, SwiGLU and greedy decoding's
-argmax (pointwise.cpp); fp32 linear layers on packed weight panels (linear.cpp). `load()` is False when the library is absent."""
+argmax (pointwise.cpp); fp32 linear layers on packed weight panels (linear.cpp). `load()` is False when the
+library is absent."""
 from __future__ import annotations
 
 import functools
