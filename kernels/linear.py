@@ -13,8 +13,8 @@ AVX2 EPYC (1 thread) oneDNN's packed kernel ran the LM head's 32 decode rows 1.6
 AVX-512) packs an fp32 weight for the native op instead (kernels/native/linear.cpp, `Panels`): panels of 24
 output columns and a 4 x 24 register tile. On the AVX2 EPYC a decode step's 32 rows took 4-12% less time than with
 oneDNN's packed kernel at 1 thread and 7-25% less at 2, 1024-row chunks the same within +-4%, and the engine's
-32-sequence decode ran 8.6% (1 thread) and 9.7% (2 threads) faster (benchmarks/RESULTS.md); each output is one FMA chain over the inputs, so a row's result is the same whatever
-else the call holds. Where AVX-512 is built, oneDNN keeps the fp32 weights (the panels were not measured there).
+32-sequence decode ran 8.6% (1 thread) and 9.7% (2 threads) faster (benchmarks/RESULTS.md). Each output is one
+FMA chain over the inputs, so a row's result is the same whatever else the call holds. Where AVX-512 is built, oneDNN keeps the fp32 weights (the panels were not measured there).
 Other dtypes and devices keep the plain weight: the reference `linear_ref` (= F.linear) runs for them.
 
 A packed weight is opaque: only `linear` may use it (no slicing, no .T). The model keeps plain copies where
