@@ -80,26 +80,28 @@ def linear_cases():
     """(label, x, {form: weight}) for SmolLM2's fp32 linears at 1, 32 and 1024 rows (the LM head: decode rows
     only): the plain weight (F.linear, the reference), oneDNN's prepacked copy and the native panels (where the
     library runs them)."""
-    from kernels.linear import Panels, prepack
+    from kernels.linear import Packed, Panels, panels_available, prepack
 
     g = torch.Generator().manual_seed(0)
     for name, (n, k) in LINEAR_SHAPES.items():
         w = torch.randn(n, k, generator=g) * k ** -0.5
-        forms = {"F.linear": w, "oneDNN": prepack(w), "panels": prepack(w, panels=True)}
-        forms = {f: v for f, v in forms.items() if f == "F.linear" or v is not w}
-        if not isinstance(forms.get("panels"), Panels):
-            forms.pop("panels", None)
+        forms, packed = {"F.linear": w}, prepack(w)
+        if isinstance(packed, Packed):
+            forms["oneDNN"] = packed
+        if panels_available():
+            forms["panels"] = Panels(w)
         for rows in (1, 32) if name == "lm_head" else (1, 32, 1024):
             yield f"{name} {n}x{k}, {rows} rows", torch.randn(rows, k, generator=g), forms
 
 
 def bench_linear(repeat: int) -> None:
     from kernels.dispatch import StepKernels
-    from kernels.linear import linear
+    from kernels.linear import Packed, Panels, linear
 
-    engine_form = type(StepKernels().weight(torch.randn(48, 32))).__name__
+    packed = StepKernels().weight(torch.randn(48, 32))
+    engine_form = "panels" if isinstance(packed, Panels) else "oneDNN" if isinstance(packed, Packed) else "plain"
     print(f"\n{'fp32 linear':<32} {'F.linear ms':>11} {'oneDNN ms':>10} {'panels ms':>10}   engine packs: "
-          f"{ {'Tensor': 'plain', 'Packed': 'oneDNN', 'Panels': 'panels'}[engine_form]}")
+          f"{engine_form}")
     for label, x, forms in linear_cases():
         t = {f: timed(lambda: linear(x, w), repeat)[0] for f, w in forms.items()}
         cells = " ".join(f"{t[f]:10.3f}" if f in t else f"{'-':>10}" for f in ("oneDNN", "panels"))

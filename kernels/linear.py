@@ -12,7 +12,7 @@ AVX2 EPYC (1 thread) oneDNN's packed kernel ran the LM head's 32 decode rows 1.6
 `prepack(w, panels=True)` (what the engine's fast mode asks for where the native library was built for AVX2, not
 AVX-512) packs an fp32 weight for the native op instead (kernels/native/linear.cpp, `Panels`): panels of 24
 output columns and a 4 x 24 register tile. On the AVX2 EPYC a decode step's 32 rows took 4-12% less time than with
-oneDNN's packed kernel at 1 thread and 7-25% less at 2, 1024-row chunks the same within +-4%, and the engine's
+oneDNN's packed kernel at 1 thread and 7-25% less at 2, 1024-row chunks between 15% less and 2% more, and the engine's
 32-sequence decode ran 8.6% (1 thread) and 9.7% (2 threads) faster (benchmarks/RESULTS.md). Each output is one
 FMA chain over the inputs, so a row's result is the same whatever else the call holds. Where AVX-512 is built, oneDNN keeps the fp32 weights (the panels were not measured there).
 Other dtypes and devices keep the plain weight: the reference `linear_ref` (= F.linear) runs for them.
@@ -58,21 +58,27 @@ def panels_available() -> bool:
     return native_ops.load() and native_ops.simd() == "avx2"
 
 
+def _pack(weight: torch.Tensor, rows_hint: int, panels: bool):
+    """The packed form prepack() tries for `weight`, or None where it keeps the plain weight."""
+    if weight.device.type != "cpu":
+        return None
+    if panels and weight.dtype == torch.float32 and weight.dim() == 2 and panels_available():
+        return Panels(weight)
+    if weight.dtype in (torch.bfloat16, torch.float32) and torch.backends.mkldnn.is_available() \
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return Packed(torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint))
+    return None
+
+
 def prepack(weight: torch.Tensor, rows_hint: int = 32, panels: bool = False):
     """A packed copy of `weight` that computes F.linear on a probe (bitwise in bf16; to fp32 rounding in fp32,
     whose kernels sum in another order than MKL's, which F.linear runs): with `panels`, an fp32 CPU weight as
     Panels where panels_available(); else a Packed copy where oneDNN runs it (bf16 and fp32 on the CPU); else the
     weight unchanged. linear() takes any of them."""
-    cpu = weight.device.type == "cpu"
-    if panels and cpu and weight.dtype == torch.float32 and weight.dim() == 2 and panels_available():
-        form = lambda: Panels(weight)  # noqa: E731
-    elif cpu and weight.dtype in (torch.bfloat16, torch.float32) and torch.backends.mkldnn.is_available() \
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        form = lambda: Packed(torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint))  # noqa: E731
-    else:
-        return weight
     try:
-        packed = form()
+        packed = _pack(weight, rows_hint, panels)
+        if packed is None:
+            return weight
         probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
         got, want = linear(probe, packed), F.linear(probe, weight)
         if torch.equal(got, want) if weight.dtype == torch.bfloat16 else \

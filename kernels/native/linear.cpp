@@ -5,8 +5,8 @@
 // The micro-kernel keeps a 4-row x 24-column tile of y in 12 AVX2 registers and runs over K: per k, three
 // loads of the panel's row and four broadcasts of x feed 12 FMAs, so it is bound by the FMA unit. A panel is
 // used by every row of a row block while it sits in L2. On an AVX2 EPYC a decode step's 32 rows took 4-25% less
-// time than with oneDNN's packed kernel (what torch runs otherwise), 1024-row chunks the same within +-4%
-// (benchmarks/RESULTS.md). Each output is one chain of FMAs over k = 0 .. K-1, whatever the row count or the
+// time than with oneDNN's packed kernel (what torch runs otherwise), 1024-row chunks between 15% less and 2%
+// more (benchmarks/RESULTS.md). Each output is one chain of FMAs over k = 0 .. K-1, whatever the row count or the
 // row's place, so a row's result does not depend on the other rows of the call.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
