@@ -1,7 +1,8 @@
 """kernels/linear.py: a weight prepacked in oneDNN's layout gives bitwise the results of F.linear in bf16 and
 F.linear's to fp32 rounding in fp32 (CPU), for every row count (decode steps of 1 row to prefill chunks of
-hundreds) and with a bias; fp16 is not packed. The native op's fp32 panels (kernels/native/linear.cpp) give
-F.linear's results to fp32 rounding, each row independent of the others in the call."""
+hundreds) and with a bias; fp16 is not packed. The native op's panels (kernels/native/linear.cpp) give F.linear's
+results to fp32 rounding in fp32; in bf16 exactly the fp32 panels' results on the same (widened) values, rounded
+once to bf16; each row independent of the others in the call and of the thread count."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -67,12 +68,32 @@ def test_panel_linear_equals_f_linear_to_rounding(rows, out_features):
 
 
 @needs_panels
-def test_panel_linear_rows_do_not_depend_on_the_call():
+@pytest.mark.parametrize("rows", [1, 3, 4, 32, 257])
+@pytest.mark.parametrize("out_features", [48, 200])
+def test_bf16_panel_linear_is_the_fp32_panels_rounded_once(rows, out_features):
+    """bf16 panels widen x, W and the bias exactly to fp32 and sum in fp32: bitwise the fp32 panels' result on
+    the same values, rounded to bf16 once; within bf16 rounding of F.linear in fp32."""
+    g = torch.Generator().manual_seed(rows * 1000 + out_features + 1)
+    w, b = torch.randn(out_features, 97, generator=g).bfloat16(), torch.randn(out_features, generator=g).bfloat16()
+    x = torch.randn(rows, 97, generator=g).bfloat16()
+    p = Panels(w)
+    assert p.blocked.dtype == torch.bfloat16
+    got = linear(x, p, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    assert torch.equal(got, linear(x.float(), Panels(w.float()), b.float()).bfloat16())
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float(), b.float()), rtol=8e-3, atol=1e-2)
+    wide = torch.randn(rows, 2 * 97, generator=g).bfloat16()[:, ::2]
+    assert torch.equal(linear(wide, p), linear(wide.float(), Panels(w.float())).bfloat16())
+
+
+@needs_panels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_panel_linear_rows_do_not_depend_on_the_call(dtype):
     """Each output is one FMA chain over the inputs: a row's result is bitwise the same alone, in any 4-row tile
     position, in a larger call, and on 1 or 2 threads."""
     g = torch.Generator().manual_seed(7)
-    w, b = torch.randn(75, 130, generator=g), torch.randn(75, generator=g)
-    x = torch.randn(37, 130, generator=g)
+    w, b = torch.randn(75, 130, generator=g).to(dtype), torch.randn(75, generator=g).to(dtype)
+    x = torch.randn(37, 130, generator=g).to(dtype)
     p = Panels(w)
     full = linear(x, p, b)
     for r in (0, 1, 2, 3, 5, 36):
@@ -91,15 +112,21 @@ def test_panel_linear_rejects_mismatched_shapes():
     p = Panels(torch.randn(30, 16))
     with pytest.raises(RuntimeError, match="must be"):
         linear(torch.randn(4, 17), p)
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
         linear(torch.randn(4, 16).bfloat16(), p)
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        native_ops.linear_panels_native(torch.randn(4, 16).half(), p.blocked.half(), 30)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        linear(torch.randn(4, 16), p, torch.randn(30).bfloat16())
     with pytest.raises(RuntimeError, match="do not fit"):
         native_ops.linear_panels_native(torch.randn(4, 16), p.blocked, 49)
 
 
-def test_prepack_picks_panels_only_for_fp32_where_measured():
+def test_prepack_picks_panels_only_where_measured():
+    """fp32 and bf16 weights as panels where the library was built for AVX2 (without AVX-512); fp16 plain."""
     w = torch.randn(48, 32)
-    got = prepack(w, panels=True)
-    assert isinstance(got, Panels) == panels_available()
+    assert isinstance(prepack(w, panels=True), Panels) == panels_available()
+    assert isinstance(prepack(w.bfloat16(), panels=True), Panels) == panels_available()
     assert not isinstance(prepack(w), Panels)  # without panels=True: oneDNN or plain, as before
-    assert not isinstance(prepack(w.bfloat16(), panels=True), Panels)
+    half = w.half()
+    assert prepack(half, panels=True) is half

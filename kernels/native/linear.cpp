@@ -1,13 +1,17 @@
-// fp32 linear layers for AVX2 CPUs, registered as the torch op `icqs_native::linear_panels`:
+// Linear layers for AVX2 CPUs, registered as the torch op `icqs_native::linear_panels`:
 // y[M, N] = x[M, K] . W[N, K]^T (+ bias), with W packed once at load into panels of kPanel output columns,
 // [P, K, kPanel] (P = ceil(N / kPanel), the last panel zero-padded; kernels/linear.py packs it with torch).
+// fp32 or bf16 (x, W and the bias in one dtype); bf16 panels are widened to fp32 a panel at a time into a
+// buffer in L2 and every product is summed in fp32, the output rounded to bf16 once: on a CPU without
+// avx512_bf16, torch's bf16 GEMM is emulated and ran at ~1/7 of the fp32 rate (benchmarks/RESULTS.md).
 //
 // The micro-kernel keeps a 4-row x 24-column tile of y in 12 AVX2 registers and runs over K: per k, three
 // loads of the panel's row and four broadcasts of x feed 12 FMAs, so it is bound by the FMA unit. A panel is
 // used by every row of a row block while it sits in L2. On an AVX2 EPYC a decode step's 32 rows took 4-25% less
 // time than with oneDNN's packed kernel (what torch runs otherwise), 1024-row chunks between 15% less and 2%
-// more (benchmarks/RESULTS.md). Each output is one chain of FMAs over k = 0 .. K-1, whatever the row count or the
-// row's place, so a row's result does not depend on the other rows of the call.
+// more (benchmarks/RESULTS.md). Each output is one chain of FMAs over k = 0 .. K-1, whatever the row count, the
+// row's place or the thread count, so a row's result does not depend on the other rows of the call (the
+// engine's deterministic mode relies on it).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -31,12 +35,13 @@ constexpr int64_t kRowBlock = 256;  // rows of x per pass over the panels (a blo
 
 #if defined(__AVX2__) && defined(__FMA__)
 // y[0 .. MR)[0 .. 24) = x[0 .. MR) . panel (+ bias), x rows `ldx` apart, y rows `ldy` apart; `next` (optional):
-// a panel to prefetch meanwhile, line by line (a decode step reads every weight from memory once: prefetching
-// the next panel while this one's first tile runs took a DRAM-resident MLP weight from 37-39 to 40-41 GFLOP/s).
+// a panel to prefetch meanwhile, `next_step` bytes per k (a decode step reads every weight from memory once:
+// prefetching the next panel while this one's first tile runs took a DRAM-resident MLP weight from 37-39 to
+// 40-41 GFLOP/s).
 // The accumulators are named variables: an array of them is spilled to the stack on every iteration by GCC.
 template <int MR>
 inline void tile(const float* x, int64_t ldx, const float* panel, int64_t K, const float* bias, float* y,
-                 int64_t ldy, const float* next) {
+                 int64_t ldy, const char* next, int64_t next_step) {
   const __m256 z0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
   const __m256 z1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
   const __m256 z2 = bias ? _mm256_loadu_ps(bias + 16) : _mm256_setzero_ps();
@@ -47,7 +52,7 @@ inline void tile(const float* x, int64_t ldx, const float* panel, int64_t K, con
   const float* x2 = x + (MR > 2 ? 2 * ldx : 0);
   const float* x3 = x + (MR > 3 ? 3 * ldx : 0);
   for (int64_t k = 0; k < K; ++k, panel += kPanel) {
-    if (next) _mm_prefetch(reinterpret_cast<const char*>(next + k * kPanel), _MM_HINT_T0);
+    if (next) _mm_prefetch(next + k * next_step, _MM_HINT_T0);
     const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8), b2 = _mm256_loadu_ps(panel + 16);
     __m256 a = _mm256_broadcast_ss(x0 + k);
     c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01), c02 = _mm256_fmadd_ps(a, b2, c02);
@@ -71,16 +76,16 @@ inline void tile(const float* x, int64_t ldx, const float* panel, int64_t K, con
 }
 
 // Rows [r0, r1) of y against panel p: whole 4-row tiles, then the rest; a partial last panel through a buffer.
-// The first tile prefetches `next` (the panel this thread runs after p, or null).
+// The first tile prefetches `next` (the panel this thread runs after p, or null; `next_step` bytes per k).
 void panel_rows(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t N, int64_t p,
-                int64_t r0, int64_t r1, const float* next) {
+                int64_t r0, int64_t r1, const char* next, int64_t next_step) {
   const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
   alignas(32) float buf[4 * kPanel];
   const auto run = [&](auto mr, int64_t r) {
     constexpr int MR = decltype(mr)::value;
-    const float* pf = r == r0 ? next : nullptr;
-    if (width == kPanel) return tile<MR>(x + r * K, K, panel, K, bias, y + r * N + n0, N, pf);
-    tile<MR>(x + r * K, K, panel, K, bias, buf, kPanel, pf);
+    const char* pf = r == r0 ? next : nullptr;
+    if (width == kPanel) return tile<MR>(x + r * K, K, panel, K, bias, y + r * N + n0, N, pf, next_step);
+    tile<MR>(x + r * K, K, panel, K, bias, buf, kPanel, pf, next_step);
     for (int i = 0; i < MR; ++i) std::memcpy(y + (r + i) * N + n0, buf + i * kPanel, width * sizeof(float));
   };
   int64_t r = r0;
@@ -92,50 +97,67 @@ void panel_rows(const float* x, int64_t K, const float* panel, const float* bias
     default: break;
   }
 }
+
+// A bf16 panel [K, kPanel] widened to fp32 (exact: a bf16 is the high half of an fp32).
+void widen_panel(const c10::BFloat16* src, int64_t K, float* dst) {
+  const auto* s = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < K * kPanel; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+}
 #endif
 
 at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t n,
                          const std::optional<at::Tensor>& bias) {
 #if defined(__AVX2__) && defined(__FMA__)
-  TORCH_CHECK(x.scalar_type() == at::kFloat && panels.scalar_type() == at::kFloat,
-              "linear_panels: x and panels must be float32");
+  const auto dtype = panels.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && x.scalar_type() == dtype,
+              "linear_panels: x and panels must be both float32 or both bfloat16");
   TORCH_CHECK(panels.dim() == 3 && panels.size(2) == kPanel && panels.is_contiguous(),
               "linear_panels: panels must be a contiguous [P, K, ", kPanel, "] tensor");
   const int64_t K = panels.size(1), P = panels.size(0);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "linear_panels: x must be [M, ", K, "]");
   TORCH_CHECK(n > (P - 1) * kPanel && n <= P * kPanel, "linear_panels: ", n, " output features do not fit ", P,
               " panels");
-  const at::Tensor xc = x.contiguous();
+  const bool bf16 = dtype == at::kBFloat16;
+  const at::Tensor xc = bf16 ? x.to(at::kFloat).contiguous() : x.contiguous();  // bf16 -> fp32 is exact
   const int64_t M = xc.size(0);
   at::Tensor y = at::empty({M, n}, xc.options());
-  if (M == 0 || n == 0) return y;
-  std::vector<float> bias_pad;  // zero-padded to whole panels
+  if (M == 0 || n == 0) return bf16 ? y.to(dtype) : y;
+  std::vector<float> bias_pad;  // fp32, zero-padded to whole panels
   if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n,
-                "linear_panels: bias must be float32 [", n, "]");
-    const at::Tensor b = bias->contiguous();
+    TORCH_CHECK(bias->scalar_type() == dtype && bias->dim() == 1 && bias->size(0) == n,
+                "linear_panels: bias must be [", n, "] in the panels' dtype");
+    const at::Tensor b = bias->to(at::kFloat).contiguous();
     bias_pad.assign(P * kPanel, 0.f);
     std::memcpy(bias_pad.data(), b.data_ptr<float>(), n * sizeof(float));
   }
   const float* xp = xc.data_ptr<float>();
-  const float* wp = panels.data_ptr<float>();
+  const char* wp = static_cast<const char*>(panels.data_ptr());
+  const int64_t panel_bytes = K * kPanel * panels.element_size(), step = kPanel * panels.element_size();
   float* yp = y.data_ptr<float>();
   for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
     const int64_t r1 = std::min(M, r0 + kRowBlock);
     at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p)
-        panel_rows(xp, K, wp + p * K * kPanel, bias_pad.empty() ? nullptr : bias_pad.data() + p * kPanel, yp, n,
-                   p, r0, r1, p + 1 < p1 ? wp + (p + 1) * K * kPanel : nullptr);
+      std::vector<float> wide(bf16 ? K * kPanel : 0);  // this thread's panel in fp32
+      for (int64_t p = p0; p < p1; ++p) {
+        const char* src = wp + p * panel_bytes;
+        if (bf16) widen_panel(reinterpret_cast<const c10::BFloat16*>(src), K, wide.data());
+        panel_rows(xp, K, bf16 ? wide.data() : reinterpret_cast<const float*>(src),
+                   bias_pad.empty() ? nullptr : bias_pad.data() + p * kPanel, yp, n, p, r0, r1,
+                   p + 1 < p1 ? src + panel_bytes : nullptr, step);
+      }
     });
   }
-  return y;
+  return bf16 ? y.to(dtype) : y;  // one rounding per output, to nearest even
 #else
   TORCH_CHECK(false, "linear_panels: this build has no AVX2 + FMA");
 #endif
 }
 
 // The widest vector instruction set this build was compiled for ("avx512bf16", "avx512", "avx2" or "none"):
-// kernels/linear.py packs fp32 weights for linear_panels only in an AVX2 build, where it was measured.
+// kernels/linear.py packs weights for linear_panels only in an AVX2 build, where it was measured.
 std::string simd() {
 #if defined(__AVX512BF16__)
   return "avx512bf16";
