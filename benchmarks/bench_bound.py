@@ -7,9 +7,9 @@ in the same process.
 
 For each thread count (torch.set_num_threads, in this order, back to back):
 - bound: the best of --repeat runs of a 1024-row `F.linear` (plain weight), of oneDNN's prepacked linear and, where
-  the engine packs fp32 weights for it, of the native panel linear (kernels/linear.py) at each of a layer's four
-  weight shapes (qkv, o, gate_up, down); the GEMM rate is a layer's FLOPs over the sum of the best times, i.e. one
-  1024-row pass through a whole layer's linears.
+  the engine packs fp32 and bf16 weights for it, of the native panel linear (kernels/linear.py) at each of a
+  layer's four weight shapes (qkv, o, gate_up, down); the GEMM rate is a layer's FLOPs over the sum of the best
+  times, i.e. one 1024-row pass through a whole layer's linears.
 - icqs: the ICQS-shaped job of bench_icqs_workload.py (11 ratios x 4 demo sets x 4 models' answers; --scale of its
   50 questions) through `Engine.score(share_prefix=True)`. Its rate counts the layers' linear FLOPs only
   (2 x tokens computed x a layer stack's linear weights), over the job's whole wall time: everything that is not a

@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/bench_kernels.py [--repeat 5] [--no-e2e]
 
 Per op it prints the median wall time of each CPU implementation (torch reference, native C++ where one exists)
-in bf16 and fp32, their ratio, and the path the dispatch picks (`auto`); the fp32 linears at a decode step's 32
-rows, one row and a 1024-row chunk in each weight form (F.linear, oneDNN prepacked, the native panels) and the
-form the engine's fast mode packs; then the engine end to end (SmolLM2,
+in bf16 and fp32, their ratio, and the path the dispatch picks (`auto`); the fp32 and bf16 linears at a decode
+step's 32 rows, one row and a 1024-row chunk in each weight form (F.linear, oneDNN prepacked, the native panels)
+and the form the engine's fast mode packs; then the engine end to end (SmolLM2,
 bf16) with ENGINE_KERNELS=torch vs auto. CPU time (all threads) is printed beside wall time because the machine
 may be shared: it is the steadier of the two under load. The last line says whether `auto` picked the faster
 path everywhere.
@@ -76,36 +76,37 @@ LINEAR_SHAPES = {"qkv": ((H + 2 * HKV) * D, HIDDEN), "o": (HIDDEN, H * D), "gate
                  "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}
 
 
-def linear_cases():
-    """(label, x, {form: weight}) for SmolLM2's fp32 linears at 1, 32 and 1024 rows (the LM head: decode rows
-    only): the plain weight (F.linear, the reference), oneDNN's prepacked copy and the native panels (where the
-    library runs them)."""
+def linear_cases(dtype: torch.dtype = torch.float32):
+    """(label, x, {form: weight}) for SmolLM2's linears in `dtype` (fp32 or bf16) at 1, 32 and 1024 rows (the LM
+    head: decode rows only): the plain weight (F.linear, the reference), oneDNN's prepacked copy (where it packs
+    this dtype) and the native panels (where the library runs them)."""
     from kernels.linear import Packed, Panels, panels_available, prepack
 
     g = torch.Generator().manual_seed(0)
     for name, (n, k) in LINEAR_SHAPES.items():
-        w = torch.randn(n, k, generator=g) * k ** -0.5
+        w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype)
         forms, packed = {"F.linear": w}, prepack(w)
         if isinstance(packed, Packed):
             forms["oneDNN"] = packed
         if panels_available():
             forms["panels"] = Panels(w)
         for rows in (1, 32) if name == "lm_head" else (1, 32, 1024):
-            yield f"{name} {n}x{k}, {rows} rows", torch.randn(rows, k, generator=g), forms
+            yield f"{name} {n}x{k}, {rows} rows", torch.randn(rows, k, generator=g).to(dtype), forms
 
 
 def bench_linear(repeat: int) -> None:
     from kernels.dispatch import StepKernels
     from kernels.linear import Packed, Panels, linear
 
-    packed = StepKernels().weight(torch.randn(48, 32))
-    engine_form = "panels" if isinstance(packed, Panels) else "oneDNN" if isinstance(packed, Packed) else "plain"
-    print(f"\n{'fp32 linear':<32} {'F.linear ms':>11} {'oneDNN ms':>10} {'panels ms':>10}   engine packs: "
-          f"{engine_form}")
-    for label, x, forms in linear_cases():
-        t = {f: timed(lambda: linear(x, w), repeat)[0] for f, w in forms.items()}
-        cells = " ".join(f"{t[f]:10.3f}" if f in t else f"{'-':>10}" for f in ("oneDNN", "panels"))
-        print(f"{label:<32} {t['F.linear']:11.3f} {cells}   fastest: {min(t, key=t.get)}")
+    for dtype in (torch.float32, torch.bfloat16):
+        packed = StepKernels().weight(torch.randn(48, 32).to(dtype))
+        engine_form = "panels" if isinstance(packed, Panels) else "oneDNN" if isinstance(packed, Packed) else "plain"
+        name = f"{str(dtype).removeprefix('torch.')} linear"
+        print(f"\n{name:<32} {'F.linear ms':>11} {'oneDNN ms':>10} {'panels ms':>10}   engine packs: {engine_form}")
+        for label, x, forms in linear_cases(dtype):
+            t = {f: timed(lambda: linear(x, w), repeat)[0] for f, w in forms.items()}
+            cells = " ".join(f"{t[f]:10.3f}" if f in t else f"{'-':>10}" for f in ("oneDNN", "panels"))
+            print(f"{label:<32} {t['F.linear']:11.3f} {cells}   fastest: {min(t, key=t.get)}")
 
 
 def impl(op: str, backend: str):

@@ -1,6 +1,6 @@
 """Kernel and step microbenchmarks (pytest-benchmark): each CPU op the dispatch can pick, its native version
-against its torch reference, on the engine's shapes (bench_kernels.op_cases: SmolLM2), the fp32 linears in each
-weight form against F.linear (bench_kernels.linear_cases), and one engine scoring step with the native ops against
+against its torch reference, on the engine's shapes (bench_kernels.op_cases: SmolLM2), the fp32 and bf16 linears in
+each weight form against F.linear (bench_kernels.linear_cases), and one engine scoring step with the native ops against
 the torch references.
 
     .venv/bin/python -m pytest benchmarks/ --benchmark-only --benchmark-autosave   # table saved in .benchmarks/
@@ -44,21 +44,22 @@ def test_op(benchmark, dtype, case, backend):
 
 
 @functools.cache
-def _linear_cases() -> list:
-    return list(linear_cases())
+def _linear_cases(dtype: str) -> list:
+    return list(linear_cases(getattr(torch, dtype)))
 
 
 @pytest.mark.parametrize("form", ["F.linear", "oneDNN", "panels"])
 @pytest.mark.parametrize("case", range(14))
-def test_linear(benchmark, case, form):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_linear(benchmark, dtype, case, form):
     from kernels.linear import linear
 
-    if case >= len(_linear_cases()):
+    if case >= len(_linear_cases(dtype)):
         pytest.skip("no such case")
-    label, x, forms = _linear_cases()[case]
+    label, x, forms = _linear_cases(dtype)[case]
     if form not in forms:
         pytest.skip(f"no {form} weight here")
-    benchmark.group = f"fp32 linear {label}"
+    benchmark.group = f"{dtype} linear {label}"
     benchmark(linear, x, forms[form])
 
 

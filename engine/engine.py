@@ -139,8 +139,10 @@ class Engine:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise UserError(f"threads must be a positive integer, got {threads!r}")
         opts = EngineOptions.checked(**options)  # before the (slow) model load
-        # deterministic mode: a fixed thread count, since the GEMM's split of a row tile changes with it
-        threads = threads or (1 if options.get("deterministic") else default_threads())
+        # deterministic mode: a fixed thread count where the GEMM's split of a row tile changes with it
+        fixed = options.get("deterministic") and not kernels.StepKernels.thread_invariant(
+            DTYPES[dtype] if isinstance(dtype, str) else dtype, device)
+        threads = threads or (1 if fixed else default_threads())
         torch.set_num_threads(threads)
         log.info("engine: %d CPU thread(s)", threads)
         config, weights, tokenizer = load_model_files(model)

@@ -4,7 +4,9 @@ row's place in the step, the prefix tree's node boundaries or the token budget.
 
 - Matmuls run on fixed-shape row tiles (`linear`): every GEMM call has the shape [ROW_TILE, K], so the library
   picks the same kernel, K blocking and thread split whatever the step holds (measured on the CPU: the row results
-  of torch's fp32 GEMM change with M below 16 rows, and with 2 threads between M=64 and M=129).
+  of torch's fp32 GEMM change with M below 16 rows, and with 2 threads between M=64 and M=129). Where the native
+  panel linear runs (fp32 and bf16 weights in an AVX2 build, kernels/linear.py), the linears use it instead: each
+  output is one FMA chain over the inputs, invariant by construction to the rows and the thread count.
 - Attention (`cascade_attention`) reads every key from the cache (the step's new K/V are stored before it runs)
   in chunks at fixed absolute positions [c * KV_CHUNK, (c + 1) * KV_CHUNK), each chunk an online softmax in key
   tiles from its first key, merged into the row's running (out, lse) in ascending chunk order. A chunk that lies
@@ -16,9 +18,11 @@ row's place in the step, the prefix tree's node boundaries or the token budget.
 - The target log-prob (`target_logprobs`) runs on fixed [LOGPROB_ROW_TILE x VOCAB_TILE] tiles (rows padded).
 RMSNorm, RoPE, SwiGLU and the KV store are row-wise already (one row's arithmetic never sees another row).
 
-The bits are those of one configuration: device, dtype, these tile sizes, and the CPU thread count (torch's fp32
-GEMM splits a [64, 1536] tile differently on 1 and 2 threads; Engine.load runs the deterministic mode on 1 thread
-unless `threads` is given)."""
+The bits are those of one configuration: device, dtype, the library build (panels or row tiles), these tile
+sizes, and with row tiles the CPU thread count (torch's fp32 GEMM splits a [64, 1536] tile differently on 1 and 2
+threads; Engine.load then runs the mode on 1 thread unless `threads` is given). With the panels the thread count
+does not change the bits (StepKernels.thread_invariant; tests/test_deterministic.py), and the mode runs on the
+machine's free cores."""
 from __future__ import annotations
 
 import torch

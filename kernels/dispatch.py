@@ -13,9 +13,10 @@ One log line per (op, device) says which path runs.
 
 IMPLS registers every op that has a reference and a kernel, tested and benchmarked (benchmarks/bench_kernels*.py)
 pair by pair; the engine calls all of them, through the entry points at the bottom of this file. The model reaches
-its matmuls, attention and target log-prob through a `StepKernels` (one per model): the fast mode (bf16 CPU weights
-prepacked for oneDNN, kernels/linear.py; the cascade attention) or the deterministic mode (the batch-invariant
-forms of kernels/batch_invariant.py) is chosen there, once, not in the model.
+its matmuls, attention and target log-prob through a `StepKernels` (one per model): the fast mode (CPU weights
+prepacked for oneDNN or the native panels, kernels/linear.py; the cascade attention) or the deterministic mode (the
+batch-invariant forms of kernels/batch_invariant.py, and the panels, whose rows are batch-invariant by
+construction) is chosen there, once, not in the model.
 
 Process settings are made by `configure_cpu` (called where the engine sets its thread count), never at import.
 """
@@ -27,8 +28,8 @@ import os
 
 import torch
 
-from . import batch_invariant, native_ops
-from .linear import linear as _packed_linear, prepack as _prepack
+from . import batch_invariant, linear as _linear_forms, native_ops
+from .linear import Panels, linear as _packed_linear, prepack as _prepack
 
 log = logging.getLogger("kernels")
 BACKENDS = ("auto", "torch", "triton", "native")
@@ -165,16 +166,30 @@ class StepKernels:
         self.deterministic = deterministic
         configure_cpu()
 
+    @staticmethod
+    def thread_invariant(dtype: torch.dtype, device) -> bool:
+        """Whether the deterministic mode's results are the same at any CPU thread count here: where its fp32 and
+        bf16 linears run on the native panels (AVX2 builds), each output one FMA chain whatever the thread
+        count; its attention computes each work item on one thread, the row-wise ops each row on one, and the
+        target log-prob's fixed [64 x 8192] fp32 tiles gave the same bits on 1 and 2 threads
+        (tests/test_deterministic.py checks whole jobs). Elsewhere the GEMM's split of a row tile changes with
+        the thread count, so the mode runs on a fixed one (Engine.load)."""
+        return torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16) \
+            and get_backend() in ("auto", "native") and _linear_forms.panels_available()
+
     def weight(self, w: torch.Tensor):
-        """The form of a linear weight that `linear` runs fastest in this mode (plain in the deterministic one):
-        fp32 CPU weights as the native op's panels where that was measured faster (kernels/linear.py), unless a
-        backend other than the native ops is forced."""
+        """The form of a linear weight that `linear` runs fastest in this mode: fp32 and bf16 CPU weights as the
+        native op's panels where that was measured faster (kernels/linear.py), unless a backend other than the
+        native ops is forced; otherwise oneDNN's packed copy in the fast mode, the plain weight in the
+        deterministic one (the panels' rows are batch-invariant by construction, oneDNN's are not)."""
+        panels = get_backend() in ("auto", "native")
         if self.deterministic:
-            return w
-        return _prepack(w, panels=get_backend() in ("auto", "native"))
+            packed = _prepack(w, panels=True) if panels else w
+            return packed if isinstance(packed, Panels) else w
+        return _prepack(w, panels=panels)
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.deterministic:
+        if self.deterministic and not isinstance(w, Panels):
             return batch_invariant.linear(x, w, bias)
         return _packed_linear(x, w, bias)
 

@@ -9,16 +9,21 @@ fp32 weights are packed too: F.linear runs MKL's sgemm for them, which packs the
 AVX2 EPYC (1 thread) oneDNN's packed kernel ran the LM head's 32 decode rows 1.66x faster, the MLP's 1.38x and
 1024-row chunks ~10% faster, equal to F.linear to fp32 rounding (not bitwise: another summation order).
 
-`prepack(w, panels=True)` (what the engine's fast mode asks for where the native library was built for AVX2, not
-AVX-512) packs an fp32 weight for the native op instead (kernels/native/linear.cpp, `Panels`): panels of 24
-output columns and a 4 x 24 register tile. On the AVX2 EPYC a decode step's 32 rows took 4-12% less time than with
-oneDNN's packed kernel at 1 thread and 7-25% less at 2, 1024-row chunks between 15% less and 2% more, and the engine's
-32-sequence decode ran 8.6% (1 thread) and 9.7% (2 threads) faster (benchmarks/RESULTS.md). Each output is one
-FMA chain over the inputs, so a row's result is the same whatever else the call holds. Where AVX-512 is built, oneDNN keeps the fp32 weights (the panels were not measured there).
-Other dtypes and devices keep the plain weight: the reference `linear_ref` (= F.linear) runs for them.
+`prepack(w, panels=True)` (what the engine asks for where the native library was built for AVX2, not AVX-512)
+packs an fp32 or bf16 weight for the native op instead (kernels/native/linear.cpp, `Panels`): panels of 24 output
+columns and a 4 x 24 register tile. fp32: on the AVX2 EPYC a decode step's 32 rows took 4-12% less time than with
+oneDNN's packed kernel at 1 thread and 7-25% less at 2, 1024-row chunks between 15% less and 2% more, and the
+engine's 32-sequence decode ran 8.6% (1 thread) and 9.7% (2 threads) faster. bf16: such a CPU has no bf16
+arithmetic (no avx512_bf16 or AMX) and torch's bf16 GEMM ran at 5-6 GFLOP/s there; the op widens each bf16 panel
+to fp32 (exact) and sums in fp32, rounding each output to bf16 once: 32-41 GFLOP/s at 32 and 1024 rows, and the
+ICQS-shaped job in bf16 took 5.8x less time (benchmarks/RESULTS.md). Each output is one FMA chain over the
+inputs, so a row's result is the same whatever else the call holds and on any thread count: the deterministic
+mode uses the panels too (kernels/dispatch.StepKernels). Where AVX-512 is built, oneDNN keeps the weights (the
+panels were not measured there). Other dtypes and devices keep the plain weight: the reference `linear_ref`
+(= F.linear) runs for them.
 
 A packed weight is opaque: only `linear` may use it (no slicing, no .T). The model keeps plain copies where
-other code reads the weight (the LM head in the fused target log-prob, the deterministic mode).
+other code reads the weight (the embedding and the LM head in the fused target log-prob).
 """
 from __future__ import annotations
 
@@ -40,8 +45,8 @@ class Packed:
 
 
 class Panels(Packed):
-    """An fp32 weight [N, K] as the native op's panels: `blocked` is [ceil(N / PANEL), K, PANEL], panel p holding
-    output columns p * PANEL .. (p + 1) * PANEL - 1 (zero rows past N)."""
+    """An fp32 or bf16 weight [N, K] as the native op's panels: `blocked` is [ceil(N / PANEL), K, PANEL] in the
+    weight's dtype, panel p holding output columns p * PANEL .. (p + 1) * PANEL - 1 (zero rows past N)."""
     __slots__ = ("out_features",)
 
     def __init__(self, weight: torch.Tensor):
@@ -53,8 +58,8 @@ class Panels(Packed):
 
 
 def panels_available() -> bool:
-    """Whether the native panel linear runs here and was measured faster than oneDNN: a native library built for
-    AVX2 (without AVX-512)."""
+    """Whether the native panel linear runs here and was measured faster than oneDNN (fp32) and torch (bf16): a
+    native library built for AVX2 (without AVX-512)."""
     return native_ops.load() and native_ops.simd() == "avx2"
 
 

@@ -1,7 +1,7 @@
 """The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
 Python functions with the signatures of their torch references: cascade and paged-prefill attention reading the
 KV cache in place (attention.cpp), RMSNorm, RoPE with the KV-cache store, SwiGLU and greedy decoding's
-argmax (pointwise.cpp); fp32 linear layers on packed weight panels (linear.cpp). `load()` is False when the
+argmax (pointwise.cpp); fp32 and bf16 linear layers on packed weight panels (linear.cpp). `load()` is False when the
 library is absent."""
 from __future__ import annotations
 
@@ -165,7 +165,8 @@ def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
 
 
 def linear_panels_native(x, panels, n: int, bias=None):
-    """F.linear(x [M, K] fp32, W, bias) for W [n, K] packed as kernels.linear.Panels (`panels` its tensor)."""
+    """F.linear(x [M, K], W, bias) for W [n, K] packed as kernels.linear.Panels (`panels` its tensor), x, W and
+    the bias all fp32 or all bf16 (summed in fp32, rounded to bf16 once)."""
     return _ops().linear_panels(x, panels, int(n), bias)
 
 

@@ -12,9 +12,10 @@ import random
 import pytest
 import torch
 
+import kernels.linear
 from engine import Engine
 from engine.loader import load_model_files
-from kernels import batch_invariant, native_ops
+from kernels import StepKernels, batch_invariant, native_ops
 from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
 from kernels.problems import cascade_problem
 
@@ -51,8 +52,19 @@ def token_logprobs(results):
     return [r.token_logprobs for r in results]
 
 
+@pytest.fixture(params=["panels", "row tiles"])
+def linear_form(request, monkeypatch):
+    """The deterministic mode's linears: the native panels (AVX2 builds) or F.linear on fixed row tiles (the
+    other builds; forced here by hiding the panels)."""
+    if request.param == "panels" and not kernels.linear.panels_available():
+        pytest.skip("the native panels run only in an AVX2 build of the library")
+    if request.param == "row tiles":
+        monkeypatch.setattr(kernels.linear, "panels_available", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-def test_scores_bitwise_independent_of_the_job(tiny, dtype):
+def test_scores_bitwise_independent_of_the_job(tiny, dtype, linear_form):
     targets, others = jobs(tiny[0].vocab_size)
     assert len(others) == 200
     alone = token_logprobs(engine(tiny, dtype).score(targets))
@@ -93,6 +105,44 @@ def test_sliding_window_scores_bitwise_independent_of_the_job(tiny_model_dirs, d
         back = {i: got[pos] for pos, i in enumerate(order)}
         assert token_logprobs([back[i] for i in range(8)]) == alone, f"budget {budget}"
     assert token_logprobs(engine(gemma, dtype).score(mixed, share_prefix=False)[:8]) == alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_scores_bitwise_the_same_at_any_thread_count_where_the_panels_run(tiny, dtype):
+    """Where StepKernels.thread_invariant says so (the linears on the panels), 1 and 2 threads give the same bits,
+    so Engine.load runs the mode on the machine's free cores instead of one."""
+    if not StepKernels.thread_invariant(dtype, "cpu"):
+        pytest.skip("the linears are not on the native panels in this build")
+    targets, others = jobs(tiny[0].vocab_size, seed=5)
+    job = targets + others[:60]
+    threads = torch.get_num_threads()
+    got = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got[n] = token_logprobs(engine(tiny, dtype, token_budget=97).score(job))
+    finally:
+        torch.set_num_threads(threads)
+    assert got[1] == got[2]
+
+
+def test_engine_load_fixes_one_thread_only_where_the_bits_depend_on_it(tiny_model_dir, monkeypatch):
+    import engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "default_threads", lambda: 2)
+    threads = torch.get_num_threads()
+    try:
+        Engine.load(str(tiny_model_dir), dtype="float32", deterministic=True, kv_tokens=1024)
+        assert torch.get_num_threads() == (2 if StepKernels.thread_invariant(torch.float32, "cpu") else 1)
+        monkeypatch.setattr(kernels.linear, "panels_available", lambda: False)
+        Engine.load(str(tiny_model_dir), dtype="float32", deterministic=True, kv_tokens=1024)
+        assert torch.get_num_threads() == 1
+        Engine.load(str(tiny_model_dir), dtype="float32", deterministic=True, kv_tokens=1024, threads=2)
+        assert torch.get_num_threads() == 2  # named threads are the user's choice
+        Engine.load(str(tiny_model_dir), dtype="float32", kv_tokens=1024)
+        assert torch.get_num_threads() == 2  # the fast mode: the free cores
+    finally:
+        torch.set_num_threads(threads)
 
 
 def interleaved(tiny, dtype, targets, others):

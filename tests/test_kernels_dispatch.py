@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+import kernels.linear
 from kernels import dispatch, native_ops
+from kernels.linear import Panels, linear, panels_available
 from kernels.rmsnorm import rms_norm_ref
 
 CPU = torch.device("cpu")
@@ -104,11 +106,17 @@ def test_forced_triton_on_cpu_asks_for_the_interpreter_instead_of_setting_it():
     assert run.returncode == 0, run.stderr[-2000:]
 
 
-def test_step_kernels_pick_the_mode_once():
+def test_step_kernels_pick_the_mode_once(monkeypatch):
     w = torch.randn(48, 40).bfloat16()
     x = torch.randn(5, 40).bfloat16()
     fast, det = kernels.StepKernels(False), kernels.StepKernels(True)
-    assert det.weight(w) is w  # the deterministic mode keeps plain weights (row tiles of F.linear)
+    if panels_available():  # both modes run the native panels (rows invariant by construction)
+        assert isinstance(fast.weight(w), Panels) and isinstance(det.weight(w), Panels)
+        assert torch.equal(det.linear(x, det.weight(w)), linear(x, Panels(w)))
+        torch.testing.assert_close(fast.linear(x, fast.weight(w)), F.linear(x, w), rtol=1e-2, atol=1e-2)
+    monkeypatch.setattr(kernels.linear, "panels_available", lambda: False)
+    assert det.weight(w) is w  # elsewhere the deterministic mode keeps plain weights (row tiles of F.linear)
+    assert not isinstance(fast.weight(w), Panels)
     assert torch.equal(fast.linear(x, fast.weight(w)), F.linear(x, w))
     assert torch.equal(det.linear(x, w), F.linear(x, w))
     assert fast.attention_plan([0, 2], torch.arange(2), torch.arange(2), []) is None
