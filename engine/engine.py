@@ -40,6 +40,12 @@ log = logging.getLogger("engine")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """A dtype given as a DTYPES name or as a torch.dtype."""
+    return DTYPES[dtype] if isinstance(dtype, str) else dtype
+
 RequestHandle = Request
 __all__ = ["Engine", "EngineOptions", "ScoreResult", "Generation", "TokenEvent", "RequestHandle", "default_threads"]
 
@@ -111,7 +117,7 @@ class Engine:
     def __init__(self, config: ModelConfig, weights: dict, tokenizer, dtype=torch.bfloat16, device="cpu",
                  **options):
         self.config, self.tokenizer, self.device = config, tokenizer, torch.device(device)
-        self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+        self.dtype = torch_dtype(dtype)
         self.options = EngineOptions.checked(**options)
         self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic)
         pages = -(-self.options.kv_tokens // self.options.page_size)
@@ -140,8 +146,7 @@ class Engine:
             raise UserError(f"threads must be a positive integer, got {threads!r}")
         opts = EngineOptions.checked(**options)  # before the (slow) model load
         # deterministic mode: a fixed thread count where the GEMM's split of a row tile changes with it
-        fixed = options.get("deterministic") and not kernels.StepKernels.thread_invariant(
-            DTYPES[dtype] if isinstance(dtype, str) else dtype, device)
+        fixed = options.get("deterministic") and not kernels.StepKernels.thread_invariant(torch_dtype(dtype), device)
         threads = threads or (1 if fixed else default_threads())
         torch.set_num_threads(threads)
         log.info("engine: %d CPU thread(s)", threads)

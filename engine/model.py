@@ -12,9 +12,10 @@ rows that are asked for leave the last layer: its attention output, o-projection
 (the others' K/V are all the cache needs from it), and the LM head never runs on the others.
 
 Deterministic mode (`deterministic=True`): every matmul, the attention and the target log-prob take their
-batch-invariant forms (kernels/batch_invariant.py; the linears the native panels where they run), so a row's result is bitwise the same whatever else the step
-holds, however the prefix tree is cut and whatever the token budget. The mode is chosen once, in the kernels'
-dispatch (`kernels.StepKernels`); the model calls the kernels only through their dispatch entry points."""
+batch-invariant forms (kernels/batch_invariant.py; the linears the native panels where they run), so a row's
+result is bitwise the same whatever else the step holds, however the prefix tree is cut and whatever the token
+budget. The mode is chosen once, in the kernels' dispatch (`kernels.StepKernels`); the model calls the kernels
+only through their dispatch entry points."""
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -153,6 +153,11 @@ def configure_cpu(threads: int | None = None) -> None:
         torch.set_num_threads(threads)
 
 
+def _panels_run(dtype: torch.dtype, device) -> bool:
+    """Whether the linears of this dtype and device run on the native panels (unless another backend is forced)."""
+    return get_backend() in ("auto", "native") and _linear_forms.panels_for(dtype, device)
+
+
 class StepKernels:
     """The matmuls, attention and target log-prob of one model, in its mode, chosen here once:
 
@@ -174,19 +179,16 @@ class StepKernels:
         target log-prob's fixed [64 x 8192] fp32 tiles gave the same bits on 1 and 2 threads
         (tests/test_deterministic.py checks whole jobs). Elsewhere the GEMM's split of a row tile changes with
         the thread count, so the mode runs on a fixed one (Engine.load)."""
-        return torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16) \
-            and get_backend() in ("auto", "native") and _linear_forms.panels_available()
+        return _panels_run(dtype, device)
 
     def weight(self, w: torch.Tensor):
         """The form of a linear weight that `linear` runs fastest in this mode: fp32 and bf16 CPU weights as the
         native op's panels where that was measured faster (kernels/linear.py), unless a backend other than the
         native ops is forced; otherwise oneDNN's packed copy in the fast mode, the plain weight in the
         deterministic one (the panels' rows are batch-invariant by construction, oneDNN's are not)."""
-        panels = get_backend() in ("auto", "native")
-        if self.deterministic:
-            packed = _prepack(w, panels=True) if panels else w
-            return packed if isinstance(packed, Panels) else w
-        return _prepack(w, panels=panels)
+        if self.deterministic:  # the panels or the plain weight (prepack's probe may refuse the panels)
+            return _prepack(w, panels=True) if _panels_run(w.dtype, w.device) else w
+        return _prepack(w, panels=get_backend() in ("auto", "native"))
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.deterministic and not isinstance(w, Panels):

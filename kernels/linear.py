@@ -63,11 +63,16 @@ def panels_available() -> bool:
     return native_ops.load() and native_ops.simd() == "avx2"
 
 
+def panels_for(dtype: torch.dtype, device) -> bool:
+    """Whether prepack(panels=True) packs weights of this dtype on this device as Panels."""
+    return torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16) and panels_available()
+
+
 def _pack(weight: torch.Tensor, rows_hint: int, panels: bool):
     """The packed form prepack() tries for `weight`, or None where it keeps the plain weight."""
     if weight.device.type != "cpu":
         return None
-    if panels and weight.dtype in (torch.float32, torch.bfloat16) and weight.dim() == 2 and panels_available():
+    if panels and weight.dim() == 2 and panels_for(weight.dtype, weight.device):
         return Panels(weight)
     if weight.dtype in (torch.bfloat16, torch.float32) and torch.backends.mkldnn.is_available() \
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):

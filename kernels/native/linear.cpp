@@ -27,6 +27,8 @@
 #include <immintrin.h>
 #endif
 
+#include "vec16.h"
+
 namespace icqs {
 namespace {
 
@@ -97,15 +99,6 @@ void panel_rows(const float* x, int64_t K, const float* panel, const float* bias
     default: break;
   }
 }
-
-// A bf16 panel [K, kPanel] widened to fp32 (exact: a bf16 is the high half of an fp32).
-void widen_panel(const c10::BFloat16* src, int64_t K, float* dst) {
-  const auto* s = reinterpret_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < K * kPanel; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
-}
 #endif
 
 at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t n,
@@ -143,7 +136,8 @@ at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t 
       std::vector<float> wide(bf16 ? K * kPanel : 0);  // this thread's panel in fp32
       for (int64_t p = p0; p < p1; ++p) {
         const char* src = wp + p * panel_bytes;
-        if (bf16) widen_panel(reinterpret_cast<const c10::BFloat16*>(src), K, wide.data());
+        if (bf16)  // exact: a bf16 is the high half of an fp32
+          to_float(reinterpret_cast<const c10::BFloat16*>(src), wide.data(), int(K * kPanel));
         panel_rows(xp, K, bf16 ? wide.data() : reinterpret_cast<const float*>(src),
                    bias_pad.empty() ? nullptr : bias_pad.data() + p * kPanel, yp, n, p, r0, r1,
                    p + 1 < p1 ? src + panel_bytes : nullptr, step);
