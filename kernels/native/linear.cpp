@@ -2,8 +2,9 @@
 // y[M, N] = x[M, K] . W[N, K]^T (+ bias), with W packed once at load into panels of kPanel output columns,
 // [P, K, kPanel] (P = ceil(N / kPanel), the last panel zero-padded; kernels/linear.py packs it with torch).
 // fp32 or bf16 (x, W and the bias in one dtype); bf16 panels are widened to fp32 a panel at a time into a
-// buffer in L2 and every product is summed in fp32, the output rounded to bf16 once: on a CPU without
-// avx512_bf16, torch's bf16 GEMM is emulated and ran at ~1/7 of the fp32 rate (benchmarks/RESULTS.md).
+// buffer in L2 (x a block of rows at a time) and every product is summed in fp32, the output rounded to bf16
+// once as the tile is stored: on a CPU without avx512_bf16, torch's bf16 GEMM is emulated and ran at ~1/7 of
+// the fp32 rate (benchmarks/RESULTS.md).
 //
 // The micro-kernel keeps a 4-row x 24-column tile of y in 12 AVX2 registers and runs over K: per k, three
 // loads of the panel's row and four broadcasts of x feed 12 FMAs, so it is bound by the FMA unit. A panel is
@@ -40,9 +41,13 @@ constexpr int64_t kRowBlock = 256;  // rows of x per pass over the panels (a blo
 // a panel to prefetch meanwhile, `next_step` bytes per k (a decode step reads every weight from memory once:
 // prefetching the next panel while this one's first tile runs took a DRAM-resident MLP weight from 37-39 to
 // 40-41 GFLOP/s).
+// y is fp32 or bf16 (each output rounded once, from the register).
 // The accumulators are named variables: an array of them is spilled to the stack on every iteration by GCC.
-template <int MR>
-inline void tile(const float* x, int64_t ldx, const float* panel, int64_t K, const float* bias, float* y,
+inline void store8(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
+inline void store8(c10::BFloat16* y, __m256 v) { store_bf16x8(v, y); }
+
+template <int MR, typename TY>
+inline void tile(const float* x, int64_t ldx, const float* panel, int64_t K, const float* bias, TY* y,
                  int64_t ldy, const char* next, int64_t next_step) {
   const __m256 z0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
   const __m256 z1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
@@ -71,24 +76,27 @@ inline void tile(const float* x, int64_t ldx, const float* panel, int64_t K, con
       c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31), c32 = _mm256_fmadd_ps(a, b2, c32);
     }
   }
-  _mm256_storeu_ps(y, c00), _mm256_storeu_ps(y + 8, c01), _mm256_storeu_ps(y + 16, c02);
-  if constexpr (MR > 1) y += ldy, _mm256_storeu_ps(y, c10), _mm256_storeu_ps(y + 8, c11), _mm256_storeu_ps(y + 16, c12);
-  if constexpr (MR > 2) y += ldy, _mm256_storeu_ps(y, c20), _mm256_storeu_ps(y + 8, c21), _mm256_storeu_ps(y + 16, c22);
-  if constexpr (MR > 3) y += ldy, _mm256_storeu_ps(y, c30), _mm256_storeu_ps(y + 8, c31), _mm256_storeu_ps(y + 16, c32);
+  store8(y, c00), store8(y + 8, c01), store8(y + 16, c02);
+  if constexpr (MR > 1) y += ldy, store8(y, c10), store8(y + 8, c11), store8(y + 16, c12);
+  if constexpr (MR > 2) y += ldy, store8(y, c20), store8(y + 8, c21), store8(y + 16, c22);
+  if constexpr (MR > 3) y += ldy, store8(y, c30), store8(y + 8, c31), store8(y + 16, c32);
 }
 
 // Rows [r0, r1) of y against panel p: whole 4-row tiles, then the rest; a partial last panel through a buffer.
 // The first tile prefetches `next` (the panel this thread runs after p, or null; `next_step` bytes per k).
-void panel_rows(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t N, int64_t p,
+// x holds rows r0 .. r1 - 1 (row r at x + (r - r0) * K).
+template <typename TY>
+void panel_rows(const float* x, int64_t K, const float* panel, const float* bias, TY* y, int64_t N, int64_t p,
                 int64_t r0, int64_t r1, const char* next, int64_t next_step) {
   const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
-  alignas(32) float buf[4 * kPanel];
+  alignas(32) TY buf[4 * kPanel];
   const auto run = [&](auto mr, int64_t r) {
     constexpr int MR = decltype(mr)::value;
     const char* pf = r == r0 ? next : nullptr;
-    if (width == kPanel) return tile<MR>(x + r * K, K, panel, K, bias, y + r * N + n0, N, pf, next_step);
-    tile<MR>(x + r * K, K, panel, K, bias, buf, kPanel, pf, next_step);
-    for (int i = 0; i < MR; ++i) std::memcpy(y + (r + i) * N + n0, buf + i * kPanel, width * sizeof(float));
+    const float* xr = x + (r - r0) * K;
+    if (width == kPanel) return tile<MR>(xr, K, panel, K, bias, y + r * N + n0, N, pf, next_step);
+    tile<MR>(xr, K, panel, K, bias, buf, kPanel, pf, next_step);
+    for (int i = 0; i < MR; ++i) std::memcpy(y + (r + i) * N + n0, buf + i * kPanel, width * sizeof(TY));
   };
   int64_t r = r0;
   for (; r + 4 <= r1; r += 4) run(std::integral_constant<int, 4>{}, r);
@@ -114,10 +122,10 @@ at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t 
   TORCH_CHECK(n > (P - 1) * kPanel && n <= P * kPanel, "linear_panels: ", n, " output features do not fit ", P,
               " panels");
   const bool bf16 = dtype == at::kBFloat16;
-  const at::Tensor xc = bf16 ? x.to(at::kFloat).contiguous() : x.contiguous();  // bf16 -> fp32 is exact
+  const at::Tensor xc = x.contiguous();
   const int64_t M = xc.size(0);
-  at::Tensor y = at::empty({M, n}, xc.options());
-  if (M == 0 || n == 0) return bf16 ? y.to(dtype) : y;
+  at::Tensor y = at::empty({M, n}, xc.options());  // in the input's dtype: bf16 outputs are rounded in the tile
+  if (M == 0 || n == 0) return y;
   std::vector<float> bias_pad;  // fp32, zero-padded to whole panels
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == dtype && bias->dim() == 1 && bias->size(0) == n,
@@ -126,25 +134,38 @@ at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t 
     bias_pad.assign(P * kPanel, 0.f);
     std::memcpy(bias_pad.data(), b.data_ptr<float>(), n * sizeof(float));
   }
-  const float* xp = xc.data_ptr<float>();
   const char* wp = static_cast<const char*>(panels.data_ptr());
   const int64_t panel_bytes = K * kPanel * panels.element_size(), step = kPanel * panels.element_size();
-  float* yp = y.data_ptr<float>();
-  for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
-    const int64_t r1 = std::min(M, r0 + kRowBlock);
-    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-      std::vector<float> wide(bf16 ? K * kPanel : 0);  // this thread's panel in fp32
-      for (int64_t p = p0; p < p1; ++p) {
-        const char* src = wp + p * panel_bytes;
-        if (bf16)  // exact: a bf16 is the high half of an fp32
-          to_float(reinterpret_cast<const c10::BFloat16*>(src), wide.data(), int(K * kPanel));
-        panel_rows(xp, K, bf16 ? wide.data() : reinterpret_cast<const float*>(src),
-                   bias_pad.empty() ? nullptr : bias_pad.data() + p * kPanel, yp, n, p, r0, r1,
-                   p + 1 < p1 ? src + panel_bytes : nullptr, step);
+  // bf16: a block of x widened to fp32 (exact) once, read by every thread's panels
+  std::vector<float> xwide(bf16 ? std::min(M, kRowBlock) * K : 0);
+  const auto run = [&](auto* yp) {
+    for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
+      const int64_t r1 = std::min(M, r0 + kRowBlock);
+      const float* xp = xwide.data();
+      if (bf16) {
+        const auto* src = xc.data_ptr<c10::BFloat16>();
+        at::parallel_for(r0, r1, 16, [&](int64_t a, int64_t b) {
+          to_float(src + a * K, xwide.data() + (a - r0) * K, int((b - a) * K));
+        });
+      } else {
+        xp = xc.data_ptr<float>() + r0 * K;
       }
-    });
-  }
-  return bf16 ? y.to(dtype) : y;  // one rounding per output, to nearest even
+      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+        std::vector<float> wide(bf16 ? K * kPanel : 0);  // this thread's panel in fp32
+        for (int64_t p = p0; p < p1; ++p) {
+          const char* src = wp + p * panel_bytes;
+          if (bf16)  // exact: a bf16 is the high half of an fp32
+            to_float(reinterpret_cast<const c10::BFloat16*>(src), wide.data(), int(K * kPanel));
+          panel_rows(xp, K, bf16 ? wide.data() : reinterpret_cast<const float*>(src),
+                     bias_pad.empty() ? nullptr : bias_pad.data() + p * kPanel, yp, n, p, r0, r1,
+                     p + 1 < p1 ? src + panel_bytes : nullptr, step);
+        }
+      });
+    }
+  };
+  if (bf16) run(y.data_ptr<c10::BFloat16>());
+  else run(y.data_ptr<float>());
+  return y;
 #else
   TORCH_CHECK(false, "linear_panels: this build has no AVX2 + FMA");
 #endif

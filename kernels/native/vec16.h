@@ -191,18 +191,11 @@ inline V16 round_as(V16 x) {
 template <>
 inline V16 round_as<float>(V16 x) { return x; }
 
-#if defined(ICQS_VEC16_AVX2)
+#if defined(__AVX2__) && defined(__FMA__)
+// 8-lane helpers, also used by the AVX2 linear of an AVX-512 build (linear.cpp).
 // 8 bf16 -> 8 fp32 (the bits shifted into the upper half)
 inline __m256 bf16x8_to_float(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-template <>
-inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, bf16x8_to_float(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
 // round to nearest even at bf16 precision; NaNs pass through (as the AVX-512 form)
@@ -212,6 +205,24 @@ inline __m256 round_bf16_8(__m256 x) {
   __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
   r = _mm256_and_si256(r, _mm256_set1_epi32(int(0xFFFF0000u)));
   return _mm256_blendv_ps(_mm256_castsi256_ps(r), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// 8 fp32 -> 8 bf16 (rounded to nearest even) at dst
+inline void store_bf16x8(__m256 x, c10::BFloat16* dst) {
+  const __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(round_bf16_8(x)), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                   _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+}
+#endif
+
+#if defined(ICQS_VEC16_AVX2)
+
+template <>
+inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, bf16x8_to_float(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
 template <>
