@@ -67,8 +67,9 @@ def op_cases(dtype):
     yield "silu_and_mul", f"{T} x 2*{INTER}", dict(gate_up=rand(T, 2 * INTER))
     # LM-head scale of a trained model (logits with std ~3): random unit weights would push exp() into denormals
     lm_head = rand(VOCAB, HIDDEN) * 0.12
-    yield "target_logprobs", f"64 rows x vocab {VOCAB}", dict(hidden=rand(64, HIDDEN), weight=lm_head,
-                                                              targets=torch.randint(0, VOCAB, (64,), generator=g))
+    for n in (64, 4):  # a scoring step's rows: a few for the ICQS job's short candidates
+        yield "target_logprobs", f"{n} rows x vocab {VOCAB}", dict(
+            hidden=rand(n, HIDDEN), weight=lm_head, targets=torch.randint(0, VOCAB, (n,), generator=g))
     yield "greedy_logprobs", f"a decode step's 32 rows of logits x vocab {VOCAB}", dict(logits=rand(32, VOCAB) * 3)
 
 

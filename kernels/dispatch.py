@@ -3,7 +3,8 @@
 Backends (env ENGINE_KERNELS, or set_backend()):
   auto    CUDA tensors -> Triton. CPU tensors -> the path measured faster on the CPU by
           benchmarks/bench_kernels.py: the native ops (kernels/native, C++/OpenMP) where the library is built and
-          the op is in CPU_NATIVE_OPS, the torch references for the others (the target log-prob).
+          the op is in CPU_NATIVE_OPS (or CPU_NATIVE_AVX2_OPS, on an AVX2 build), the torch references for
+          the others.
           Without the library, the torch references, and a warning says so once.
   torch   the torch references (*_ref) everywhere.
   triton  the Triton kernels everywhere; on a CPU this is the Triton interpreter, which needs TRITON_INTERPRET=1
@@ -48,15 +49,18 @@ IMPLS = {
     "segment_attention_merge": {"torch": "attention:segment_attention_merge_ref",
                                 "triton": "attention_triton:segment_attention_merge_triton",
                                 "native": "native_ops:segment_attention_merge_native"},
-    "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton"},
+    "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton",
+                        "native": "native_ops:target_logprobs_native"},
     "greedy_logprobs": {"torch": "logprob:greedy_logprobs_ref", "native": "native_ops:greedy_logprobs_native"},
 }
 ENGINE_OPS = ("rms_norm", "rope_store_kv", "silu_and_mul", "cascade_attention", "segment_attention_merge",
               "target_logprobs", "greedy_logprobs")
 # Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
-# shapes). target_logprobs (matmul-bound) has no native version.
+# shapes), and those measured so only in a library built for AVX2 without AVX-512 (kernels/linear.panels_available):
+# the target log-prob's fused LM head (on an AVX-512 build torch's own fp32 GEMM is twice as wide; not measured).
 CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "rms_norm", "rope_store_kv",
                             "silu_and_mul", "greedy_logprobs"})
+CPU_NATIVE_AVX2_OPS = frozenset({"target_logprobs"})
 
 _state = {"backend": None}
 _chosen: dict[tuple[str, str, str], object] = {}
@@ -92,6 +96,9 @@ def _pick(op: str, device: torch.device, backend: str) -> tuple[str, str]:
     if backend == "auto":
         if device.type == "cuda":
             return ("triton", "CUDA") if "triton" in impls else ("torch", "no Triton kernel for this op")
+        if op in CPU_NATIVE_AVX2_OPS:
+            return ("native", "measured faster on an AVX2 build") if _linear_forms.panels_available() else \
+                ("torch", "no faster CPU path measured for this build")
         if op in CPU_NATIVE_OPS:
             if native_ops.load():
                 return "native", f"measured faster on CPU ({native_ops.LIB_DIR.name}/libicqs_native.so)"
@@ -176,8 +183,9 @@ class StepKernels:
         """Whether the deterministic mode's results are the same at any CPU thread count here: where its fp32 and
         bf16 linears run on the native panels (AVX2 builds), each output one FMA chain whatever the thread
         count; its attention computes each work item on one thread, the row-wise ops each row on one, and the
-        target log-prob's fixed [64 x 8192] fp32 tiles gave the same bits on 1 and 2 threads
-        (tests/test_deterministic.py checks whole jobs). Elsewhere the GEMM's split of a row tile changes with
+        target log-prob (the native op there) merges fixed vocabulary chunks in order; its top-k form's fixed
+        [64 x 8192] fp32 tiles gave the same bits on 1 and 2 threads (tests/test_deterministic.py checks whole
+        jobs). Elsewhere the GEMM's split of a row tile changes with
         the thread count, so the mode runs on a fixed one (Engine.load)."""
         return _panels_run(dtype, device)
 
@@ -216,9 +224,13 @@ class StepKernels:
         return _packed_linear(hidden, head)
 
     def target_logprobs(self, hidden, weight, targets, top_k=0):
-        if self.deterministic:
+        """The fused LM head and target log-prob: in the deterministic mode the batch-invariant form, unless the
+        native op runs (a row's result there is the same whatever the other rows, by construction)."""
+        fn = resolve("target_logprobs", hidden.device)
+        if self.deterministic and not (fn is native_ops.target_logprobs_native
+                                       and native_ops.target_logprobs_native_runs(hidden, weight, top_k)):
             return batch_invariant.target_logprobs(hidden, weight, targets, top_k)
-        return target_logprobs(hidden, weight, targets, top_k)
+        return fn(hidden, weight, targets, top_k)
 
 
 def rms_norm(x, weight, eps, residual=None):

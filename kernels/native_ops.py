@@ -1,8 +1,8 @@
 """The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
 Python functions with the signatures of their torch references: cascade and paged-prefill attention reading the
 KV cache in place (attention.cpp), RMSNorm, RoPE with the KV-cache store, SwiGLU and greedy decoding's
-argmax (pointwise.cpp); fp32 and bf16 linear layers on packed weight panels (linear.cpp). `load()` is False when the
-library is absent."""
+argmax (pointwise.cpp); fp32 and bf16 linear layers on packed weight panels, and the LM head fused with the log-softmax
+of each row's target (linear.cpp). `load()` is False when the library is absent."""
 from __future__ import annotations
 
 import functools
@@ -168,6 +168,22 @@ def linear_panels_native(x, panels, n: int, bias=None):
     """F.linear(x [M, K], W, bias) for W [n, K] packed as kernels.linear.Panels (`panels` its tensor), x, W and
     the bias all fp32 or all bf16 (summed in fp32, rounded to bf16 once)."""
     return _ops().linear_panels(x, panels, int(n), bias)
+
+
+def target_logprobs_native_runs(hidden, weight, top_k: int = 0) -> bool:
+    """Whether target_logprobs_native runs the native op for these arguments (else the torch reference)."""
+    return top_k == 0 and hidden.dtype in (torch.float32, torch.bfloat16) and weight.dtype == hidden.dtype
+
+
+def target_logprobs_native(hidden, weight, targets, top_k: int = 0):
+    """Contract of logprob.target_logprobs_ref: the LM head fused with the log-softmax of each row's target
+    (linear.cpp), fp32 logits summed in a fixed order per row, so a row's result does not depend on the other
+    rows or the thread count. The top k and dtypes other than fp32 and bf16 go to the reference."""
+    if not target_logprobs_native_runs(hidden, weight, top_k):
+        from .logprob import target_logprobs_ref
+
+        return target_logprobs_ref(hidden, weight, targets, top_k)
+    return _ops().target_logprobs(hidden, weight, targets)
 
 
 def rms_norm_native(x, weight, eps, residual=None):

@@ -52,11 +52,23 @@ def test_cpu_default_is_native_where_measured_faster(caplog):
         pytest.skip("native library not built")
     caplog.set_level(logging.INFO, logger="kernels")
     for op in dispatch.IMPLS:
-        expected = "native" if op in dispatch.CPU_NATIVE_OPS else "torch"
+        native = op in dispatch.CPU_NATIVE_OPS or (op in dispatch.CPU_NATIVE_AVX2_OPS and panels_available())
+        expected = "native" if native else "torch"
         assert dispatch.resolve(op, CPU).__module__ == f"kernels.{dispatch.IMPLS[op][expected].split(':')[0]}"
     assert "kernels: cascade_attention on cpu -> native" in caplog.text
-    assert "kernels: target_logprobs on cpu -> torch" in caplog.text
+    head = "native" if panels_available() else "torch"
+    assert f"kernels: target_logprobs on cpu -> {head}" in caplog.text
     assert kernels.describe("cpu").startswith("auto on cpu:")
+
+
+def test_fused_lm_head_is_native_only_on_avx2_builds(monkeypatch):
+    if not native_ops.load():
+        pytest.skip("native library not built")
+    monkeypatch.setattr(kernels.linear, "panels_available", lambda: False)  # e.g. an AVX-512 build
+    assert dispatch.resolve("target_logprobs", CPU).__name__ == "target_logprobs_ref"
+    kernels.set_backend(None)
+    monkeypatch.setattr(kernels.linear, "panels_available", lambda: True)
+    assert dispatch.resolve("target_logprobs", CPU).__name__ == "target_logprobs_native"
 
 
 def test_missing_native_library_falls_back_with_one_warning(monkeypatch, caplog):
@@ -70,9 +82,21 @@ def test_missing_native_library_falls_back_with_one_warning(monkeypatch, caplog)
         dispatch.resolve("cascade_attention", CPU)
 
 
-def test_forced_native_uses_references_for_ops_without_native_version():
+def test_forced_native_target_logprobs_hands_what_it_lacks_to_the_reference():
+    if not native_ops.load():
+        pytest.skip("native library not built")
+    from kernels.logprob import target_logprobs_ref
+
     kernels.set_backend("native")
-    assert dispatch.resolve("target_logprobs", CPU).__name__ == "target_logprobs_ref"
+    fn = dispatch.resolve("target_logprobs", CPU)
+    assert fn is native_ops.target_logprobs_native
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(5, 24, generator=g), torch.randn(70, 24, generator=g)
+    t = torch.randint(0, 70, (5,), generator=g)
+    for got, want in zip(fn(h, w, t, 3), target_logprobs_ref(h, w, t, 3)):  # the top k: the reference itself
+        assert torch.equal(got, want)
+    for got, want in zip(fn(h.half(), w.half(), t), target_logprobs_ref(h.half(), w.half(), t)):  # fp16 too
+        assert torch.equal(got, want)
 
 
 def test_entry_points_follow_the_backend():

@@ -1,6 +1,7 @@
 """The native CPU ops (kernels/native, built by `pip install` through CMakeLists.txt) against the torch references:
 attention in fp32 to 1e-5 and in bf16 against the fp32 reference on the same (bf16-rounded) inputs; the row-wise
-ops (RMSNorm, RoPE with the KV store, SwiGLU) in fp32 and bf16.
+ops (RMSNorm, RoPE with the KV store, SwiGLU, greedy decoding's argmax) and the LM head fused with the target's
+log-softmax in fp32 and bf16.
 
 The library must be built; set ICQS_NO_NATIVE=1 to skip these tests on a machine without a C++ toolchain."""
 import os
@@ -291,6 +292,70 @@ def test_greedy_logprobs(dtype, V):
     if V > 20:
         assert tokens[2] == 7 and tokens[4] == V - 1
     torch.testing.assert_close(logprobs, ref_logprobs, atol=2e-6, rtol=1e-6)
+
+
+needs_avx2 = pytest.mark.skipif(not (native_ops.load() and native_ops.simd() != "none"),
+                                reason="the fused LM head needs an AVX2 build")
+
+
+@needs_avx2
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V,K", [(1, 64), (17, 20), (4096, 64), (9001, 36), (49152, 576)])
+def test_target_logprobs_fused_head(dtype, V, K):
+    """The LM head fused with the target's log-softmax against the reference (an fp32 product of the same
+    inputs): log-probs to fp32 rounding, is_greedy exactly (ties and the largest logit as the target included);
+    vocabularies of one chunk, several (4096 rows each) and a partial one, K not a multiple of 8."""
+    from kernels.logprob import target_logprobs_ref
+    n = 9
+    h = randn(n, K, dtype=torch.float32, seed=1).to(dtype)
+    w = (randn(V, K, dtype=torch.float32, seed=2) * (0.3 if K > 100 else 1)).to(dtype)
+    t = torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(3))
+    logits = h.float() @ w.float().T
+    t[0] = logits[0].argmax()  # greedy
+    t[1] = logits[1].argmin()  # not greedy (unless V == 1)
+    lp, greedy = native_ops.target_logprobs_native(h, w, t)
+    ref_lp, ref_greedy = target_logprobs_ref(h, w, t)
+    assert lp.dtype == torch.float32 and greedy.dtype == torch.bool
+    assert torch.equal(greedy, ref_greedy) and bool(greedy[0])
+    torch.testing.assert_close(lp, ref_lp, atol=2e-5, rtol=1e-5)
+    if V == 1:
+        assert torch.equal(lp, torch.zeros(n))
+
+
+@needs_avx2
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_target_logprobs_rows_and_threads_do_not_change_the_bits(dtype):
+    """A row's log-prob is bitwise the same alone, at any place among other rows (the 4-row register blocks and
+    their tails) and at 1 or 2 threads (fixed vocabulary chunks merged in order): the deterministic mode uses
+    the op as it is."""
+    h = randn(11, 64, dtype=torch.float32, seed=4).to(dtype)
+    w = randn(10000, 64, dtype=torch.float32, seed=5).to(dtype)
+    t = torch.randint(0, 10000, (11,), generator=torch.Generator().manual_seed(6))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, _ = native_ops.target_logprobs_native(h, w, t)
+        torch.set_num_threads(2)
+        two, _ = native_ops.target_logprobs_native(h, w, t)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    for lo, hi in [(0, 1), (3, 4), (5, 11), (2, 9), (10, 11)]:
+        part, _ = native_ops.target_logprobs_native(h[lo:hi], w, t[lo:hi])
+        assert torch.equal(part, one[lo:hi]), (lo, hi)
+    empty, greedy = native_ops.target_logprobs_native(h[:0], w, t[:0])
+    assert empty.shape == (0,) and greedy.shape == (0,)
+
+
+@needs_avx2
+def test_target_logprobs_rejects_bad_arguments():
+    h, w = torch.randn(2, 8), torch.randn(5, 8)
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        native_ops.target_logprobs_native(h, w, torch.tensor([0, 5]))
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        torch.ops.icqs_native.target_logprobs(h.bfloat16(), w, torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="int64"):
+        native_ops.target_logprobs_native(h, w, torch.tensor([0, 1], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,4 +1,6 @@
-// Linear layers for AVX2 CPUs, registered as the torch op `icqs_native::linear_panels`:
+// Linear layers for AVX2 CPUs, registered as the torch ops `icqs_native::linear_panels` and (the LM head fused
+// with the log-softmax of each row's target, below) `icqs_native::target_logprobs`.
+// linear_panels:
 // y[M, N] = x[M, K] . W[N, K]^T (+ bias), with W packed once at load into panels of kPanel output columns,
 // [P, K, kPanel] (P = ceil(N / kPanel), the last panel zero-padded; kernels/linear.py packs it with torch).
 // fp32 or bf16 (x, W and the bias in one dtype); bf16 panels are widened to fp32 a panel at a time into a
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -171,6 +174,180 @@ at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t 
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr float kLog2eF = 1.4426950408889634f;
+constexpr int64_t kVocabChunk = 4096;  // vocabulary rows per work item, fixed (the merge order does not move)
+constexpr int64_t kLogitBlock = 256;   // logits of a row gathered before they are folded into its log-sum-exp
+constexpr int64_t kWideRows = 6;       // vocabulary rows widened to fp32 at a time (L1-resident)
+
+// The sums of the 8 lanes of each of a0 .. a7, lane i of the result a_i's: every accumulator through the same
+// tree, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), whatever it holds.
+inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// logits of MR rows of h x 3 rows of w (fp32, Kp a multiple of 8, zero padded): each one FMA chain per lane over
+// k, then hsum8x8 (the same tree for every logit); o[3 i + j] is row i's logit of w row j.
+template <int MR>
+inline void dot_rows(const float* h, int64_t Kp, const float* w0, float* o) {
+  const float* w1 = w0 + Kp;
+  const float* w2 = w1 + Kp;
+  const __m256 z = _mm256_setzero_ps();
+  __m256 c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z, c20 = z, c21 = z, c22 = z, c30 = z, c31 = z, c32 = z;
+  for (int64_t k = 0; k < Kp; k += 8) {
+    const __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k), b2 = _mm256_loadu_ps(w2 + k);
+    __m256 a = _mm256_loadu_ps(h + k);
+    c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01), c02 = _mm256_fmadd_ps(a, b2, c02);
+    if constexpr (MR > 1) {
+      a = _mm256_loadu_ps(h + Kp + k);
+      c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11), c12 = _mm256_fmadd_ps(a, b2, c12);
+    }
+    if constexpr (MR > 2) {
+      a = _mm256_loadu_ps(h + 2 * Kp + k);
+      c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21), c22 = _mm256_fmadd_ps(a, b2, c22);
+    }
+    if constexpr (MR > 3) {
+      a = _mm256_loadu_ps(h + 3 * Kp + k);
+      c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31), c32 = _mm256_fmadd_ps(a, b2, c32);
+    }
+  }
+  _mm256_storeu_ps(o, hsum8x8(c00, c01, c02, c10, c11, c12, c20, c21));
+  if constexpr (MR > 2) _mm256_storeu_ps(o + 8, hsum8x8(c22, c30, c31, c32, z, z, z, z));
+}
+
+// One row's log-sum-exp over a vocabulary range so far: the largest logit m and sum exp(logit - m).
+struct Lse {
+  float m = kNegInf, s = 0.f;
+  // folds in n logits in a fixed order (sums of 2^((l - m) log2 e))
+  void add(const float* l, int64_t n) {
+    V16 vm = V16::set1(kNegInf);
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const int c = int(std::min<int64_t>(kLanes, n - j));
+      vm = vm.max(load_as_float(l + j, c).keep_first(c));
+    }
+    const float mnew = std::max(m, vm.max());
+    const V16 vmax = V16::set1(mnew), l2e = V16::set1(kLog2eF);
+    V16 sum = V16::zero();
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const int c = int(std::min<int64_t>(kLanes, n - j));
+      sum = sum + ((load_as_float(l + j, c) - vmax) * l2e).keep_first(c).exp2();
+    }
+    s = (m == kNegInf ? 0.f : s * std::exp2((m - mnew) * kLog2eF)) + sum.sum();
+    m = mnew;
+  }
+};
+
+// h [N, Kp] fp32 against vocabulary rows [v0, v1) of w (T = fp32 or bf16, [V, K]): the logits of every row, a
+// block of kLogitBlock at a time in lg ([N, kLogitBlock]), folded into st[r]; the target's logit into tgt[r].
+template <typename T>
+void head_chunk(const float* h, int64_t N, int64_t K, int64_t Kp, const T* w, int64_t v0, int64_t v1,
+                const int64_t* targets, Lse* st, float* tgt, float* lg, float* wide) {
+  for (int64_t b0 = v0; b0 < v1; b0 += kLogitBlock) {
+    const int64_t nb = std::min(kLogitBlock, v1 - b0);
+    for (int64_t s0 = 0; s0 < nb; s0 += kWideRows) {
+      const int64_t ns = std::min(kWideRows, nb - s0);
+      const float* rows = wide;  // kWideRows rows Kp apart; fp32 rows of a whole Kp are read in place
+      if constexpr (std::is_same_v<T, float>) {
+        if (K == Kp && ns == kWideRows) rows = w + (b0 + s0) * K;
+      }
+      for (int64_t j = 0; rows == wide && j < kWideRows; ++j) {  // rows past the range: zeros, never read back
+        float* dst = wide + j * Kp;
+        if (j < ns) to_float(w + (b0 + s0 + j) * K, dst, int(K));
+        else std::fill(dst, dst + K, 0.f);
+      }
+      for (int64_t r = 0; r < N; r += 4) {
+        const int64_t mr = std::min<int64_t>(4, N - r);
+        for (int64_t j = 0; j < ns; j += 3) {
+          alignas(32) float o[16];
+          const float* w0 = rows + j * Kp;
+          switch (mr) {
+            case 4: dot_rows<4>(h + r * Kp, Kp, w0, o); break;
+            case 3: dot_rows<3>(h + r * Kp, Kp, w0, o); break;
+            case 2: dot_rows<2>(h + r * Kp, Kp, w0, o); break;
+            default: dot_rows<1>(h + r * Kp, Kp, w0, o); break;
+          }
+          for (int64_t i = 0; i < mr; ++i) {
+            float* dst = lg + (r + i) * kLogitBlock + s0 + j;
+            for (int64_t jj = 0; jj < std::min<int64_t>(3, ns - j); ++jj) dst[jj] = o[3 * i + jj];
+          }
+        }
+      }
+    }
+    for (int64_t r = 0; r < N; ++r) {
+      const float* l = lg + r * kLogitBlock;
+      st[r].add(l, nb);
+      if (targets[r] >= b0 && targets[r] < b0 + nb) tgt[r] = l[targets[r] - b0];
+    }
+  }
+}
+#endif
+
+// The LM head fused with the log-softmax of one target per row: the logits hidden [N, K] . weight [V, K]^T in
+// fp32, logprob[r] = logit[r, t_r] - log sum_v exp(logit[r, v]) and greedy[r] = (logit[r, t_r] is the largest),
+// without a [N x V] tensor: work items are fixed vocabulary chunks of kVocabChunk rows, each widening its weight
+// rows to fp32 a few at a time and leaving a (max, sum) per row, merged in chunk order. Each logit is a fixed
+// sequence of FMAs and sums over k, whatever the row count, the row's place or the thread count, and every
+// log-sum-exp runs in a fixed order: a row's result does not depend on the other rows or the threads (the
+// deterministic mode relies on it). fp32 or bf16 (hidden and weight in one dtype). The contract of
+// kernels/logprob.py's target_logprobs_ref without its top-k (kernels/native_ops.py).
+std::tuple<at::Tensor, at::Tensor> target_logprobs(const at::Tensor& hidden, const at::Tensor& weight,
+                                                   const at::Tensor& targets) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && hidden.scalar_type() == dtype,
+              "target_logprobs: hidden and weight must be both float32 or both bfloat16");
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+              "target_logprobs: hidden [N, K] and weight [V, K]");
+  const int64_t N = hidden.size(0), K = hidden.size(1), V = weight.size(0), Kp = (K + 7) / 8 * 8;
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == N && targets.scalar_type() == at::kLong,
+              "target_logprobs: targets must be [N] int64");
+  TORCH_CHECK(V > 0, "target_logprobs: an empty vocabulary");
+  const at::Tensor tc = targets.contiguous();
+  const int64_t* tp = tc.data_ptr<int64_t>();
+  for (int64_t r = 0; r < N; ++r)
+    TORCH_CHECK(tp[r] >= 0 && tp[r] < V, "target_logprobs: target ", tp[r], " outside the vocabulary of ", V);
+  at::Tensor logprob = at::empty({N}, hidden.options().dtype(at::kFloat));
+  at::Tensor greedy = at::empty({N}, hidden.options().dtype(at::kBool));
+  if (N == 0) return {logprob, greedy};
+  at::Tensor hf = at::zeros({N, Kp}, hidden.options().dtype(at::kFloat));  // exact for bf16, zero padded
+  hf.narrow(1, 0, K).copy_(hidden);
+  const at::Tensor wc = weight.contiguous();
+  const int64_t C = (V + kVocabChunk - 1) / kVocabChunk;
+  std::vector<Lse> part(size_t(C) * N);
+  std::vector<float> tgt(N);
+  at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> lg(size_t(N) * kLogitBlock), wide(size_t(kWideRows) * Kp, 0.f);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t v0 = c * kVocabChunk, v1 = std::min(V, v0 + kVocabChunk);
+      Lse* st = &part[size_t(c) * N];
+      if (dtype == at::kBFloat16)
+        head_chunk(hf.data_ptr<float>(), N, K, Kp, wc.data_ptr<c10::BFloat16>(), v0, v1, tp, st, tgt.data(),
+                   lg.data(), wide.data());
+      else
+        head_chunk(hf.data_ptr<float>(), N, K, Kp, wc.data_ptr<float>(), v0, v1, tp, st, tgt.data(), lg.data(),
+                   wide.data());
+    }
+  });
+  float* lp = logprob.data_ptr<float>();
+  bool* gr = greedy.data_ptr<bool>();
+  for (int64_t r = 0; r < N; ++r) {
+    float m = kNegInf, s = 0.f;
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, part[size_t(c) * N + r].m);
+    for (int64_t c = 0; c < C; ++c) {
+      const Lse& e = part[size_t(c) * N + r];
+      s += e.s * std::exp2((e.m - m) * kLog2eF);
+    }
+    lp[r] = tgt[r] - m - std::log(s);
+    gr[r] = tgt[r] >= m;
+  }
+  return {logprob, greedy};
+#else
+  TORCH_CHECK(false, "target_logprobs: this build has no AVX2 + FMA");
+#endif
+}
+
 // The widest vector instruction set this build was compiled for ("avx512bf16", "avx512", "avx2" or "none"):
 // kernels/linear.py packs weights for linear_panels only in an AVX2 build, where it was measured.
 std::string simd() {
@@ -191,8 +368,10 @@ std::string simd() {
 TORCH_LIBRARY_FRAGMENT(icqs_native, m) {
   m.def("linear_panels(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
   m.def("simd() -> str", &icqs::simd);
+  m.def("target_logprobs(Tensor hidden, Tensor weight, Tensor targets) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
   m.impl("linear_panels", &icqs::linear_panels);
+  m.impl("target_logprobs", &icqs::target_logprobs);
 }
