@@ -15,7 +15,8 @@ row's place in the step, the prefix tree's node boundaries or the token budget.
   row-invariant in the native CPU op and the Triton kernel (a masked key adds exact zeros; key tiles start at
   fixed offsets of the chunk); the torch reference computes the same values but makes no invariance promise.
   A sliding window (Gemma-3's local layers) cuts each row's chunks at the row's own position (windowed_chunks).
-- The target log-prob (`target_logprobs`) runs on fixed [LOGPROB_ROW_TILE x VOCAB_TILE] tiles (rows padded).
+- The target log-prob (`target_logprobs`) runs on fixed [LOGPROB_ROW_TILE x VOCAB_TILE] tiles (rows padded);
+  where the native fused LM head runs (an AVX2 build), StepKernels uses that instead: batch-invariant as it is.
 RMSNorm, RoPE, SwiGLU and the KV store are row-wise already (one row's arithmetic never sees another row).
 
 The bits are those of one configuration: device, dtype, the library build (panels or row tiles), these tile
