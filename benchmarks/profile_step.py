@@ -27,7 +27,8 @@ from engine.engine import DTYPES
 from engine.loader import load_model_files
 
 CATEGORIES = [  # first match wins; matched against the op's name
-    ("GEMM", re.compile(r"linear_pointwise|linear_panels|addmm|\bmm\b|aten::mm|bmm|matmul|aten::linear|baddbmm")),
+    ("GEMM", re.compile(r"linear_pointwise|linear_panels|target_logprobs|addmm|\bmm\b|aten::mm|bmm|matmul|aten::linear|"
+                        r"baddbmm")),
     ("attention", re.compile(r"attention|softmax|scaled_dot|segment")),
     ("elementwise", re.compile(r"rms_norm|rope|silu|swiglu|aten::(add|mul|sub|div|rsqrt|pow|mean|neg|exp|log|"
                                r"sigmoid|cos|sin|cat|where|maximum|max|sum|logsumexp|gt|lt|eq|ge)")),
