@@ -19,7 +19,7 @@ from bench_kernels import impl, linear_cases, op_cases
 from kernels import dispatch, native_ops
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-CASES = 9  # cases of bench_kernels.op_cases; an index past its end is skipped
+CASES = 10  # cases of bench_kernels.op_cases (test_all_op_cases_collected checks); an index past its end is skipped
 
 
 @functools.cache
@@ -41,6 +41,10 @@ def test_op(benchmark, dtype, case, backend):
     benchmark.group = f"{op}: {label}, {dtype}"
     benchmark.extra_info.update(op=op, backend=backend, picked_by_auto=backend == _auto_pick(op))
     benchmark(impl(op, backend), **kwargs)
+
+
+def test_all_op_cases_collected():
+    assert all(len(cases(d)) <= CASES for d in DTYPES), "raise CASES to the number of bench_kernels.op_cases"
 
 
 @functools.cache
