@@ -145,3 +145,26 @@ def test_step_kernels_pick_the_mode_once(monkeypatch):
     assert torch.equal(det.linear(x, w), F.linear(x, w))
     assert fast.attention_plan([0, 2], torch.arange(2), torch.arange(2), []) is None
     assert det.attention_plan([0, 2], torch.arange(2), torch.arange(2), []) is not None
+
+
+def test_step_kernels_target_logprobs_follow_the_mode(monkeypatch):
+    """Both modes run the native fused LM head where it is picked (its rows are invariant by construction); the
+    deterministic mode takes the batch-invariant tiles where it is not, or for what the native op hands on."""
+    from kernels import batch_invariant
+    from kernels.logprob import target_logprobs_ref
+
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(5, 40, generator=g).bfloat16(), torch.randn(300, 40, generator=g).bfloat16()
+    t = torch.randint(0, 300, (5,), generator=g)
+    fast, det = kernels.StepKernels(False), kernels.StepKernels(True)
+    if native_ops.load() and panels_available():
+        native = native_ops.target_logprobs_native(h, w, t)
+        for mode in (fast, det):
+            assert all(torch.equal(a, b) for a, b in zip(mode.target_logprobs(h, w, t), native))
+        top = det.target_logprobs(h, w, t, 2)  # the top k: the native op hands it on, so the tiles run
+        assert all(torch.equal(a, b) for a, b in zip(top, batch_invariant.target_logprobs(h, w, t, 2)))
+    kernels.set_backend(None)
+    monkeypatch.setattr(kernels.linear, "panels_available", lambda: False)
+    tiles, ref = batch_invariant.target_logprobs(h, w, t), target_logprobs_ref(h, w, t)
+    assert all(torch.equal(a, b) for a, b in zip(det.target_logprobs(h, w, t), tiles))
+    assert all(torch.equal(a, b) for a, b in zip(fast.target_logprobs(h, w, t), ref))
