@@ -185,8 +185,8 @@ class StepKernels:
         count; its attention computes each work item on one thread, the row-wise ops each row on one, and the
         target log-prob (the native op there) merges fixed vocabulary chunks in order; its top-k form's fixed
         [64 x 8192] fp32 tiles gave the same bits on 1 and 2 threads (tests/test_deterministic.py checks whole
-        jobs). Elsewhere the GEMM's split of a row tile changes with
-        the thread count, so the mode runs on a fixed one (Engine.load)."""
+        jobs). Elsewhere the GEMM's split of a row tile changes with the thread count, so the mode runs on a
+        fixed one (Engine.load)."""
         return _panels_run(dtype, device)
 
     def weight(self, w: torch.Tensor):

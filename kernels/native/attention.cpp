@@ -38,7 +38,6 @@ constexpr bool kBf16Dot = true;
 constexpr bool kBf16Dot = false;
 #endif
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kRowsPerItem = 192;  // query vectors (tokens x group heads) per work item
 constexpr int kMR = 6;            // query vectors computed together in the micro-kernel

@@ -175,7 +175,6 @@ at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t 
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-constexpr float kLog2eF = 1.4426950408889634f;
 constexpr int64_t kVocabChunk = 4096;  // vocabulary rows per work item, fixed (the merge order does not move)
 constexpr int64_t kLogitBlock = 256;   // logits of a row gathered before they are folded into its log-sum-exp
 constexpr int64_t kWideRows = 6;       // vocabulary rows widened to fp32 at a time (L1-resident)
@@ -228,13 +227,7 @@ struct Lse {
       vm = vm.max(load_as_float(l + j, c).keep_first(c));
     }
     const float mnew = std::max(m, vm.max());
-    const V16 vmax = V16::set1(mnew), l2e = V16::set1(kLog2eF);
-    V16 sum = V16::zero();
-    for (int64_t j = 0; j < n; j += kLanes) {
-      const int c = int(std::min<int64_t>(kLanes, n - j));
-      sum = sum + ((load_as_float(l + j, c) - vmax) * l2e).keep_first(c).exp2();
-    }
-    s = (m == kNegInf ? 0.f : s * std::exp2((m - mnew) * kLog2eF)) + sum.sum();
+    s = (m == kNegInf ? 0.f : s * std::exp2((m - mnew) * kLog2e)) + sum_exp(l, n, mnew);
     m = mnew;
   }
 };
@@ -337,7 +330,7 @@ std::tuple<at::Tensor, at::Tensor> target_logprobs(const at::Tensor& hidden, con
     for (int64_t c = 0; c < C; ++c) m = std::max(m, part[size_t(c) * N + r].m);
     for (int64_t c = 0; c < C; ++c) {
       const Lse& e = part[size_t(c) * N + r];
-      s += e.s * std::exp2((e.m - m) * kLog2eF);
+      s += e.s * std::exp2((e.m - m) * kLog2e);
     }
     lp[r] = tgt[r] - m - std::log(s);
     gr[r] = tgt[r] >= m;

@@ -147,7 +147,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rope_store_kv(const at::Tensor& q
 // silu(gate) rounded to T (F.silu's output), times up, rounded to T.
 template <typename T>
 void silu_mul_rows(const T* gu, T* out, int64_t rows, int64_t inter) {
-  constexpr float kLog2e = 1.4426950408889634f;
   at::parallel_for(0, rows, row_grain(2 * inter), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* gate = gu + r * 2 * inter;
@@ -214,14 +213,8 @@ void greedy_rows(const T* x, int64_t* tok, float* lp, int64_t rows, int64_t V) {
         if (v > best) best = v, arg = i;
       }
 #endif
-      V16 sum = V16::zero();
-      const V16 vmax = V16::set1(best), l2e = V16::set1(1.4426950408889634f);
-      for (int64_t j = 0; j < V; j += kLanes) {
-        const int c = int(std::min<int64_t>(kLanes, V - j));
-        sum = sum + ((load_as_float(row + j, c) - vmax) * l2e).keep_first(c).exp2();
-      }
       tok[r] = arg;
-      lp[r] = -std::log(sum.sum());
+      lp[r] = -std::log(sum_exp(row, V, best));
     }
   });
 }

@@ -1,11 +1,12 @@
 // 16 fp32 lanes: one AVX-512 register when the compiler targets AVX-512, two AVX2 registers when it targets
 // AVX2 + FMA (lanes 0-7 and 8-15; horizontal sums in the same tree as AVX-512's), a plain array otherwise (the
-// loops of the fallback are left to the auto-vectoriser). Everything the attention kernels need, and nothing more.
+// loops of the fallback are left to the auto-vectoriser). Everything the native kernels need, and nothing more.
 #pragma once
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -18,6 +19,7 @@ namespace icqs {
 
 constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.4426950408889634f;  // e^x = 2^(x log2 e): the vector exp is exp2
 // e^f = sum f^k / k! for k = 7 down to 0, in Horner's order (2^x = 2^n e^(f ln 2) in the vector forms below)
 constexpr int kExp2Terms = 8;
 constexpr float kExp2Taylor[kExp2Terms] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
@@ -307,5 +309,17 @@ inline void store_as<c10::BFloat16>(V16 x, c10::BFloat16* dst, int n) {
   _mm256_mask_storeu_epi16(dst, m, _mm512_cvtepi32_epi16(bits));
 }
 #endif
+
+// sum over i < n of e^(x[i] - m) (m >= every x[i]), in 16 fp32 lanes in a fixed order, summed across lanes last
+template <typename T>
+inline float sum_exp(const T* x, int64_t n, float m) {
+  const V16 vmax = V16::set1(m), l2e = V16::set1(kLog2e);
+  V16 sum = V16::zero();
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int c = int(std::min<int64_t>(kLanes, n - j));
+    sum = sum + ((load_as_float(x + j, c) - vmax) * l2e).keep_first(c).exp2();
+  }
+  return sum.sum();
+}
 
 }  // namespace icqs
