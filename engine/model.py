@@ -28,7 +28,7 @@ import kernels
 
 from .config import ModelConfig
 from .prefix_cache import KVCache
-from .weights import read_as, release_free_memory
+from .weights import read_as, release_free_memory, shape_of
 
 
 @dataclass
@@ -61,7 +61,19 @@ class LlamaModel:
             return (weights[name].float() + 1).to(device=self.device, dtype=dtype) if gemma else w(name)
 
         def fused(*names):  # rows of several linears in one matrix, in its final layout
-            return self.ops.weight(torch.cat([w(n) for n in names]) if len(names) > 1 else w(names[0]))
+            if len(names) == 1:
+                plain = w(names[0])
+            else:  # each part read into its rows: no second copy of the whole, as torch.cat would make
+                shapes = [shape_of(weights, n) for n in names]
+                plain = torch.empty(sum(s[0] for s in shapes), shapes[0][1], dtype=dtype, device=self.device)
+                r0 = 0
+                for n, (r, _) in zip(names, shapes):
+                    plain[r0:r0 + r] = w(n)
+                    r0 += r
+            out = self.ops.weight(plain)
+            del plain
+            release_free_memory()  # its unfused and unpacked forms, not kept resident by malloc until the next
+            return out
 
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = self.embed if c.tie_embeddings else w("lm_head.weight")
@@ -85,7 +97,6 @@ class LlamaModel:
                 sliding=bool(c.sliding_layers[i]) if c.sliding_layers else False,
                 gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                 down=fused(p + "mlp.down_proj.weight")))
-            release_free_memory()  # the layer's transient copies, not kept resident by malloc
         # the generation logits' copy of the LM head (the fused target log-prob reads the plain one in tiles),
         # packed on the first generation step: an engine that only scores never holds it
         self._logits_head = None

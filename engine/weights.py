@@ -50,6 +50,11 @@ def read_as(weights: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype) 
     return weights.read(name, dtype) if isinstance(weights, LazyWeights) else weights[name].to(dtype)
 
 
+def shape_of(weights: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    """weights[name]'s shape without reading it from a LazyWeights."""
+    return weights.shape(name) if isinstance(weights, LazyWeights) else tuple(weights[name].shape)
+
+
 _MADV_DONTNEED = 4
 _libc = ctypes.CDLL(None, use_errno=True)
 

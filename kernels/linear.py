@@ -94,13 +94,21 @@ def prepack(weight: torch.Tensor, rows_hint: int = 32, panels: bool = False):
         got = linear(probe, packed)
         if weight.dtype == torch.bfloat16 and not isinstance(packed, Panels):
             return packed if torch.equal(got, F.linear(probe, weight)) else weight
-        want = F.linear(probe.float(), weight.float())
+        want = _float_linear(probe, weight)
         rtol = 1e-4 if weight.dtype == torch.float32 else 1e-2  # bf16: the output's rounding (2^-8)
         if torch.allclose(got.float(), want, rtol=rtol, atol=rtol * 0.1 * float(want.abs().max())):
             return packed
     except RuntimeError:
         pass
     return weight
+
+
+def _float_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear in fp32 of a few rows x, the weight widened 1M elements at a time: no fp32 copy of a whole bf16
+    weight (twice its bytes) beside its packed form while a model loads."""
+    rows = max(1, (1 << 20) // weight.shape[1])
+    xf = x.float()
+    return torch.cat([F.linear(xf, weight[i:i + rows].float()) for i in range(0, weight.shape[0], rows)], dim=-1)
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:

