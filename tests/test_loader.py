@@ -419,7 +419,7 @@ def mid_model_dir(tmp_path_factory):
 def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
     """Tensors are read and converted one at a time (no whole-model copy, no fp32 detour for bf16, no file pages
     kept): the peak above the baseline is at most 1.3x the final weight bytes (main before lean loading: 2.09;
-    measured 1.15-1.18 in bf16, 1.13-1.15 in fp32, the last fused MLP's parts and packed form; 1.24-1.30 while
+    measured 1.15-1.18 in bf16, 1.13 in fp32, the last fused MLP's parts and packed form; 1.24-1.30 while
     prepack's probe widened a whole bf16 weight to fp32 and the fused linears were built by torch.cat), what the
     load keeps at most 1.1x (anonymous memory and the file's pages; measured 1.007/1.004). RSS after the load
     also counts the libraries' code pages first run by the load (8-14 MiB, varying with the page cache between
