@@ -46,6 +46,7 @@ def torch_dtype(dtype) -> torch.dtype:
     """A dtype given as a DTYPES name or as a torch.dtype."""
     return DTYPES[dtype] if isinstance(dtype, str) else dtype
 
+
 RequestHandle = Request
 __all__ = ["Engine", "EngineOptions", "ScoreResult", "Generation", "TokenEvent", "RequestHandle", "default_threads"]
 

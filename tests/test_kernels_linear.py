@@ -142,3 +142,16 @@ def test_prepack_probe_widens_the_weight_in_blocks():
     x = torch.randn(3, 64).bfloat16()
     torch.testing.assert_close(_float_linear(x, w), F.linear(x.float(), w.float()), rtol=1e-6, atol=1e-5)
     assert _float_linear(x, w[:7]).shape == (3, 7)
+
+
+def test_prepack_holds_no_fp32_copy_of_a_bf16_weight():
+    """While prepack checks its packed form, no tensor larger than the packed copy itself is allocated: a whole
+    fp32 copy of the bf16 weight (twice its bytes, the check before it went block by block) would be the load's
+    peak (tests/test_loader.py). The torch profiler records every allocation's size."""
+    from torch.profiler import ProfilerActivity, profile
+
+    w = torch.randn(4096, 1024).bfloat16()  # 8 MiB; the check's blocks are 4 MiB of fp32
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        prepack(w, panels=True)
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    assert largest <= 1.05 * w.numel() * w.element_size(), largest
