@@ -9,7 +9,9 @@ and load seconds, each (model, dtype) in a fresh interpreter.
                                                                    # safetensors (16 GiB) there, loads it in bf16
 
 baseline: the child's RSS after importing torch and the engine, one small bf16 matmul (oneDNN's code and JIT
-kernels, a fixed ~18 MiB that is the runtime's, not the weights') and giving the C heap's free pages back.
+kernels, a fixed ~18 MiB that is the runtime's, not the weights'), one load of the same model dropped again (the
+runtime's first-use costs at its shapes: oneDNN's kernel per GEMM shape, the engine's first run; a leak would show
+again in the measured load) and giving the C heap's free pages back.
 peak: the high-water mark of RSS during Engine.load (reset just before it, /proc/self/clear_refs). resident: RSS
 after the load (and a gc). Ratios are (peak - baseline) / weight bytes and (resident - baseline) / weight bytes.
 own/w: what the load itself keeps, = the growth of anonymous memory (RssAnon: tensors, heap) plus the model
@@ -75,6 +77,12 @@ def child(model: str | None, dtype: str) -> dict:
 
     x = torch.ones(3, 64, dtype=torch.bfloat16)  # oneDNN's code and JIT kernels: the runtime's, not the weights'
     linear(x, prepack(torch.ones(64, 64, dtype=torch.bfloat16)))
+    # The runtime's first-use costs at this model's shapes, kept after the engine is gone: oneDNN JITs and caches a
+    # kernel per new GEMM shape (1.85 MiB each on an AVX-512 Zen4, where the bf16 linears go through oneDNN; an
+    # AVX2 build's panels keep none), and the engine's first run keeps ~6 MiB more (SmolLM2 on that Zen4: own/w
+    # 1.083 cold, 1.052 warm). A load made and dropped first puts them in the baseline; a leak of the load would
+    # show again in the measured one.
+    Engine.load(model, dtype=dtype, threads=1)
     gc.collect()
     ctypes.CDLL(None).malloc_trim(0)  # the imports' free heap pages out of the baseline
     baseline, anon_before = _status("VmRSS"), _status("RssAnon")

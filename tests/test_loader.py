@@ -419,11 +419,13 @@ def mid_model_dir(tmp_path_factory):
 def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
     """Tensors are read and converted one at a time (no whole-model copy, no fp32 detour for bf16, no file pages
     kept): the peak above the baseline is at most 1.3x the final weight bytes (main before lean loading: 2.09;
-    measured 1.15-1.18 in bf16, 1.13 in fp32, the last fused MLP's parts and packed form; 1.24-1.30 while
-    prepack's probe widened a whole bf16 weight to fp32 and the fused linears were built by torch.cat), what the
-    load keeps at most 1.1x (anonymous memory and the file's pages; measured 1.007/1.004). RSS after the load
-    also counts the libraries' code pages first run by the load (8-14 MiB, varying with the page cache between
-    checkouts: a fresh clone measured 1.11x here): at most 1.2x."""
+    1.24-1.30 while prepack's probe widened a whole bf16 weight to fp32 and the fused linears were built by
+    torch.cat), what the load keeps at most 1.1x (anonymous memory and the file's pages), RSS after the load at
+    most 1.2x. The baseline holds the runtime's first-use costs (bench_load: a load of the same model made and
+    dropped first). Measured so, AMD Zen4-class EPYC (AVX-512 BF16): peak 1.02-1.04 in bf16, 1.05 in fp32, kept
+    1.002/1.001. With a cold runtime (the libraries' code pages and oneDNN's kernels counted as the load's, 8-14
+    MiB): peak 1.15-1.18 bf16 and 1.13 fp32 on an AVX2 Zen 1, and up to 1.3002 once in CI: the flake this
+    baseline removes."""
     m = _load_memory(mid_model_dir, dtype)
     assert m["weight_bytes"] > 80 * 2 ** 20
     assert m["peak_ratio"] <= 1.3 and m["own_ratio"] <= 1.1 and m["resident_ratio"] <= 1.2, m
@@ -454,9 +456,11 @@ def test_load_onto_another_device_holds_one_tensor_on_the_host(model, smollm2_pa
 def test_gguf_load_releases_the_file_pages(smollm2_path):
     """A quantized GGUF dequantized tensor by tensor into bf16: the mapped file's pages are given back as each
     tensor is done (the whole-model fp32 copy took 2.9x the weights), and the tokenizer's metadata arrays are
-    never parsed element by element (that left ~10 MiB of heap: 1.12x). Measured 1.14-1.20 peak, 1.065 kept
-    (anonymous memory and the file's pages; the tokenizer itself is ~13 MiB of the 6.5%), RSS 1.08-1.12 after the
-    load (with the libraries' code pages the load ran first: see above). Before the lean metadata reader: 1.099
-    kept, so the bound here is 1.08."""
+    never parsed element by element (that left ~10 MiB of heap, 0.034x). Kept: anonymous memory and the file's
+    pages over a baseline that holds the runtime's first-use costs (see above): measured 1.052 (six runs, to
+    0.0001), peak 1.19, RSS after 1.052, on an AMD Zen4-class EPYC (AVX-512 BF16), where a cold runtime read 1.083
+    kept (oneDNN's kernel per GEMM shape, 1.85 MiB each, and ~6 MiB of the engine's first run), over the 1.08
+    bound this test had, set from an AVX2 Zen 1's cold 1.065. The tokenizer itself is ~13 MiB of the 5%. The lean
+    reader's regression (+0.034) reaches 1.086 here: the bound stays 1.08."""
     m = _load_memory(smollm2_path, "bfloat16")
     assert m["peak_ratio"] <= 1.3 and m["own_ratio"] <= 1.08 and m["resident_ratio"] <= 1.2, m
