@@ -27,11 +27,13 @@ from .config import ModelConfig
 from .errors import UserError
 from .loader import load_model_files
 from .model import LlamaModel
-from .prefix_cache import KVCache
+from .kv_cache import KVCache
 from .requests import (Event, Finished, GenerateRequest, Generation, Limits, Request, RequestError, ScoreRequest,
                      ScoreResult, Status, TokenEvent, check_generate, check_score, encode_pairs, prompt_ids)
 from .sampling import new_generator, sample
-from .scheduler import SampleOutput, Scheduler, ScoreOutput, StepPlan
+from .plan import SampleOutput, ScoreOutput, StepPlan
+from .prefix_cache import PrefixCache
+from .scheduler import Scheduler
 from .stats import EngineStats
 from .step import build_step
 from .weights import release_free_memory
@@ -124,7 +126,9 @@ class Engine:
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
         self.limits = Limits.of(config, self.options.kv_tokens, self.options.page_size)  # what one request may hold
-        self.scheduler = Scheduler(self.kv, self.options.token_budget, self.options.keep_cache)
+        self.cache = PrefixCache(self.kv, self.options.keep_cache)  # the tree over the pages: the scheduler's and
+        # the step builder's view of the KV cache
+        self.scheduler = Scheduler(self.cache, self.options.token_budget)
         self.step_seconds: deque[float] = deque(maxlen=10000)  # the latest steps' durations
         self.last_stats = EngineStats()  # the counters of the last score() / generate() call
         self._peak_before = 0  # the most KV pages held at once before the cache's current peak was started
@@ -233,7 +237,7 @@ class Engine:
         """Raise PageError unless every KV page's reference count matches the prefix-cache nodes holding it and
         the cache's victim indexes are complete (the tests' invariant; walks the whole tree)."""
         with self._lock:
-            self.scheduler.check_pages()
+            self.cache.check()
 
     def has_pending(self) -> bool:
         return self.scheduler.has_pending()
@@ -244,9 +248,8 @@ class Engine:
             handle.abort()
 
     def _score(self, plan: StepPlan) -> ScoreOutput:
-        """The step's score rows through the fused LM head + log-softmax: log-prob, is-greedy and top k per row.
-        Rows asking the same (one position's hidden state, one target: requests that arrived before their shared
-        prefix was computed) go through it once."""
+        """The step's score rows through the fused LM head + log-softmax (the plan's head batch: each distinct
+        (slot, target) once): log-prob, is-greedy and top k per row."""
         rows = plan.score_rows
         cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
         hidden = self.kv.read_hidden([r.slot for r in rows[cached:]])
@@ -254,24 +257,18 @@ class Engine:
             hidden = torch.cat([plan.cached_hidden, hidden])
         targets = torch.tensor([r.target for r in rows], device=self.device)
         top_k = max(r.request.top_k for r in rows)
-        first: dict[tuple[int, int], int] = {}  # (slot, target) -> its row in the LM head's batch
-        pick, inverse = [], []  # the rows that go through it; each score row's row there
-        for i, r in enumerate(rows):
-            if (r.slot, r.target) not in first:
-                first[r.slot, r.target] = len(pick)
-                pick.append(i)
-            inverse.append(first[r.slot, r.target])
-        if len(pick) < len(inverse):
-            idx = torch.tensor(pick, device=self.device)
+        if plan.head_rows is not None:
+            idx = torch.tensor(plan.head_rows, device=self.device)
             hidden, targets = hidden[idx], targets[idx]
         out = self.model.target_logprobs(hidden, targets, top_k=top_k)
+        n = plan.head_rows_count
         if top_k:
             lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
         else:
-            (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * len(pick), [None] * len(pick)
-        if len(pick) < len(inverse):
-            lp, greedy, top_ids, top_lps = ([col[n] for n in inverse] for col in (lp, greedy, top_ids, top_lps))
-        return ScoreOutput(lp, greedy, top_ids, top_lps, len(pick))
+            (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * n, [None] * n
+        if plan.head_inverse is not None:
+            lp, greedy, top_ids, top_lps = ([col[i] for i in plan.head_inverse] for col in (lp, greedy, top_ids, top_lps))
+        return ScoreOutput(lp, greedy, top_ids, top_lps, n)
 
     def step(self) -> list[Event]:
         """Run one step of the loop; returns its output events (engine/requests.py: scores, tokens, and the
@@ -284,7 +281,7 @@ class Engine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.chunks:
-            batch = build_step(plan.chunks, self.device)
+            batch = build_step(plan.chunks, self.cache, self.device)
             self.kv.write_hidden(batch.write_slots, batch.out_rows, self.model.forward(batch, self.kv))
         score_out = sample_out = None
         if plan.score_rows:
@@ -336,11 +333,11 @@ class Engine:
     def _job_start(self) -> tuple[EngineStats, int]:
         with self._lock:
             self._peak_before = max(self._peak_before, self.kv.reset_peak())
-            return self.scheduler.stats.copy(), self.scheduler.pending_tokens()
+            return self.scheduler.stats.copy(), self.cache.pending_tokens()
 
     def _job_end(self, start, handles, desc, progress):
         before, pending_before = start
-        unique = self.scheduler.pending_tokens() - pending_before
+        unique = self.cache.pending_tokens() - pending_before
         with tqdm(total=unique, unit="tok", desc=desc, disable=not progress) as bar:
             self.run(handles, bar)
         stats = self.stats.since(before)

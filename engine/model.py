@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import kernels
 
 from .config import ModelConfig
-from .prefix_cache import KVCache
+from .kv_cache import KVCache
 from .weights import read_as, release_free_memory, shape_of
 
 

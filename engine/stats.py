@@ -32,6 +32,13 @@ class EngineStats:
     running: int = 0  # requests with some result computed and not done, at the snapshot
     waiting: int = 0  # requests added and nothing computed for them yet, at the snapshot
 
+    def count_step(self, tokens: int, hidden_rows: int, attention_keys: int):
+        """A step that ran the model's layers on `tokens` tokens."""
+        self.forward_steps += 1
+        self.tokens_computed += tokens
+        self.hidden_rows += hidden_rows
+        self.attention_keys += attention_keys
+
     def copy(self) -> "EngineStats":
         return replace(self)
 

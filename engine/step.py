@@ -1,29 +1,18 @@
 """Packs the chunks of a step plan into one forward step (`StepBatch`).
 
-A `Chunk` is a node's tokens start..end-1, whose cache slots are already allocated. Every cached segment
-a chunk attends to (each ancestor, and the node's own earlier tokens) becomes one cascade segment whose query
-rows are the rows of all chunks below it. The final hidden states of the rows a chunk keeps (those a score or a
-sample of this step reads) come out, to be kept in the cache beside their K/V (prefix_cache.KVCache)."""
+A `Chunk` (engine/plan.py) is a node's tokens start..end-1, whose cache slots are already allocated; the prefix
+cache describes it (`ChunkSource`: its tokens, their slots, the cached runs before them). Every cached run a chunk
+attends to (each ancestor, and the node's own earlier tokens) becomes one cascade segment whose query rows are the
+rows of all chunks below it. The final hidden states of the rows a chunk keeps (those a score or a sample of this
+step reads) come out, to be kept in the cache beside their K/V (engine/kv_cache.py)."""
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .model import StepBatch
-from .prefix_cache import Node
-
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Tokens start..end-1 of one prefix-tree node, computed in one step; `keep`: the node offsets among them whose
-    final hidden states are asked for."""
-    node: Node
-    start: int
-    end: int
-    keep: set[int] = field(default_factory=set)
+from .plan import Chunk
+from .prefix_cache import PrefixCache
 
 
 def _long(values) -> torch.Tensor:
@@ -37,28 +26,26 @@ def _ranges(starts: list[int], lengths: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.arange(int(n.sum()), dtype=np.int64) + np.repeat(shift, n))
 
 
-def build_step(chunks: list[Chunk], device) -> StepBatch:
+def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
     """The step's index tensors are built once per step from ranges gathered as Python ints (a decode step holds
     one chunk per sequence, each below a few cached segments), not one small tensor per chunk and segment."""
     tokens, pos_starts, lengths, slot_parts, cu, out = [], [], [], [], [0], []
-    segments: dict = {}  # key -> (cached slots, row-range starts, row-range lengths)
+    segments: dict = {}  # run key -> (cached slots, row-range starts, row-range lengths)
     for chunk in chunks:
-        node, a, b = chunk.node, chunk.start, chunk.end
-        r0 = cu[-1]
-        tokens += node.tokens[a:b]
-        pos_starts.append(node.start + a)
-        lengths.append(b - a)
-        slot_parts.append(node.slots[a:b])
-        for anc in node.ancestors():
-            seg = segments.get(id(anc))
+        src = cache.chunk_source(chunk.node, chunk.start, chunk.end)
+        n, r0 = chunk.end - chunk.start, cu[-1]
+        tokens += src.tokens
+        pos_starts.append(src.position)
+        lengths.append(n)
+        slot_parts.append(src.slots)
+        for run in src.before:
+            seg = segments.get(run.key)
             if seg is None:
-                seg = segments[id(anc)] = (anc.slots[:len(anc)], [], [])
+                seg = segments[run.key] = (run.slots, [], [])
             seg[1].append(r0)
-            seg[2].append(b - a)
-        if a > 0:
-            segments[(id(node), a)] = (node.slots[:a], [r0], [b - a])
-        out += [r0 + off - a for off in sorted(chunk.keep)]
-        cu.append(r0 + b - a)
+            seg[2].append(n)
+        out += [r0 + off - chunk.start for off in sorted(chunk.keep)]
+        cu.append(r0 + n)
     segs = list(segments.values())
     rows = _ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]).to(device)
     return StepBatch(

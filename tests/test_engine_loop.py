@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import Engine, ScoreResult, UserError
-from engine.prefix_cache import PageError
+from engine.kv_cache import PageError
 from engine.loader import load_model_files
 from engine.requests import Finished, Status
 

@@ -43,7 +43,9 @@ def test_the_check_sees_an_upward_import(tmp_path):
 # ---- private attributes and the scheduler --------------------------------------------------------------------------
 # No code in these packages reads or writes another object's private attribute (`obj._x` with obj other than `self`,
 # `cls` or `super()`), imports a private name of another module (`from .m import _x`), or spells either through
-# getattr/setattr/hasattr/delattr with a literal name. Dunder names (`obj.__dict__`) are not private.
+# getattr/setattr/hasattr/delattr with a literal name. Dunder names (`obj.__dict__`) are not private. A module's own
+# records are the exception: a private name a class declares in its `__slots__` is read and written by the module
+# that defines the class (engine/prefix_cache.py's Node: an opaque handle everywhere else).
 PRIVATE_CHECKED = ("engine", "kernels", "icqs", "commands")
 # Third-party private APIs the project has no public way around, each with its reason (file, expression).
 THIRD_PARTY = {
@@ -74,12 +76,28 @@ def _owner_is_self(node: ast.expr) -> bool:
         (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super")
 
 
+def module_private_slots(tree: ast.Module) -> set[str]:
+    """The private names declared in `__slots__` by the classes a module defines (its own records' fields)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
+                                                        for t in stmt.targets) \
+                        and isinstance(stmt.value, (ast.Tuple, ast.List)):
+                    names |= {e.value for e in stmt.value.elts if isinstance(e, ast.Constant)
+                              and isinstance(e.value, str) and _private(e.value)}
+    return names
+
+
 def private_accesses(path: Path) -> list[tuple[int, str]]:
     """(line, expression) of every access to another object's or module's private name in one file."""
     tree = ast.parse(path.read_text(), str(path))
+    own = module_private_slots(tree)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and _private(node.attr) and not _owner_is_self(node.value):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and not _owner_is_self(node.value) \
+                and node.attr not in own:
             found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REFLECTION \
                 and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
@@ -134,6 +152,24 @@ def test_the_private_check_sees_a_planted_violation(tmp_path):
                    "        eng.scheduler.active._dict.clear()\n        getattr(req, '_x')\n        req.__dict__\n")
     assert sorted(e for _, e in private_accesses(bad)) == ["_finish", "eng.scheduler.active._dict", "ray._private",
                                                            "req._status", "req._x"]
+
+
+def test_node_fields_are_read_only_in_the_prefix_cache(tmp_path):
+    """Every field of the prefix tree's Node is private (so the private check above keeps every other module from
+    reading it: the scheduler and the step builder ask the cache's queries), and the check sees a planted read."""
+    tree = ast.parse((ROOT / "engine/prefix_cache.py").read_text())
+    node_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Node")
+    slots = next(s.value for s in node_class.body if isinstance(s, ast.Assign) and s.targets[0].id == "__slots__")
+    fields = [e.value for e in slots.elts]
+    assert fields and all(_private(f) for f in fields)
+    assert set(fields) <= module_private_slots(tree)
+    planted = tmp_path / "scheduler.py"
+    planted.write_text("def plan(cache, node):\n    return node._done + len(node._tokens)\n")
+    assert sorted(e for _, e in private_accesses(planted)) == ["node._done", "node._tokens"]
+    owner = tmp_path / "prefix_cache.py"  # the same reads in the module that declares the slots are its own
+    owner.write_text("class Node:\n    __slots__ = ('_done', '_tokens')\n\n\n"
+                     "def size(node):\n    return node._done + len(node._tokens)\n")
+    assert private_accesses(owner) == []
 
 
 def test_the_scheduler_check_sees_a_planted_violation(tmp_path):

@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import prefix_cache
-from engine.prefix_cache import KVCache
-from engine.prefix_cache import Kind, PrefixCache
+from engine.kv_cache import KVCache
+from engine.plan import PendingRow
+from engine.prefix_cache import Kind, PrefixCache, Span
+from engine.work_queue import WorkQueue
 
 CONFIG = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=2, hidden_size=2, sliding_window=None)
 
@@ -25,7 +27,7 @@ def compute(cache: PrefixCache, path) -> bool:
     """Reserve and mark computed every node of a path (as a step would); False when pages run short."""
     cache.tick()
     for node in path:
-        if not node.complete:
+        if not cache.complete(node):
             if not cache.reserve(node, len(node)):
                 return False
             cache.computed(node, len(node))
@@ -55,64 +57,86 @@ def test_refcounts_and_indexes_stay_exact(ops, keep):
     pid = 0
     for op, arg in ops:
         if op == "insert":
-            _, path = cache.match_insert(arg, lambda *a: None)
+            path = cache.match_insert(arg).path
             cache.lock(path[-1])
             locked.append(path[-1])
         elif op == "private":
             pid += 1
-            leaf = cache.add_private(cache.root, arg, 0, Kind.PRIVATE, ("private", pid))
+            leaf = cache.add_private(None, arg, 0, Kind.PRIVATE, ("private", pid))
             cache.lock(leaf)
             locked.append(leaf)
         elif op == "unlock" and locked:
             cache.unlock(locked.pop(arg % len(locked)))
         elif op == "compute" and locked:
             leaf = locked[arg % len(locked)]
-            if not compute(cache, [*leaf.ancestors(), leaf]):
+            if not compute(cache, cache.lineage(leaf)[::-1]):
                 cache.evict(len(leaf))
         elif op == "evict":
             cache.evict(arg)
         elif op == "preempt" and locked:
             leaf = locked[arg % len(locked)]
-            cache.preempt({id(leaf)} | {id(a) for a in leaf.ancestors()})
+            cache.preempt({id(n) for n in cache.lineage(leaf)})
         cache.check()
     for leaf in locked:
         cache.unlock(leaf)
     cache.check()
     if not keep:
-        assert cache.kv.used_pages == 0 and not cache.root.children
+        assert cache.kv.used_pages == 0 and not cache.children()
+
+
+def test_an_insert_reports_the_node_it_cut_and_rows_follow_the_cut():
+    """The cache calls nobody back: an insert that cuts a node says so in its result, and score rows kept at
+    absolute positions move to the new upper node by position alone."""
+    cache = new_cache()
+    first = cache.match_insert([1, 2, 3, 4, 5])
+    assert first.split is None and first.cached == 0 and len(first.path) == 1
+    node, queue = first.path[0], WorkQueue(cache)
+    for p in range(5):
+        queue.wait(node, PendingRow(p, None, p, 0))
+    assert cache.reserve(node, 3)
+    cache.computed(node, 3)
+    second = cache.match_insert([1, 2, 9])
+    cut = second.split
+    assert cut.lower is node and cut.upper is second.path[0] and cut.at == 2 and second.cached == 2
+    assert cache.span(cut.upper) == Span(0, 2, 2, Kind.SHARED) and cache.span(node) == Span(2, 3, 1, Kind.SHARED)
+    assert cache.slot(cut.upper, 1) + 1 == cache.slot(node, 2)  # the page holding the cut is shared
+    queue.follow(cut)
+    assert [r.position for r in queue.take(cut.upper, 0, 2)] == [0, 1]
+    assert [r.position for r in queue.take(node, 2, 5)] == [2, 3, 4] and not queue.needs(node)
+    cache.check()
 
 
 def test_evict_takes_the_least_recently_used_leaf_without_walking(monkeypatch):
     cache = new_cache(pages=8, page_size=4, keep=True)
     leaves = []
     for first in (1, 2, 3):  # three cached prefixes of one page each, used in this order
-        _, path = cache.match_insert([first, 9, 9, 9], lambda *a: None)
+        path = cache.match_insert([first, 9, 9, 9]).path
         cache.lock(path[-1])
         assert compute(cache, path)
         cache.unlock(path[-1])
         leaves.append(path[-1])
     # prefix 1 used again (a step computes a continuation of it): now prefix 2 is the least recently used
-    _, path = cache.match_insert([1, 9, 9, 9, 7, 7], lambda *a: None)
+    path = cache.match_insert([1, 9, 9, 9, 7, 7]).path
     cache.lock(path[-1])
     assert compute(cache, path) and path[0] is leaves[0]
     cache.unlock(path[-1])
     monkeypatch.setattr(prefix_cache, "walk", no_walk)
     assert cache.evict(cache.free_tokens() + 1) == 1
-    assert [n.tokens[0] for n in cache.root.children.values()] == [1, 3]
-    assert cache.evict(10 ** 6) == 3 and not cache.root.children  # 3, then [7, 7], then its parent [1, 9, 9, 9]
+    assert [cache.tokens(n)[0] for n in cache.children()] == [1, 3]
+    assert cache.evict(10 ** 6) == 3 and not cache.children()  # 3, then [7, 7], then its parent [1, 9, 9, 9]
 
 
 def test_preempt_takes_the_least_recently_used_node_outside_keep(monkeypatch):
     cache = new_cache(pages=8, page_size=4, keep=False)
     paths = []
     for first in (1, 2, 3):
-        _, path = cache.match_insert([first, 5, 5, 5, 5], lambda *a: None)
+        path = cache.match_insert([first, 5, 5, 5, 5]).path
         cache.lock(path[-1])
         assert compute(cache, path)
         paths.append(path)
     monkeypatch.setattr(prefix_cache, "walk", no_walk)
     victim = cache.preempt({id(paths[0][-1])})  # the oldest is kept: the next oldest goes
-    assert victim is paths[1][-1] and not victim.pages and victim.done == 0
+    assert victim is paths[1][-1] and not cache.holds_pages(victim) and cache.span(victim).done == 0
     assert cache.preempt(set()) is paths[0][-1]
     assert cache.preempt({id(paths[2][-1])}) is None
 
