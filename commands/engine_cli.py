@@ -70,6 +70,12 @@ def cmd_score(args) -> int:
         raise UserError("no rows to score", args.input)
     out_schema = tables.check_output(args.output, args.input, rows, schema)
     skip = _finished_rows(args.output, rows, args.input)
+    if not getattr(args, "server", None):  # bad options or a damaged model: errors even with nothing left to do
+        from engine.loader import load_model_config
+
+        from .factory import engine_options
+        engine_options(args)
+        load_model_config(args.model)
     if skip == len(rows):
         print(f"{args.output} already holds all {len(rows)} rows; nothing to do", file=sys.stderr)
         return 0

@@ -122,10 +122,11 @@ class Engine:
         self.config, self.tokenizer, self.device = config, tokenizer, torch.device(device)
         self.dtype = torch_dtype(dtype)
         self.options = EngineOptions.checked(**options)
-        self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic)
+        self.limits = Limits.of(config, self.options.kv_tokens, self.options.page_size)  # what one request may hold
+        self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic,
+                                max_tokens=self.limits.max_request_tokens)  # rope tables: not the header's length
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
-        self.limits = Limits.of(config, self.options.kv_tokens, self.options.page_size)  # what one request may hold
         self.cache = PrefixCache(self.kv, self.options.keep_cache)  # the tree over the pages: the scheduler's and
         # the step builder's view of the KV cache
         self.scheduler = Scheduler(self.cache, self.options.token_budget)

@@ -20,10 +20,10 @@ import gguf
 import numpy as np
 import torch
 
-from .config import ModelConfig
+from .config import RANGES, ModelConfig, check_int
 from .errors import UserError
-from .tokenizer import (PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokenizer, end_of_generation_ids,
-                        sentencepiece_bpe)
+from .tokenizer import (PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokenizer, check_tokenizer,
+                        end_of_generation_ids, rust_errors, sentencepiece_bpe)
 from .weights import LazyWeights, release_pages
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
@@ -94,6 +94,13 @@ def load_gguf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
     meta, _, tensors, config = _header(Path(path))
     config.tie_embeddings = "output.weight" not in tensors
     return config, _tokenizer(meta, config)
+
+
+def load_gguf_config(path: str | Path) -> ModelConfig:
+    """The checked config of a GGUF file, from its metadata (the tokenizer is not built)."""
+    meta, _, tensors, config = _header(Path(path))
+    config.tie_embeddings = "output.weight" not in tensors
+    return config
 
 
 def _header(path: Path):
@@ -278,37 +285,61 @@ def _config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
         raise UserError(f"metadata of the wrong type or range ({e})", meta.source) from None
 
 
+def gguf_names(arch: str) -> dict[str, str]:
+    """The metadata keys of ModelConfig's fields in a GGUF file of `arch` (for the messages of its checks)."""
+    a = arch
+    return {"vocab_size": "tokenizer.ggml.tokens (its length)", "hidden_size": f"{a}.embedding_length",
+            "intermediate_size": f"{a}.feed_forward_length", "num_layers": f"{a}.block_count",
+            "num_heads": f"{a}.attention.head_count", "num_kv_heads": f"{a}.attention.head_count_kv",
+            "head_dim": f"{a}.attention.key_length", "rms_norm_eps": f"{a}.attention.layer_norm_rms_epsilon",
+            "rope_theta": f"{a}.rope.freq_base", "rope_scaling": f"{a}.rope.scaling",
+            "max_position": f"{a}.context_length", "sliding_window": f"{a}.attention.sliding_window",
+            "sliding_layers": f"{a}.attention.sliding_window_pattern", "rope_local_theta": f"{a}.rope.freq_base_swa",
+            "query_pre_attn_scalar": f"{a}.attention.key_length", "bos_token_id": "tokenizer.ggml.bos_token_id",
+            "eos_token_ids": "tokenizer.ggml.eos_token_id (or eot, eom)"}
+
+
 def _read_config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
-    heads = int(meta.get(f"{arch}.attention.head_count"))
-    hidden = int(meta.get(f"{arch}.embedding_length"))
+    """The config from the metadata as stored (no coercion: a count stored as a string or a float is refused),
+    checked by ModelConfig.validate before anything is sized from it."""
+    names, source = gguf_names(arch), meta.source
+
+    def bounded(field: str, default=KeyError) -> int:  # a size needed before validate: checked now
+        return check_int(meta.get(names[field], default), names[field], *RANGES[field], source)
+
+    heads = bounded("num_heads")
+    hidden = bounded("hidden_size")
     eos = [meta.get(f"tokenizer.ggml.{k}_token_id", None) for k in ("eos", "eot", "eom")]
+    vocab = meta.length("tokenizer.ggml.tokens")
     config = ModelConfig(
         arch=arch,
-        vocab_size=meta.length("tokenizer.ggml.tokens") or int(meta.get(f"{arch}.vocab_size")),
+        vocab_size=vocab or meta.get(f"{arch}.vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(meta.get(f"{arch}.feed_forward_length")),
-        num_layers=int(meta.get(f"{arch}.block_count")),
+        intermediate_size=meta.get(names["intermediate_size"]),
+        num_layers=bounded("num_layers"),
         num_heads=heads,
-        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        max_position=int(meta.get(f"{arch}.context_length", 2048)),
+        num_kv_heads=meta.get(names["num_kv_heads"], heads),
+        head_dim=meta.get(names["head_dim"], hidden // heads),
+        rms_norm_eps=meta.get(names["rms_norm_eps"], 1e-5),
+        rope_theta=meta.get(names["rope_theta"], 10000.0),
+        max_position=meta.get(names["max_position"], 2048),
         attention_bias="blk.0.attn_q.bias" in tensors,
         qk_norm=arch in ("qwen3", "gemma3"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id", None),
-        eos_token_ids=[int(i) for i in eos if i is not None],
+        eos_token_ids=[i for i in eos if i is not None],
     )
     if arch == "gemma3":  # llama.cpp's and transformers' defaults where the file says nothing: every 6th layer
         # global, local rope base 10000, attention scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim)
-        pattern = int(meta.get("gemma3.attention.sliding_window_pattern", 6))
-        config.sliding_window = int(meta.get("gemma3.attention.sliding_window"))
+        pattern = check_int(meta.get(names["sliding_layers"], 6), names["sliding_layers"], 1,
+                            RANGES["num_layers"][1], source)
+        config.sliding_window = meta.get(names["sliding_window"])
         config.sliding_layers = tuple(bool((i + 1) % pattern) for i in range(config.num_layers))
-        config.rope_local_theta = float(meta.get("gemma3.rope.freq_base_swa", 10000.0))
+        config.rope_local_theta = meta.get(names["rope_local_theta"], 10000.0)
         config.query_pre_attn_scalar = config.head_dim
-        config.rms_norm_eps = float(meta.get("gemma3.attention.layer_norm_rms_epsilon", 1e-6))
+        config.rms_norm_eps = meta.get(names["rms_norm_eps"], 1e-6)
+    config.validate(source, names)  # before the rope factors are fitted at the config's head size
     config.rope_scaling = _rope_scaling(meta, arch, config, tensors.get("rope_freqs.weight"))
-    return config
+    return config.validate(source, names)
 
 
 def _rope_scaling(meta: _Metadata, arch: str, config: ModelConfig, freqs) -> dict | None:
@@ -316,11 +347,15 @@ def _rope_scaling(meta: _Metadata, arch: str, config: ModelConfig, freqs) -> dic
     if freqs is not None:
         if kind not in ("none", "linear") or meta.get(f"{arch}.rope.scaling.factor", 1.0) != 1.0:
             raise UserError("rope_freqs together with rope scaling metadata is not supported", meta.source)
-        return llama3_rope_from_factors(np.array(freqs.data, dtype=np.float64), config, meta.source)
+        factors = np.array(freqs.data, dtype=np.float64).reshape(-1)
+        if factors.size != config.head_dim // 2 or not np.isfinite(factors).all() or (factors <= 0).any():
+            raise UserError(f"rope_freqs.weight must hold {config.head_dim // 2} positive factors (one per "
+                            f"frequency of the head size {config.head_dim})", meta.source)
+        return llama3_rope_from_factors(factors, config, meta.source)
     if kind == "none":
         return None
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(meta.get(f"{arch}.rope.scaling.factor"))}
+        return {"rope_type": "linear", "factor": meta.get(f"{arch}.rope.scaling.factor")}
     raise UserError(f"unsupported rope scaling {kind!r} (supported: none, linear, llama3)", meta.source)
 
 
@@ -385,8 +420,19 @@ def _tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
         return sentencepiece_bpe(tokens, meta.get("tokenizer.ggml.scores"), types, space_prefix,
                                  meta.get("tokenizer.ggml.unknown_token_id", None))
 
-    backend, _ = cached_tokenizer(digest.hexdigest()[:32], build)
+    n = meta.length("tokenizer.ggml.tokens")
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if key in meta and meta.length(key) != n:
+            raise UserError(f"{key} has {meta.length(key):,} entries for {n:,} tokens", meta.source)
+    if model == "llama" and meta.length("tokenizer.ggml.scores") != n:
+        raise UserError("a SentencePiece vocabulary needs tokenizer.ggml.scores (one per token)", meta.source)
+    unk = meta.get("tokenizer.ggml.unknown_token_id", None)
+    if unk is not None:
+        check_int(unk, "tokenizer.ggml.unknown_token_id", 0, n - 1, meta.source)
+    with rust_errors("its vocabulary does not make a tokenizer", meta.source, building=True):
+        backend, _ = cached_tokenizer(digest.hexdigest()[:32], build)
+    check_tokenizer(backend, config.vocab_size, meta.source)
     return Tokenizer(backend, bos_id=config.bos_token_id,
                      eos_ids=end_of_generation_ids(backend, config.eos_token_ids),
                      add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
-                     chat_template=meta.get("tokenizer.chat_template", None))
+                     chat_template=meta.get("tokenizer.chat_template", None), source=meta.source)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
+from .config import ModelConfig, check_int, token_ids
 from .errors import UserError
-from .tokenizer import Tokenizer, end_of_generation_ids
+from .tokenizer import MAX_TOKENIZER_BYTES, Tokenizer, check_tokenizer, end_of_generation_ids, rust_errors
 from .weights import LazyWeights
 
 
@@ -29,6 +29,11 @@ def load_hf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
     path = Path(path)
     config = _load_config(path)
     return config, _load_tokenizer(path, config)
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """The checked config of an HF model directory (nothing else is read)."""
+    return _load_config(Path(path))
 
 
 def _load_config(path: Path) -> ModelConfig:
@@ -171,10 +176,12 @@ def _load_tokenizer(path: Path, config: ModelConfig) -> Tokenizer:
     file = path / "tokenizer.json"
     if not file.is_file():
         raise UserError("missing tokenizer.json (only fast tokenizers are supported)", str(path))
-    try:
+    if file.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise UserError(f"larger than the {MAX_TOKENIZER_BYTES >> 20} MiB a tokenizer.json may hold", str(file))
+    with rust_errors("not a readable tokenizer.json", str(file)):
         backend = tokenizers.Tokenizer.from_file(str(file))
-    except Exception as e:
-        raise UserError(f"not a readable tokenizer.json ({e})".splitlines()[0], str(file)) from None
+    spec = json.loads(backend.to_str())
+    check_tokenizer(backend, config.vocab_size, str(file), spec)
     tok_cfg = _read_json(path / "tokenizer_config.json", required=False) or {}
     gen_cfg = _read_json(path / "generation_config.json", required=False) or {}
 
@@ -182,14 +189,15 @@ def _load_tokenizer(path: Path, config: ModelConfig) -> Tokenizer:
     bos_id = backend.token_to_id(bos_text) if bos_text else None
     bos_id = config.bos_token_id if bos_id is None else bos_id
     eos_text = _token_text(tok_cfg.get("eos_token"))
-    gen_eos = gen_cfg.get("eos_token_id")
-    gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+    gen_file = str(path / "generation_config.json")
+    gen_eos = [check_int(i, "eos_token_id", 0, config.vocab_size - 1, gen_file)
+               for i in token_ids(gen_cfg.get("eos_token_id"), "eos_token_id", gen_file)]
     declared = list(config.eos_token_ids) + gen_eos + [backend.token_to_id(eos_text) if eos_text else None]
     add_bos = tok_cfg.get("add_bos_token")
     if add_bos is None:
-        add_bos = _post_processor_adds_bos(json.loads(backend.to_str()).get("post_processor"), bos_text)
+        add_bos = _post_processor_adds_bos(spec.get("post_processor"), bos_text)
     return Tokenizer(backend, bos_id=bos_id, eos_ids=end_of_generation_ids(backend, declared),
-                     add_bos=bool(add_bos), chat_template=_chat_template(path, tok_cfg))
+                     add_bos=bool(add_bos), chat_template=_chat_template(path, tok_cfg), source=str(file))
 
 
 def _post_processor_adds_bos(proc: dict | None, bos_text: str | None) -> bool:

@@ -5,7 +5,8 @@ shapes checked against the config so that a wrong or incomplete checkpoint fails
 a forward. The weights are a `LazyWeights`: nothing is read until the model asks for a tensor, and each tensor is
 then read (and dequantized) from the file on its own, into memory of its own, the file's pages given back, so that
 building the model never holds a second copy of it (Engine.load's peak stays near the model's final size).
-`load_model_info` gives the config and tokenizer alone (no tensor is read).
+`load_model_info` gives the config and tokenizer alone (no tensor is read), `load_model_config` the config alone.
+Every header is validated where it is read (ModelConfig.validate), before anything is sized from it.
 """
 from __future__ import annotations
 
@@ -95,7 +96,6 @@ def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, Lazy
     else:
         from .gguf_loader import load_gguf
         config, weights, tokenizer = load_gguf(path)
-    check_config(config, str(path))
     check_weights(config, weights, str(path))
     return config, weights, tokenizer
 
@@ -111,24 +111,18 @@ def load_model_info(model: str | Path | None = None) -> tuple[ModelConfig, Token
     else:
         from .gguf_loader import load_gguf_info
         config, tokenizer = load_gguf_info(path)
-    check_config(config, str(path))
     return config, tokenizer
 
 
-def check_config(config: ModelConfig, source: str) -> None:
-    """Sizes are positive integers and the heads divide evenly: a damaged config fails here, not in a forward."""
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                 "head_dim", "max_position"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"config {name} must be a positive integer, got {value!r}", source)
-    if config.num_heads % config.num_kv_heads:
-        raise UserError(f"config num_heads {config.num_heads} is not a multiple of num_kv_heads "
-                        f"{config.num_kv_heads}", source)
-    for name in ("rms_norm_eps", "rope_theta"):
-        value = getattr(config, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
-            raise UserError(f"config {name} must be a positive number, got {value!r}", source)
+def load_model_config(model: str | Path | None = None) -> ModelConfig:
+    """The model's config alone, checked (engine/config.py): what a command that has nothing left to compute still
+    validates, so that a damaged model is an error there too, not a silent success."""
+    path = resolve_model_path(model)
+    if model_format(path) == "hf":
+        from .hf_loader import load_hf_config
+        return load_hf_config(path)
+    from .gguf_loader import load_gguf_config
+    return load_gguf_config(path)
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -43,9 +43,10 @@ class StepBatch:
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device,
-                 deterministic: bool = False):
+                 deterministic: bool = False, max_tokens: int | None = None):
         """`weights` by HF name: a plain dict, or the loader's LazyWeights, which reads a tensor from the file
-        when asked. Each tensor is read once, turned into its final dtype, device and layout (linears fused and
+        when asked. `max_tokens`: the longest sequence the model will run (the engine's `Limits`); the rotary
+        tables are sized by it, not by the header's context length (up to 16M positions). Each tensor is read once, turned into its final dtype, device and layout (linears fused and
         prepacked where the mode packs) and dropped before the next: building never holds a second model copy."""
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         self.deterministic = deterministic
@@ -100,10 +101,10 @@ class LlamaModel:
         # the generation logits' copy of the LM head (the fused target log-prob reads the plain one in tiles),
         # packed on the first generation step: an engine that only scores never holds it
         self._logits_head = None
-        self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position,
-                                                  self.device)
+        positions = min(c.max_position, max_tokens or c.max_position)
+        self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, positions, self.device)
         self.local_cos, self.local_sin = (
-            kernels.rope_cos_sin(c.head_dim, c.rope_local_theta, None, c.max_position, self.device)
+            kernels.rope_cos_sin(c.head_dim, c.rope_local_theta, None, positions, self.device)
             if any(c.sliding_layers) else (None, None))
         self.scale = c.attention_scale
         # HF rounds sqrt(hidden) to the model dtype before scaling the embedding

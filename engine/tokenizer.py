@@ -6,8 +6,10 @@ tokenizers on disk as tokenizer.json files.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,8 +27,8 @@ class Tokenizer:
     guided by `add_bos` (what the model was trained with)."""
 
     def __init__(self, backend: tokenizers.Tokenizer, *, bos_id: int | None, eos_ids: Sequence[int],
-                 add_bos: bool, chat_template: str | None = None):
-        self.backend = backend
+                 add_bos: bool, chat_template: str | None = None, source: str | None = None):
+        self.backend, self.source = backend, source  # source: the file it came from, for messages
         self.bos_id = bos_id
         self.eos_ids = list(dict.fromkeys(i for i in eos_ids if i is not None))
         self.eos_id = self.eos_ids[0] if self.eos_ids else None
@@ -39,14 +41,17 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        with rust_errors("cannot tokenize this text", self.source):
+            return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """encode() of many texts at once (the Rust backend spreads them over threads)."""
-        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+        with rust_errors("cannot tokenize this text", self.source):
+            return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        with rust_errors("cannot decode these tokens", self.source):
+            return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
@@ -72,6 +77,88 @@ class Tokenizer:
                 RecursionError, MemoryError) as e:  # the model's template is input: a sandbox refusal is not a crash
             raise UserError(f"the model's chat template fails to render ({type(e).__name__}: "
                             f"{' '.join(str(e).split())[:200]})") from None
+
+
+def is_rust_panic(e: BaseException) -> bool:
+    """A panic of a Rust extension (pyo3_runtime.PanicException: a BaseException, not an Exception)."""
+    return type(e).__name__ == "PanicException"
+
+
+@contextmanager
+def rust_errors(what: str, source: str | None, building: bool = False):
+    """The tokenizers library's failures inside the block (its exceptions and its panics) as one UserError line:
+    `what` (the tokenizer's fault, e.g. a regex past its retry limit), naming the tokenizer's file. A TypeError
+    is the caller's (not text) unless `building` (a tokenizer made from a file's values)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except BaseException as e:
+        if not (is_rust_panic(e) or isinstance(e, Exception)) or (isinstance(e, TypeError) and not building):
+            raise  # Ctrl-C and exits are not the tokenizer's
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise UserError(f"the model's tokenizer fails: {what} ({reason})", source) from None
+
+
+# Probe texts a loaded tokenizer must encode: long runs of each kind of character and their mixtures, the inputs
+# on which a backtracking pre-tokenizer regex blows up (`(\w+\s?)*$` on a word run ending in punctuation).
+PROBES = tuple(run * 48 + end for run in ("a", "a ", "7", " ", "\n", "!", "\u00e9", "\u4e2d", "a1")
+               for end in ("", "!", " ", "\n", "a"))
+MAX_REGEX_CHARS = 4096  # a split pattern (Llama 3's is 157 characters)
+MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer.json (Gemma 3's, with 262k tokens, is 33 MB)
+
+
+def check_tokenizer(backend: tokenizers.Tokenizer, vocab_size: int, source: str, spec: dict | None = None) -> None:
+    """A tokenizer a model may use: no token id beyond the model's vocabulary of `vocab_size` (its embedding
+    rows), regexes of at most MAX_REGEX_CHARS, and the PROBES encoded without failing (the Rust library's panic
+    message is kept off stderr while probing). `spec`: the tokenizer's JSON, when the caller parsed it already."""
+    size = backend.get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise UserError(f"the tokenizer has {size:,} tokens but the model's vocabulary (its embedding) has "
+                        f"{vocab_size:,}", source)
+    for pattern in _regexes(spec if spec is not None else json.loads(backend.to_str())):
+        if len(pattern) > MAX_REGEX_CHARS:
+            raise UserError(f"a tokenizer regex of {len(pattern):,} characters (the limit is {MAX_REGEX_CHARS:,})",
+                            source)
+    with _quiet_stderr(), rust_errors("it fails on a probe text (a pre-tokenizer regex that backtracks without "
+                                      "bound?)", source):
+        backend.encode_batch(list(PROBES), add_special_tokens=False)
+
+
+def _regexes(node) -> list[str]:
+    """Every {"Regex": pattern} of a tokenizer's JSON (pre-tokenizers and normalizers), depth-first."""
+    found, stack = [], [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("Regex"), str):
+                found.append(item["Regex"])
+            stack.extend(item.get(k) for k in ("pre_tokenizer", "normalizer", "pattern", "pretokenizers",
+                                               "normalizers") if k in item)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+@contextmanager
+def _quiet_stderr():
+    """File descriptor 2 sent to /dev/null inside the block (a Rust panic writes its message there itself)."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _compile_template(source: str):

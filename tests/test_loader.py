@@ -364,13 +364,14 @@ def test_hf_hub_cache_snapshot_links_to_its_blobs_still_load(tiny_model_dir, tmp
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"num_attention_heads": 0}, "num_heads must be a positive integer, got 0"),
-    ({"num_attention_heads": 0, "head_dim": None}, "a config value of the wrong type or range"),
-    ({"num_hidden_layers": -1}, "num_layers must be a positive integer, got -1"),
-    ({"num_hidden_layers": 10 ** 9}, "config num_layers is 1000000000, the weights have 2 layers"),
-    ({"hidden_size": "64"}, "hidden_size must be a positive integer, got '64'"),
-    ({"num_key_value_heads": 3}, "not a multiple of num_kv_heads 3"),
-    ({"rms_norm_eps": -1.0}, "rms_norm_eps must be a positive number"),
+    ({"num_attention_heads": 0}, r"num_attention_heads must be an integer in 1\.\.1,024, got 0"),
+    ({"num_attention_heads": 0, "head_dim": None}, r"num_attention_heads must be an integer in 1\.\.1,024, got 0"),
+    ({"num_hidden_layers": -1}, r"num_hidden_layers must be an integer in 1\.\.1,024, got -1"),
+    ({"num_hidden_layers": 10 ** 9}, r"num_hidden_layers must be an integer in 1\.\.1,024, got 1000000000"),
+    ({"num_hidden_layers": 3}, "config num_layers is 3, the weights have 2 layers"),
+    ({"hidden_size": "64"}, r"hidden_size must be an integer in 1\.\.65,536, got '64'"),
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ({"rms_norm_eps": -1.0}, r"rms_norm_eps must be a number in \(0, 0\.5\], got -1\.0"),
 ])
 def test_errors_damaged_config_values(tiny_model_dir, tmp_path, change, match):
     bad = shutil.copytree(tiny_model_dir, tmp_path / "m")
