@@ -32,14 +32,25 @@ def _int_at_least(text: str, low: int, what: str) -> int:
     return value
 
 
-def int_in_range(low: int, high: int):
-    """An argparse type: an integer from `low` to `high` (a bound on the work an option can ask for)."""
+def int_in_range(low: int, high: int, why: str = ""):
+    """An argparse type: an integer from `low` to `high` (a bound on the work an option can ask for; `why` says
+    what the bound protects, in the message)."""
     def parse(text: str) -> int:
         value = _int_at_least(text, low, "positive" if low == 1 else f">= {low}")
         if value > high:
-            raise argparse.ArgumentTypeError(f"expected an integer of at most {high:,}, got {_shown(text)}")
+            raise argparse.ArgumentTypeError(f"expected an integer of at most {high:,}{f' ({why})' if why else ''}, "
+                                             f"got {_shown(text)}")
         return value
     return parse
+
+
+# Bounds of the counts the commands take (each option's reason is in its message).
+MAX_SEED = 2 ** 63 - 1  # what every random generator here (numpy, torch, random) takes
+MAX_THREADS = 1024  # above any machine's cores; the machine's own count is checked too (check_engine_args)
+MAX_WORKERS = 256  # Ray actors, each a whole engine
+MAX_DRAWS = 100  # independent demo draws: each repeats the work of every method that uses demos
+seed_int = int_in_range(0, MAX_SEED, "a 63-bit seed")
+draws_int = int_in_range(1, MAX_DRAWS, "each draw repeats the demo methods' work")
 
 
 def positive_int(text: str) -> int:
@@ -61,8 +72,8 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
                    "(assembled from registry packages into the user cache on first use; default: the embedded SmolLM2)")
     g.add_argument("--dtype", default=dtype, choices=("bfloat16", "float32"), help=f"default: {dtype}")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    g.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads for the model (default: chosen by the engine)")
+    g.add_argument("--threads", type=int_in_range(1, MAX_THREADS, "CPU threads"), default=None,
+                   help="CPU threads for the model, at most this machine's cores (default: chosen by the engine)")
     g.add_argument("--token-budget", type=positive_int, default=1024, help="new tokens per forward step")
     g.add_argument("--kv-tokens", type=positive_int, default=65536, help="KV cache capacity in tokens")
     g.add_argument("--deterministic", action="store_true",
@@ -70,15 +81,25 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
     g = p.add_argument_group("Ray (engine.distributed)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="score on a Ray cluster (no ADDRESS: start a local one)")
-    g.add_argument("--workers", type=positive_int, default=None, help="with --ray: Ray actors, one engine each "
-                   "(default: 2)")
+    g.add_argument("--workers", type=int_in_range(1, MAX_WORKERS, "Ray actors, each a whole engine"), default=None,
+                   help="with --ray: Ray actors, one engine each (default: 2)")
     g.add_argument("--naive-partition", action="store_true",
                    help="with --ray: deal requests round-robin instead of by prefix (for comparisons)")
 
 
+def machine_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def check_engine_args(args) -> None:
-    """Options that do nothing without --ray are errors without it (and --workers gets its default with it)."""
-    if getattr(args, "ray", None) is None:
+    """Options that do nothing without --ray are errors without it (and --workers gets its default with it);
+    --threads is at most this machine's cores (more threads than cores only contend, and thousands of OpenMP
+    threads crash the process); with --ray it is each worker's, and the cluster's resources decide."""
+    threads, ray = getattr(args, "threads", None), getattr(args, "ray", None)
+    if threads is not None and ray is None and threads > machine_cores():
+        raise UserError(f"--threads {threads} is more than this machine's {machine_cores()} CPU cores")
+    if ray is None:
         for flag, value in (("--workers", getattr(args, "workers", None)),
                             ("--naive-partition", getattr(args, "naive_partition", False))):
             if value:
@@ -96,7 +117,7 @@ def engine_options(args) -> dict:
     if args.threads is not None:
         opts["threads"] = args.threads
     elif ray and opts["device"] == "cpu":
-        opts["threads"] = max(1, (os.cpu_count() or 1) // args.workers)
+        opts["threads"] = max(1, machine_cores() // args.workers)
     return opts
 
 

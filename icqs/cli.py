@@ -16,7 +16,7 @@ import threading
 
 from commands.cli_args import ArgumentParser, check_report_output, run_command
 from engine.errors import UserError
-from commands.factory import add_engine_args, engine_from_args, int_in_range, model_label, positive_int
+from commands.factory import add_engine_args, draws_int, engine_from_args, int_in_range, model_label
 
 from .methods import METHODS
 from .run import add_run_args, deterministic_by_default
@@ -123,7 +123,7 @@ def register(subparsers) -> None:
                    help="label tasks: the label counts of every demo set (default: the task's, marginal)")
     p.add_argument("--calibrate", action="store_true", default=None,
                    help="also report scores calibrated with a content-free input (the task's content_free)")
-    p.add_argument("--draws", type=positive_int, default=3,
+    p.add_argument("--draws", type=draws_int, default=3,
                    help="independent demo draws (seeds seed, seed+1, ...) for the methods that use demos: the "
                         "leaderboard's CIs resample them with the questions and it shows the spread between them "
                         "(default: 3; 1 is the cost of one)")
@@ -148,7 +148,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="score simulated models on a built-in task; leaderboard and report")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--draws", type=positive_int, default=3, help="independent demo draws (default: 3)")
+    p.add_argument("--draws", type=draws_int, default=3, help="independent demo draws (default: 3)")
     p.add_argument("--no-audit", action="store_true", help="skip the evaluator audit")
     add_engine_args(p)
     deterministic_by_default(p)
@@ -162,7 +162,7 @@ def register(subparsers) -> None:
     p.add_argument("candidates", nargs="?", default=None, help="candidates JSONL (`icqs schema candidates`)")
     p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
     p.add_argument("--sampler", choices=SAMPLERS, default="coupled")
-    p.add_argument("--draws", type=positive_int, default=3, help="demo draws, as `icqs score --draws`")
+    p.add_argument("--draws", type=draws_int, default=3, help="demo draws, as `icqs score --draws`")
     p.add_argument("--no-audit", action="store_true", help="leave the audit's requests out")
     add_engine_args(p)
     deterministic_by_default(p)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.stats import COUNTERS, EngineStats
-from commands.factory import non_negative_int
+from commands.factory import seed_int
 
 from .io import TMP_SUFFIX, atomic_write, strict_json
 
@@ -245,7 +245,7 @@ def format_stats(stats: dict) -> str:
 def add_run_args(p: argparse.ArgumentParser, seed_default: int | None = 0, seed_help: str = "sampling seed") -> None:
     """--out (the run directory), --seed and --quiet, as every run command takes them."""
     p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
-    p.add_argument("--seed", type=non_negative_int, default=seed_default, help=seed_help)
+    p.add_argument("--seed", type=seed_int, default=seed_default, help=seed_help)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
