@@ -19,11 +19,12 @@ from engine.errors import UserError
 from commands.factory import add_engine_args, draws_int, engine_from_args, int_in_range, model_label
 
 from .methods import METHODS
+from .run_dirs import ScoreRun, open_run
+from .run_tables import add_json_arg, say, show
 from .run import add_run_args, deterministic_by_default
 from .sampler import SAMPLERS
 from .task import BALANCE, LIMITS
-from .run import read_run_json
-from .score_run import load_scores, print_audit, score_run, score_run_dir, write_leaderboard
+from .score_run import score_run, score_run_dir
 
 
 def cmd_score(args) -> None:
@@ -42,29 +43,22 @@ def cmd_score(args) -> None:
     engine = engine_from_args(args, keep_cache=True)  # chunks of one job reuse the demo sets
     rows = score_run(engine, task, candidates, run, args.method, args.sampler, model, progress=not args.quiet,
                      path=args.candidates, draws=args.draws, audit=not args.no_audit)
-    print_audit(run.path, task, run.meta)
-    print(write_leaderboard(run.path, rows, task, run.meta["engine_stats"]), end="")
+    section = ScoreRun(run.path).leaderboard_of(task, rows, run.meta)
+    show(args, section.data, section.text, section.warnings)
 
 
-def cmd_leaderboard(args) -> None:
-    task, _, rows, meta = load_scores(args.dir)
-    if not rows:
-        raise UserError("no method has complete results yet; run `icqs score` again to finish", args.dir)
-    print_audit(args.dir, task, meta)
-    print(write_leaderboard(args.dir, rows, task, meta.get("engine_stats")), end="")
-
-
-def cmd_audit(args) -> None:
-    task = load_scores(args.dir)[0]
-    print_audit(args.dir, task, read_run_json(args.dir, "score"))
+def cmd_section(args) -> None:
+    """`icqs leaderboard DIR` and `icqs audit DIR`, on a run directory of any kind."""
+    run = open_run(args.dir)
+    section = run.leaderboard() if args.section == "leaderboard" else run.audit()
+    show(args, section.data, section.text, section.warnings)
 
 
 def cmd_report(args) -> None:
-    from .report import write_report
     if args.output:
         check_report_output(args.output, args.dir, "report.html")  # never over a run's files or an input
-    path = write_report(args.dir, args.output)
-    print(f"wrote {path}")
+    path = open_run(args.dir).report(args.output)
+    say(args, f"wrote {path}")
 
 
 def cmd_demo(args) -> None:
@@ -115,6 +109,7 @@ def register(subparsers) -> None:
     p.add_argument("candidates", help="candidates JSONL: id, model, x, y, optional truth / truth_dist "
                                       "(`icqs schema candidates`)")
     add_run_args(p, seed_default=None, seed_help="sampling seed (default: the task's)")
+    add_json_arg(p)
     p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
     p.add_argument("--sampler", choices=SAMPLERS, default="coupled",
                    help="demo sets: coupled across ratios (default), independent per ratio as in the paper, or "
@@ -135,15 +130,26 @@ def register(subparsers) -> None:
     add_engine_args(p)
     deterministic_by_default(p)
     p.set_defaults(func=cmd_score)
-    p = subparsers.add_parser("leaderboard", help="print the leaderboard of a score run directory")
-    p.add_argument("dir")
-    p.set_defaults(func=cmd_leaderboard)
-    p = subparsers.add_parser("audit", help="print the evaluator audit of a score run directory")
-    p.add_argument("dir")
-    p.set_defaults(func=cmd_audit)
-    p = subparsers.add_parser("report", help="write the HTML report of a score run directory")
-    p.add_argument("dir")
+    runs = "a run directory of `icqs score`, `judge`, `pairwise` or `allure run`"
+    for name, help_, description in (
+            ("leaderboard", "print the leaderboard of a run directory (score, judge, pairwise)",
+             "Print the models' ranking a run directory holds: a score run's leaderboard per method (after its "
+             "evaluator audit), a judge run's mean grade per model beside the truth, a pairwise run's Bradley-Terry "
+             "leaderboard (marked when the judge's bias check distrusts it). An ALLURE run ranks no models."),
+            ("audit", "print how far a run's evaluator can be trusted",
+             "Print a run directory's checks of its own evaluator: a score run's evaluator audit, a judge run's "
+             "grades per K and their agreement with the labels, a pairwise run's bias check (measured vs a judge "
+             "without bias), an ALLURE run's evaluator per round.")):
+        p = subparsers.add_parser(name, help=help_, description=description)
+        p.add_argument("dir", help=runs)
+        add_json_arg(p)
+        p.set_defaults(func=cmd_section, section=name)
+    p = subparsers.add_parser("report", help="write the HTML report of a run directory (any kind)",
+                              description="Write the HTML report of " + runs + ": its settings and warnings, "
+                              "its tables with their CIs, figures, and every item.")
+    p.add_argument("dir", help=runs)
     p.add_argument("--output", default=None, help="HTML file (default: DIR/report.html)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     p.set_defaults(func=cmd_report)
     p = subparsers.add_parser("demo", help="score simulated models on a built-in task; leaderboard and report")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")

@@ -286,8 +286,16 @@ def write_report(run_dir, output=None) -> Path:
             parts.append(ranking_figure(board))
     if rows:
         parts.append(items_table(task, candidates, rows, boards))
-    text = f"<!doctype html><html><head><meta charset='utf-8'><title>ICQS report: {html.escape(task.name)}</title>" \
-           f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
     path = Path(output) if output else run_dir / "report.html"
-    atomic_write(path, text)
+    atomic_write(path, html_page(f"ICQS report: {task.name}", parts))
     return path
+
+
+# ---- shared with the reports of the other run types (icqs.report_runs) ----------------------------------------------
+figure_html = _png  # a matplotlib figure as an embedded PNG, sized to the page
+
+
+def html_page(title: str, parts: list[str]) -> str:
+    """A whole report page: its title, the reports' style, the parts in order."""
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")

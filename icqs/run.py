@@ -246,7 +246,8 @@ def add_run_args(p: argparse.ArgumentParser, seed_default: int | None = 0, seed_
     """--out (the run directory), --seed and --quiet, as every run command takes them."""
     p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
     p.add_argument("--seed", type=seed_int, default=seed_default, help=seed_help)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors (no progress bars, "
+                   "no tables: the results are in --out)")
 
 
 def deterministic_by_default(p: argparse.ArgumentParser) -> None:

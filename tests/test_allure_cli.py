@@ -28,7 +28,9 @@ def test_run_resume_report(files, tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(run_args(files, tiny_model_dir, out, "--rounds", "2", "--sweep", "0,1")) == 0
     table = capsys.readouterr().out
-    assert table.startswith("| round | n_icl | new_examples |") and "\n| 1 | 0 |" in table
+    lines = table.splitlines()
+    assert lines[0] == "ALLURE: the evaluator per round" and lines[1].split()[:4] == ["round", "ICL", "examples", "new"]
+    assert lines[2].split()[:2] == ["1", "0"] and "{" not in table  # a table, no JSON
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"][0]["round"] == 1 and summary["sweep"][0]["n"] == 0
     html = (out / "report.html").read_text()

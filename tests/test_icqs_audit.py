@@ -95,7 +95,7 @@ def files(tmp_path):
 def test_score_writes_prints_and_reprints_the_audit(files, tiny_model_dir, capsys):
     out = files / "run"
     args = ["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(out), "--model",
-            str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "epistemic", "--draws", "2", "--quiet"]
+            str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "epistemic", "--draws", "2"]
     assert main(args) == 0
     printed = capsys.readouterr()
     entries = json.loads((out / "audit.json").read_text())
@@ -119,7 +119,7 @@ def test_score_writes_prints_and_reprints_the_audit(files, tiny_model_dir, capsy
 def test_no_audit_skips_it(files, tiny_model_dir, capsys):
     out = files / "run"
     assert main(["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(out), "--model",
-                 str(tiny_model_dir), "--method", "icqs", "--draws", "1", "--no-audit", "--quiet"]) == 0
+                 str(tiny_model_dir), "--method", "icqs", "--draws", "1", "--no-audit"]) == 0
     assert not (out / "audit.json").exists() and not list(out.glob("audit_*"))
     assert "ran with --no-audit" in capsys.readouterr().out
 
@@ -147,6 +147,5 @@ def test_the_content_free_input_is_named_and_settable(files, tiny_model_dir, cap
     task = json.loads((files / "task.yaml").read_text())
     (files / "task.yaml").write_text(json.dumps({**task, "content_free": "[nothing]"}))
     assert main(["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(files / "run"), "--model",
-                 str(tiny_model_dir), "--method", "icqs", "--draws", "1", "--no-audit", "--calibrate",
-                 "--quiet"]) == 0
+                 str(tiny_model_dir), "--method", "icqs", "--draws", "1", "--no-audit", "--calibrate"]) == 0
     assert "after the content-free input '[nothing]' (task key content_free)" in capsys.readouterr().out

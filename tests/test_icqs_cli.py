@@ -50,7 +50,7 @@ def test_loglik_table_equals_one_request_at_a_time(files, tiny_model_dir, tmp_pa
 def test_score_resume_leaderboard_report(files, tiny_model_dir, capsys, monkeypatch):
     out = files / "run"
     args = ["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(out), "--model",
-            str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "epistemic", "icl", "judge", "--quiet"]
+            str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "epistemic", "icl", "judge"]
     assert main(args) == 0
     text = capsys.readouterr().out
     for method in ("== icqs", "== epistemic", "== icl", "== judge", "Spearman"):
@@ -93,4 +93,4 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(files, tiny_model_dir,
     assert main(["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(out)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {files / 'task.yaml'}:7: 'N': 'two' is not of type 'integer'")
     assert main(["leaderboard", str(files)]) == 2
-    assert "not a score run directory" in capsys.readouterr().err
+    assert "not a run directory" in capsys.readouterr().err

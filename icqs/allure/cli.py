@@ -16,6 +16,7 @@ from engine.errors import UserError
 from commands.factory import add_engine_args, positive_int
 from commands.cli_args import check_output_file, check_report_output
 from icqs.run import add_run_args, deterministic_by_default
+from icqs.run_tables import add_json_arg
 
 
 def register(subparsers) -> None:
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
     r.add_argument("items", help="JSONL items: response, and answer (a number, option letter or text) or label "
                    "(1/0), optional id/match/split/group/... (`icqs schema allure`)")
     add_run_args(r)
+    add_json_arg(r)
     add_engine_args(r)
     deterministic_by_default(r)
     r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file with system, "
@@ -53,6 +55,7 @@ def register(subparsers) -> None:
     o = sub.add_parser("report", help="write summary.json and report.html of a run folder")
     o.add_argument("run_dir")
     o.add_argument("--out", default=None, help="HTML file (default: RUN_DIR/report.html)")
+    o.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     o.set_defaults(func=cmd_report)
 
 
@@ -83,7 +86,9 @@ def cmd_run(args) -> int:
     from .evaluator import Evaluator
     from .loop import iterate, shown_examples
     from .memory import Memory
-    from .report import round_markdown, write_report
+    from icqs.run_tables import say, show
+
+    from .report import rounds_table, write_report
     from .run_dir import AuditRun
     from .tasks import load_items
     from .template import load_template
@@ -91,7 +96,8 @@ def cmd_run(args) -> int:
     sizes = _ints(args.sweep, "--sweep")
     template = load_template(args.template)
     items = load_items(args.items, template, args.holdout, args.seed)
-    run = AuditRun(args.out, items, _settings(args, template, args.items))  # checked, nothing written
+    run = AuditRun(args.out, items, _settings(args, template, args.items),  # checked, nothing written
+                   progress=not args.quiet)
     if args.memory and not Path(args.memory).is_file():  # made after the model loads (the default: in --out)
         check_output_file(args.memory)
     memory_path = run.settings["memory"]
@@ -106,7 +112,7 @@ def cmd_run(args) -> int:
         try:
             provenance = dict(tasks=run.settings["tasks"], model=run.settings["model"], template=template.name)
             outcome = iterate(run, evaluator, memory, args.rounds, args.review, args.max_icl, provenance)
-            print(outcome.message, file=sys.stderr)
+            say(args, outcome.message)
             if outcome.status != "review":
                 ids = shown_examples(memory, args.max_icl)
                 if sizes:
@@ -114,10 +120,10 @@ def cmd_run(args) -> int:
                 if args.failure_modes:
                     _failure_modes(run, evaluator, memory, ids, args.clusters, args.seed, cluster_ablation)
             run.add_stats("allure", engine.stats)
-            print(f"engine: {format_stats(engine.stats)}", file=sys.stderr)
             path, s = write_report(run, memory)
-            print(round_markdown(s["rounds"]))
-            print(f"report: {path}", file=sys.stderr)
+            show(args, s, rounds_table(s["rounds"]).text())
+            say(args, f"engine: {format_stats(engine.stats)}")
+            say(args, f"report: {path}")
         finally:
             memory.close()
     return 0
@@ -130,7 +136,7 @@ def _failure_modes(run, evaluator, memory, ids, k, seed, cluster_ablation) -> No
     from .report import MODES_FILE, load_modes
 
     if len(ids) < 3:
-        print(f"failure modes: {len(ids)} ICL example(s), too few to cluster", file=sys.stderr)
+        print(f"warning: --failure-modes: {len(ids)} ICL example(s), too few to cluster", file=sys.stderr)
         return
     modes = load_modes(run)
     if modes is None or modes["ids"] != ids:
@@ -184,7 +190,7 @@ def _interactive(mem) -> None:
             mem.review(e.id, "accepted" if answer == "a" else "rejected")
 
 
-def _reread_items(settings: dict) -> list[dict]:
+def reread_items(settings: dict) -> list[dict]:
     """The items of a run, re-read as the run read them (the file must not have changed)."""
     from .run_dir import file_sha256
     from .tasks import load_items
@@ -201,16 +207,12 @@ def _reread_items(settings: dict) -> list[dict]:
 
 
 def cmd_report(args) -> int:
-    from .memory import Memory
-    from .report import write_report
-    from .run_dir import AuditRun
+    from icqs.run import read_run_json
+    from icqs.run_dirs import AllureRun
+    from icqs.run_tables import say
 
-    run = AuditRun.load(args.run_dir, _reread_items)
+    read_run_json(args.run_dir, "allure")  # `icqs report DIR` reports on every kind of run
     if args.out:
         check_report_output(args.out, args.run_dir, "report.html")
-    if not Path(run.settings.get("memory", "")).is_file():
-        raise UserError("the run's ICL memory is gone", run.settings.get("memory"))
-    with run.start(), Memory(run.settings["memory"]) as mem:
-        path, _ = write_report(run, mem, Path(args.out) if args.out else None)
-    print(f"report: {path}", file=sys.stderr)
+    say(args, f"report: {AllureRun(Path(args.run_dir)).report(args.out)}")
     return 0

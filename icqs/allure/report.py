@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from icqs.io import atomic_write, strict_json
+from icqs.run_tables import Table, num
 
 from . import plots
 from .ablation import ablation_rows, sweep_rows
@@ -55,6 +56,19 @@ def _split_columns(rows: list[dict], lead: list[str]) -> tuple[list[str], list[l
     header = lead + [f"{s} {m}" for s in splits for m in METRICS]
     body = [[r.get(k) for k in lead] + [r.get(s, {}).get(m) for s in splits for m in METRICS] for r in rows]
     return header, body
+
+
+def rounds_table(rows: list[dict]) -> Table:
+    """The per-round table (`icqs allure run`, `icqs audit DIR`): the ICL examples shown and added, then accuracy,
+    F1, AUC and errors on the audited and the holdout items."""
+    splits = [s for s in ("audit", "holdout") if any(s in r for r in rows)]
+    cols = ("round", "ICL examples", "new") + tuple(f"{s} {m}" for s in splits for m in ("acc", "F1", "AUC", "errors"))
+    body = tuple((str(r["round"]), str(r["n_icl"]), str(r["new_examples"]),
+                  *(num(r.get(s, {}).get(m)) for s in splits for m in ("accuracy", "f1", "auc", "errors")))
+                 for r in rows)
+    notes = ("round r: the evaluator shown every accepted ICL example so far; its errors on the audited items become "
+             "new examples; holdout items are only measured",) if rows else ("no completed round yet",)
+    return Table("ALLURE: the evaluator per round", cols, body, notes)
 
 
 def round_markdown(rows: list[dict]) -> str:

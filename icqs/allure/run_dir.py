@@ -36,18 +36,19 @@ def file_sha256(path) -> str:
 
 
 class AuditRun(RunDir):
-    def __init__(self, out_dir, items: list[dict], settings: dict):
-        """Checked, nothing written: `start()` creates the folder, run.json and the logs."""
+    def __init__(self, out_dir, items: list[dict], settings: dict, progress: bool = True):
+        """Checked, nothing written: `start()` creates the folder, run.json and the logs. `progress`: a progress bar
+        per stage."""
         settings = {k: v for k, v in settings.items() if k not in ("command", "run_id", "engine_stats")}
         super().__init__(out_dir, "allure", settings, fixed=FIXED, created={"run_id": uuid.uuid4().hex[:12]})
-        self.items = items
+        self.items, self.progress = items, progress
 
     @classmethod
     def load(cls, run_dir, load_items) -> "AuditRun":
         """An existing run folder (for its report), its items re-read by `load_items(settings)` as the run read
         them."""
         settings = read_run_json(run_dir, "allure")
-        return cls(run_dir, load_items(settings), settings)
+        return cls(run_dir, load_items(settings), settings, progress=False)
 
     @property
     def settings(self) -> dict:
@@ -94,7 +95,7 @@ class AuditRun(RunDir):
     def evaluate(self, evaluator, name: str, turns: list[tuple[str, str]]) -> list[dict]:
         """Label the items not yet labelled in this stage; returns all the stage's rows."""
         todo = [it for it in self.items if not self.evals.done((name, it["id"]))]
-        with tqdm(total=len(todo), desc=name, unit="item", disable=not todo) as bar:
+        with tqdm(total=len(todo), desc=name, unit="item", disable=not todo or not self.progress) as bar:
             for start in range(0, len(todo), CHUNK):
                 chunk = todo[start:start + CHUNK]
                 got = evaluator.label(chunk, turns)

@@ -83,10 +83,3 @@ def leaderboard(battles: list[tuple[str, str, str]], rounds: int = 200, seed: in
             for m, s in board.items()]
     return sorted(rows, key=lambda r: -r["score"])
 
-
-def format_leaderboard(rows: list[dict]) -> str:
-    lines = [f"{'rank':>4}  {'model':<24} {'score':>8}  {'95% CI':>17}  battles"]
-    for r in rows:
-        lines.append(f"{r['rank']:>4}  {r['model']:<24} {r['score']:>8.1f}  [{r['lower']:>7.1f}, {r['upper']:>7.1f}]"
-                     f"  {r['battles']}")
-    return "\n".join(lines)

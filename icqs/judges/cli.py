@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
-
-import numpy as np
 
 from engine.errors import UserError
 from commands.factory import add_engine_args, engine_from_args, positive_int
@@ -59,8 +56,11 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
+    from ..run_tables import add_json_arg
+
     p.add_argument("input", help=FORMATS[p.prog.split()[-1]])
     add_run_args(p)
+    add_json_arg(p)
     add_engine_args(p)
     deterministic_by_default(p)
     p.add_argument("--batch", type=positive_int, default=16, help="items per engine call (the unit of resumption)")
@@ -101,10 +101,24 @@ def _load_engine(args) -> MeteredEngine:
     return MeteredEngine(engine_from_args(args, keep_cache=True))
 
 
-def _finish(run: RunDir, part: str, eng: MeteredEngine, summary: dict) -> None:
-    """Record the engine's work of this run in run.json and the summary, and print it."""
+def _finish(args, run: RunDir, part: str, eng: MeteredEngine, summary: dict, text: str) -> None:
+    """Record the engine's work of this run in run.json and the summary, write summary.json, and print the tables
+    (or the summary with --json), the warnings and the engine's work."""
+    from ..run_tables import say, show
+
     summary["engine_stats"] = run.add_stats(part, eng.stats)
-    print(f"engine: {format_stats(eng.stats)}")
+    path = _write_json(run.path / "summary.json", summary)
+    show(args, summary, text, summary["warnings"])
+    say(args, f"engine: {format_stats(eng.stats)}")
+    say(args, f"summary: {path}  (report: icqs report {run.path})")
+
+
+def _write_items(run: RunDir, items: list[dict]) -> None:
+    """items.jsonl: the input rows as read (their ids made unique strings), so that the run directory alone can be
+    reported on (labels, models, texts)."""
+    from ..io import atomic_write
+
+    atomic_write(run.path / "items.jsonl", "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
 
 
 def _run_judge(args) -> int:
@@ -112,9 +126,9 @@ def _run_judge(args) -> int:
 
     from ..io import ResultWriter
     from ..logs import grades_schema, validator
-    from .consistency import consistency_by_k
     from .grading import build_prompts, fitting_shots, grade, prompt_tokens
     from .reinforced import demo_drawer, generate_demos
+    from .results import judge_summary, judge_tables
 
     items, lines = _items(args.input, ("question", "response"), "judge")
     pool = items
@@ -132,10 +146,10 @@ def _run_judge(args) -> int:
         raise UserError(f"{need} demos needed but the demo pool has {len(pool)} items"
                         f"{'' if args.demos else ' (one of them the graded item itself)'}; use fewer --shots or a "
                         f"larger --demos pool")
-    run = RunDir(args.out, "judge", {
-        "input": _digest(items), "demos": _digest(pool), "model": args.model, "dtype": args.dtype,
-        "method": args.method, "seed": args.seed, "demo_tokens": args.demo_tokens,
-        "per_item_draws": args.per_item_draws, "max_tokens": args.max_tokens if args.generate else None})
+    fixed = {"input": _digest(items), "demos": _digest(pool), "model": args.model, "dtype": args.dtype,
+             "method": args.method, "seed": args.seed, "demo_tokens": args.demo_tokens,
+             "per_item_draws": args.per_item_draws, "max_tokens": args.max_tokens if args.generate else None}
+    run = RunDir(args.out, "judge", {**fixed, "input_file": args.input}, fixed=tuple(fixed))
     eng = _load_engine(args)
     reserve = args.max_tokens if args.generate else 4
     limit = eng.max_request_tokens - reserve
@@ -148,6 +162,7 @@ def _run_judge(args) -> int:
 
     check(build_prompts(items, lambda it: [], [0], args.method))  # before anything is written
     with run.start():
+        _write_items(run, items)
         needs_demos = auto or max(ks) > 0
         demos = generate_demos(eng, pool, run.path / "demos.jsonl", args.demo_tokens,
                                progress=not args.quiet) if needs_demos else {}
@@ -166,25 +181,9 @@ def _run_judge(args) -> int:
                         if not log.done((row["id"], row["k"], r)):
                             log.write({**row, "run": r, "seed": args.seed + r})
             rows = [row for row in log.rows if row["k"] in ks and row["run"] < args.runs]
-        summary = {"method": args.method, "shots": ks, "demos": len(demos), "demo_pool": len(pool),
-                   "per_item_draws": args.per_item_draws, "items": len(items), "by_k": _grading_by_k(rows, ks)}
-        if args.runs >= 2:
-            summary["consistency"] = consistency_by_k([r for r in rows if r["run"] == 0],
-                                                      [r for r in rows if r["run"] == 1])
-        models, agreement, warnings = _judge_audit(items, rows, ks)
-        summary.update(by_model=models, agreement=agreement)
-        print(json.dumps(summary["by_k"] + summary.get("consistency", []), indent=1))
-        if models:
-            print("per model (mean expected grade 1-10, run 0):")
-            for m in models:
-                print(f"  K={m['k']:<3} {m['model']:<20} n={m['n']:<4} {m['mean_expected']:.2f}")
-        for a in agreement:
-            print(f"judge audit, K={a['k']}: agreement with the reference labels AUC {a['auc']:.2f} "
-                  f"[{a['ci'][0]:.2f},{a['ci'][1]:.2f}] over {a['n']} items: {a['verdict']}")
-        for line in warnings:
-            print(line, file=sys.stderr)
-        _finish(run, "judge", eng, summary)
-        print(f"summary: {_write_json(run.path / 'summary.json', summary)}")
+        summary = {"method": args.method, "demos": len(demos), "demo_pool": len(pool),
+                   "per_item_draws": args.per_item_draws, **judge_summary(items, rows)}
+        _finish(args, run, "judge", eng, summary, "\n\n".join(t.text() for t in judge_tables(summary)))
     return 0
 
 
@@ -200,65 +199,26 @@ def _read_rubric(path: str | None) -> str | None:
     return text
 
 
-def _judge_audit(items: list[dict], rows: list[dict], ks: list[int]) -> tuple[list[dict], list[dict], list[str]]:
-    """Per-model mean grade per K (rows with `model`), the grades' agreement with the reference `label` per K
-    (AUC of the expected grade for label 1 vs 0, bootstrap CI over items, verdict as the score audit's), and
-    `warning:` lines for agreement at chance or inverted."""
-    from ..audit import auc, two_level_ci, verdict
-
-    by_id = {it["id"]: it for it in items}
-    models, agreement, warnings = [], [], []
-    for k in ks:
-        part = [r for r in rows if r["k"] == k and r.get("run", 0) == 0]
-        per_model: dict[str, list] = {}
-        for r in part:
-            if "model" in by_id[r["id"]]:
-                per_model.setdefault(by_id[r["id"]]["model"], []).append(r["expected"])
-        for m in sorted(per_model, key=lambda m: -np.mean(per_model[m])):
-            models.append({"k": k, "model": m, "n": len(per_model[m]), "mean_expected": round(float(np.mean(
-                per_model[m])), 3)})
-        labeled = [(r["expected"], int(by_id[r["id"]]["label"])) for r in part if "label" in by_id[r["id"]]]
-        truths = np.array([t for _, t in labeled])
-        if len(labeled) and min((truths == 1).sum(), (truths == 0).sum()) >= 2:
-            scores = np.array([e for e, _ in labeled])
-            value, ci = auc(scores, truths), two_level_ci(scores[None, :], truths)
-            entry = {"k": k, "n": len(labeled), "auc": value, "ci": list(ci), "verdict": verdict(value, ci)}
-            agreement.append(entry)
-            if entry["verdict"] in ("at chance", "inverted"):
-                warnings.append(f"warning: judge with K={k}: agreement with the reference labels, AUC {value:.2f} "
-                                f"[{ci[0]:.2f},{ci[1]:.2f}], is {entry['verdict']}: its grades are not evidence")
-    return models, agreement, warnings
-
-
-def _grading_by_k(rows: list[dict], ks: list[int]) -> list[dict]:
-    table = []
-    for k in ks:
-        part = [r for r in rows if r["k"] == k]
-        entry = {"k": k, "rows": len(part),
-                 "mean_expected": round(sum(r["expected"] for r in part) / len(part), 3) if part else None}
-        if part and "parsed" in part[0]:
-            entry["unscored"] = sum(r.get("parsed") is None for r in part)
-        table.append(entry)
-    return table
-
-
 def _run_pairwise(args) -> int:
     from tqdm import tqdm
 
     from ..io import ResultWriter
     from ..logs import validator, verdicts_schema
-    from .pairwise import (VARIANTS, pairwise_audit, pairwise_generated_verdicts, pairwise_logprob_verdicts,
-                           summarize_pairwise, verdict_options)
+    from .pairwise import VARIANTS, pairwise_generated_verdicts, pairwise_logprob_verdicts, verdict_options
     from .prompts import VERDICT_PREFIX, chat_wrap
+    from .results import pairwise_summary, pairwise_tables
 
     items, lines = _items(args.input, ("question", "answer_a", "answer_b"), "pairwise")
+    given = [dict(it) for it in items]
     for it in items:
         it["x"], it["y"] = it["answer_a"], it["answer_b"]
     rubric = _read_rubric(args.rubric)
     tie = not args.no_tie
-    run = RunDir(args.out, "pairwise", {"input": _digest(items), "model": args.model, "dtype": args.dtype,
-                                        "max_tokens": args.max_tokens if args.generate else None,
-                                        "tie": tie, "rubric": rubric})
+    fixed = {"input": _digest(items), "model": args.model, "dtype": args.dtype,
+             "max_tokens": args.max_tokens if args.generate else None, "tie": tie, "rubric": rubric}
+    # the leaderboard's bootstrap may change between runs in OUT: the latest is recorded (its report repeats it)
+    run = RunDir(args.out, "pairwise", {**fixed, "input_file": args.input, "bootstrap": args.bootstrap,
+                                        "seed": args.seed}, fixed=tuple(fixed))
     eng = _load_engine(args)
     limit = eng.max_request_tokens - (args.max_tokens if args.generate else 0)
     longest_option = max(verdict_options(tie), key=len)
@@ -270,6 +230,7 @@ def _run_pairwise(args) -> int:
                                 f"the model's context", args.input, lines[it["id"]])
     with run.start(), ResultWriter(run.path / "verdicts.jsonl", key="id",
                                            validate=validator(verdicts_schema())) as log:
+        _write_items(run, given)
         todo = [it for it in items if not log.done(it["id"])]
         for start in tqdm(range(0, len(todo), args.batch), desc="pairwise", disable=args.quiet):
             part = todo[start:start + args.batch]
@@ -283,21 +244,8 @@ def _run_pairwise(args) -> int:
                            **res})
         done = {row["id"]: row for row in log.rows}
         rows = [done[it["id"]] for it in items]
-        summary = summarize_pairwise(rows)
-        audit_lines, warnings = pairwise_audit(summary)
-        summary["audit"] = {"lines": audit_lines, "warnings": warnings}
-        for line in audit_lines:
-            print(line)
-        for line in warnings:
-            print(line, file=sys.stderr)
-        if all("model_a" in r and "model_b" in r for r in rows):
-            from .bradley_terry import format_leaderboard, leaderboard
-
-            battles = [(r["model_a"], r["model_b"], r["verdict"]) for r in rows]
-            board = leaderboard(battles, rounds=args.bootstrap, seed=args.seed)
-            _write_json(run.path / "leaderboard.json", board)
-            print(format_leaderboard(board))
-        print(json.dumps(summary, indent=1))
-        _finish(run, "pairwise", eng, summary)
-        print(f"summary: {_write_json(run.path / 'summary.json', summary)}")
+        summary = pairwise_summary(rows, args.bootstrap, args.seed)
+        if "leaderboard" in summary:
+            _write_json(run.path / "leaderboard.json", summary["leaderboard"])
+        _finish(args, run, "pairwise", eng, summary, "\n\n".join(t.text() for t in pairwise_tables(summary)))
     return 0

@@ -236,35 +236,3 @@ def bias_report(verdicts: list[dict[str, str]]) -> dict:
         "symbol_A_share": a_sym / decisive if decisive else None,
         "tie_share": 1 - decisive / (len(VARIANTS) * n),
     }
-
-
-TIES_DOMINATE = 0.5
-
-
-def pairwise_audit(summary: dict) -> tuple[list[str], list[str]]:
-    """The pairwise judge's audit from its summary: lines (flip rates, tie share, agreement with `winner`) and
-    `warning:` lines (ties dominate; position or symbol flips in most pairs; agreement at chance)."""
-    bias = summary["logprob"]["bias"]
-    if not bias.get("pairs"):
-        return [], []
-    lines = [f"pairwise audit ({bias['pairs']} pairs x 4 prompts): position flip rate "
-             f"{bias['position_flip_rate']:.2f}, symbol flip rate {bias['symbol_flip_rate']:.2f}, tie share "
-             f"{bias['tie_share']:.2f} (a judge without bias: flips 0, first position and symbol A chosen half "
-             f"the time: {_share(bias['first_position_share'])} / {_share(bias['symbol_A_share'])})"]
-    warn = []
-    if bias["tie_share"] >= TIES_DOMINATE:
-        warn.append(f"warning: ties are {bias['tie_share']:.0%} of the verdicts: the ranking says little; "
-                    f"use --no-tie for two-way verdicts, or --rubric to say what makes an answer better")
-    for name in ("position", "symbol"):
-        if bias[f"{name}_flip_rate"] >= 0.5:
-            warn.append(f"warning: the verdict changes with the {name} of the answers in "
-                        f"{bias[f'{name}_flip_rate']:.0%} of the swaps: this judge is biased")
-    acc = summary["logprob"].get("accuracy", {}).get("aggregate_decisive")
-    if acc and acc["n"]:
-        lines.append(f"agreement with the reference winner (tie option ignored): {acc['accuracy']:.2f} of "
-                     f"{acc['n']} labeled pairs")
-    return lines, warn
-
-
-def _share(v) -> str:
-    return "-" if v is None else f"{v:.2f}"
