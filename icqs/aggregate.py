@@ -11,7 +11,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from .methods import MEASURE_NAMES, METHODS
+from .methods import METHODS, measure_name
 from .run import format_stats
 
 
@@ -125,6 +125,12 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     return out
 
 
+def mark_symbol(reason: str) -> str:
+    """A marked measure's symbol: `?` for a weak or label-following one, `!` for one that is no evidence (at chance,
+    inverted, constant, unscored)."""
+    return "?" if reason in ("weak", "label-following") else "!"
+
+
 def _cell(m: dict, mark: str = "") -> str:
     if math.isnan(m["mean"]):
         return f"{'-':>22}"
@@ -135,7 +141,8 @@ def _cell(m: dict, mark: str = "") -> str:
 def format_leaderboards(boards: list[dict], title: str = "", flags: dict | None = None) -> str:
     """Plain-text leaderboards: per method, models in predicted order, each measure's mean, 95% CI and rank, the
     truth and the true rank beside them, and the rank correlations with the truth. `flags`: {(method, measure):
-    verdict} of the measures the audit found at chance or inverted; their cells carry a `!`."""
+    reason} of the measures the audit marks (icqs.audit.flagged): their cells carry `!` (no evidence) or `?` (weak,
+    or following the label)."""
     flags = flags or {}
     lines = [f"ICQS leaderboard{': ' + title if title else ''}"]
     for b in boards:
@@ -144,35 +151,39 @@ def format_leaderboards(boards: list[dict], title: str = "", flags: dict | None 
         cells = {meas: {m["model"]: m for m in b["measures"][meas]["models"]} for meas in measures}
         width = max(8, *(len(m["model"]) for m in first))
         draws = b.get("n_draws", 1)
+        name = {x: measure_name(b["method"], x) for x in measures}
+        mark = {x: mark_symbol(flags[(b["method"], x)]) for x in measures if (b["method"], x) in flags}
         lines += ["", f"== {b['method']}: {METHODS[b['method']].title}",
-                  f"{'model':<{width}} {'n':>4} " + " ".join(f"{MEASURE_NAMES[x] + ' [95% CI] rank':>24}"
+                  f"{'model':<{width}} {'n':>4} " + " ".join(f"{name[x] + ' [95% CI] rank':>24}"
                                                               for x in measures)
                   + ("   truth  true rank" if b["truth"] else "")]
         for m in first:
             row = f"{m['model']:<{width}} {m['n']:>4} " + " ".join(
-                f"{_cell(cells[x][m['model']], '!' if (b['method'], x) in flags else ' '):>24}" for x in measures)
+                f"{_cell(cells[x][m['model']], mark.get(x, ' ')):>24}" for x in measures)
             if b["truth"]:
                 t = b["truth"].get(m["model"])
                 row += f"  {t:6.3f}  #{b['truth_rank'][m['model']]:g}" if t is not None else "       -"
             lines.append(row)
         for x in measures:
-            if (b["method"], x) in flags:
-                lines.append(f"  ! {MEASURE_NAMES[x]}: the audit found this measure {flags[(b['method'], x)]} on the "
-                             f"task's own pool; its ranking is not evidence (`icqs audit`)")
+            reason = flags.get((b["method"], x))
+            if reason:
+                lines.append(f"  {mark_symbol(reason)} {name[x]}: the audit found this measure {reason} on the task's "
+                             f"own pool; its ranking is " + ("weak evidence at best" if mark_symbol(reason) == "?"
+                                                             else "not evidence") + " (`icqs audit`)")
         if draws > 1:
             lines.append(f"  CIs over {draws} demo draws and the questions (two-level bootstrap)")
         for x in measures:
             unscored = sum(m["unscored"] for m in b["measures"][x]["models"])
             if unscored:
-                lines.append(f"  {MEASURE_NAMES[x]}: {unscored} candidates unscored (no parsable rating)")
+                lines.append(f"  {name[x]}: {unscored} candidates unscored (no parsable rating)")
             if b["truth"]:
                 s = b["measures"][x]
-                lines.append(f"  {MEASURE_NAMES[x]} vs truth ranking: Spearman {_signed(s['spearman'])}, "
+                lines.append(f"  {name[x]} vs truth ranking: Spearman {_signed(s['spearman'])}, "
                              f"Kendall {_signed(s['kendall'])}")
             d = b["measures"][x].get("draws")
             if d:
                 worst = max(d["spread"], key=d["spread"].get) if d["spread"] else "-"
-                lines.append(f"  {MEASURE_NAMES[x]} between draws: a model's mean moves by up to "
+                lines.append(f"  {name[x]} between draws: a model's mean moves by up to "
                              f"{d['max_spread']:.3f} ({worst}); " + (
                                  "the ranking FLIPS between draws: " + " | ".join(
                                      " > ".join(sorted(r, key=lambda m: (r[m], m))) for r in d["ranks"])

@@ -11,14 +11,20 @@ process after it (the engine's prefix cache kept: what the run computed is reuse
 (audit_loglik.jsonl, audit_icl.jsonl, audit_judge.jsonl), so a killed audit resumes too.
 
 Per (method, measure) audit.json holds
-  auc        the mean over draws of the AUC of the measure for held-out good vs bad pool answers
+  auc        the AUC of the measure for held-out good vs bad pool answers, each answer's score its mean over the
+             demo draws: what the leaderboard ranks by (it averages every candidate's score over the draws)
   ci         [low, high]: 95% two-level bootstrap (draws, then pool items within each class)
-  auc_draws  the AUC of each draw (their spread is what the demo draw alone moves)
+  auc_draws  the AUC of each draw alone (their spread is what the demo draw alone moves)
   n          the pool items scored (n_good + n_bad)
   label_auc  label tasks: how well the score alone tells which label the answer carries (AUC of the score for
              the second label vs the first; for more labels the one-vs-rest AUC farthest from 0.5). 0.5 is the
-             wanted value: far from it, the scores track the label, not the answer's correctness.
-  verdict    `inverted` (the CI lies below 0.5), `at chance` (it includes 0.5), `reliable` (AUC >= 0.7), `weak`
+             wanted value: far from it (LABEL_BIAS), the scores track the label, not the answer's correctness,
+             and `label_bias` is true: such a measure is marked and never the headline.
+  verdict    `constant` (every pool answer scored alike), `inverted` (the CI lies below 0.5), `at chance` (it
+             includes 0.5), `reliable` (AUC >= 0.7), `weak`
+  truth_auc  where candidates carry `truth`: the same AUC on the candidates themselves (truth > 0.5 right,
+  truth_ci   < 0.5 wrong), its CI resampling the draws and then the questions (answers to one question move
+             together); absent when no candidate carries truth. `agrees`: whether the two CIs overlap.
 """
 from __future__ import annotations
 
@@ -33,15 +39,17 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from engine.errors import UserError
 
 from .candidates import Candidate
+from .aggregate import mark_symbol
 from .io import ResultWriter, atomic_write, read_results, strict_json
-from .methods import MEASURE_NAMES, METHODS, ordered
+from .methods import METHODS, measure_name, ordered
 from .run import MeteredEngine
 from .sampler import demo_sets
 
 AUDIT_FILE = "audit.json"
 MAX_FOLDS = 5
 RELIABLE = 0.7
-BAD_VERDICTS = ("at chance", "inverted")
+LABEL_BIAS = 0.2  # |label_auc - 0.5| from which a score is said to follow the label
+BAD_VERDICTS = ("at chance", "inverted", "constant")
 
 
 def n_folds(task) -> int:
@@ -91,9 +99,11 @@ def audit_log(method) -> str:
     return f"audit_{method.log}"
 
 
-def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress: bool = False) -> list[dict]:
+def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress: bool = False,
+                  rows: list[dict] | None = None, candidates=None) -> list[dict]:
     """Score the held-out pool answers with every method (resuming from the audit logs), write audit.json, add the
-    engine's work to run.json (`audit_stats`), and return the audit entries."""
+    engine's work to run.json (`audit_stats`), and return the audit entries; with the run's score `rows` and its
+    `candidates`, each entry also holds the AUC against the candidates' truth (add_truth)."""
     per_method = {}
     try:
         for draw in range(draws):  # every fold's demo sets drawn before any work: a pool too small fails here
@@ -118,6 +128,8 @@ def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress
                     scored += [(draw, c.id.split("/", 2)[2], c.truth, c.y, s) for c, s in zip(cands, scores)]
         per_method[name] = scored
     entries = audit_entries(task, per_method, draws)
+    if rows is not None and candidates is not None:
+        add_truth(entries, rows, candidates)
     atomic_write(run.path / AUDIT_FILE, json.dumps(strict_json(entries), indent=1, ensure_ascii=False) + "\n")
     return entries
 
@@ -134,26 +146,47 @@ def auc(scores, truths) -> float:
     return float(_auc_matrix(pos, neg)) if len(pos) and len(neg) else math.nan
 
 
+def _weighted_auc(scores: np.ndarray, pos: np.ndarray, neg: np.ndarray, wp: np.ndarray, wn: np.ndarray
+                  ) -> np.ndarray:
+    """AUC per round: scores [R, items], the positive and negative columns, their weights [R, P] and [R, N] (how
+    often each was drawn); NaN for a round that drew no positive or no negative."""
+    diff = scores[:, pos, None] - scores[:, None, neg]  # [R, P, N]
+    wins = (diff > 0) + 0.5 * (diff == 0)
+    num = np.einsum("rp,rpn,rn->r", wp, wins, wn)
+    den = wp.sum(axis=1) * wn.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
 def two_level_ci(table: np.ndarray, truths: np.ndarray, rounds: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile CI of the mean AUC over draws: resample the draws (rows of `table` [D, items]), then the good
-    and the bad items (columns, each class apart), `rounds` times."""
+                 level: float = 0.95, groups=None) -> tuple[float, float]:
+    """Percentile CI of the AUC of the items' mean score over draws (rows of `table` [D, items]): each round
+    resamples the draws, then the items: within each class (pool items), or, with `groups` (one label per item,
+    e.g. its question), whole groups, so that items that move together are resampled together."""
     rng = np.random.default_rng(seed)
-    pos_cols, neg_cols = np.flatnonzero(truths == 1), np.flatnonzero(truths == 0)
-    D = table.shape[0]
-    chunk = max(1, int(2e7 // (D * len(pos_cols) * len(neg_cols))))  # bounds the [chunk, D, P, N] comparison
+    truths = np.asarray(truths)
+    pos, neg = np.flatnonzero(truths == 1), np.flatnonzero(truths == 0)
+    D, n = table.shape
+    if groups is not None:
+        _, gid = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
+    chunk = max(1, int(2e7 // max(1, len(pos) * len(neg) + D * n)))  # bounds the [chunk, P, N] comparison
     aucs = []
     for start in range(0, rounds, chunk):
         r = min(chunk, rounds - start)
         d = rng.integers(0, D, size=(r, D))
-        p = pos_cols[rng.integers(0, len(pos_cols), size=(r, len(pos_cols)))]
-        n = neg_cols[rng.integers(0, len(neg_cols), size=(r, len(neg_cols)))]
-        pos = table[d[:, :, None], p[:, None, :]]  # [r, D, P]
-        neg = table[d[:, :, None], n[:, None, :]]
-        aucs.append(_auc_matrix(pos, neg).mean(axis=1))
+        scores = table[d].mean(axis=1)  # [r, items]: each item's mean over the resampled draws
+        if groups is None:
+            wp = np.stack([np.bincount(rng.integers(0, len(pos), len(pos)), minlength=len(pos)) for _ in range(r)])
+            wn = np.stack([np.bincount(rng.integers(0, len(neg), len(neg)), minlength=len(neg)) for _ in range(r)])
+        else:
+            counts = np.stack([np.bincount(rng.integers(0, gid.max() + 1, gid.max() + 1), minlength=gid.max() + 1)
+                               for _ in range(r)])  # [r, groups]
+            w = counts[:, gid]
+            wp, wn = w[:, pos], w[:, neg]
+        aucs.append(_weighted_auc(scores, pos, neg, wp.astype(np.float64), wn.astype(np.float64)))
     aucs = np.concatenate(aucs)
     tail = (1 - level) / 2
-    return float(np.quantile(aucs, tail)), float(np.quantile(aucs, 1 - tail))
+    return float(np.nanquantile(aucs, tail)), float(np.nanquantile(aucs, 1 - tail))
 
 
 def label_auc(scores: np.ndarray, labels: list[str], options: list[str]) -> float:
@@ -167,7 +200,9 @@ def label_auc(scores: np.ndarray, labels: list[str], options: list[str]) -> floa
     return max(one_vs_rest, key=lambda a: abs(a - 0.5))
 
 
-def verdict(value: float, ci: tuple[float, float]) -> str:
+def verdict(value: float, ci: tuple[float, float], constant: bool = False) -> str:
+    if constant:
+        return "constant"
     if math.isnan(value) or math.isnan(ci[0]):
         return "unscored"
     if ci[1] < 0.5:
@@ -200,14 +235,58 @@ def audit_entries(task, per_method: dict, draws: int) -> list[dict]:
                      "n_bad": int((t == 0).sum()), "draws": len(used_draws), "folds": n_folds(task)}
             if entry["n_good"] >= 2 and entry["n_bad"] >= 2:
                 per_draw = [auc(row, t) for row in sub]
-                value = float(np.mean(per_draw))
+                value = auc(sub.mean(axis=0), t)  # the draws' mean score, as the leaderboard ranks by
                 ci = two_level_ci(sub, t)
                 lab = label_auc(sub.mean(axis=0), [lab for lab, k in zip(labels, keep) if k], task.labels) \
                     if task.is_label_task else None
             else:
                 per_draw, value, ci, lab = [], math.nan, (math.nan, math.nan), None
-            entry.update(auc=value, ci=list(ci), auc_draws=per_draw, label_auc=lab, verdict=verdict(value, ci))
+            constant = bool(sub.size) and bool(np.all(sub == sub.flat[0]))
+            entry.update(auc=value, ci=list(ci), auc_draws=per_draw, label_auc=lab,
+                         label_bias=lab is not None and not math.isnan(lab) and abs(lab - 0.5) >= LABEL_BIAS,
+                         verdict=verdict(value, ci, constant))
             entries.append(entry)
+    return entries
+
+
+def truth_auc(rows: list[dict], method: str, measure: str, question: dict) -> dict | None:
+    """The candidate-level AUC of one measure against the candidates' own truth (truth > 0.5 right, < 0.5 wrong;
+    0.5 left out), each candidate's score its mean over the draws as the leaderboard takes it, with a CI resampling
+    the draws and then the questions (`question`: id -> x); None when fewer than 2 right or 2 wrong candidates."""
+    rows = [r for r in rows if r["method"] == method and r.get("truth") is not None and r["truth"] != 0.5]
+    draws = sorted({r.get("draw", 0) for r in rows})
+    ids = sorted({r["id"] for r in rows})
+    if not ids:
+        return None
+    table = np.full((len(draws), len(ids)), np.nan)
+    col = {i: k for k, i in enumerate(ids)}
+    truth = np.zeros(len(ids), dtype=int)
+    for r in rows:
+        truth[col[r["id"]]] = int(r["truth"] > 0.5)
+        if r.get(measure) is not None:
+            table[draws.index(r.get("draw", 0)), col[r["id"]]] = r[measure]
+    keep = ~np.isnan(table).any(axis=0)
+    t, sub = truth[keep], table[:, keep]
+    if (t == 1).sum() < 2 or (t == 0).sum() < 2:
+        return None
+    groups = [question.get(i, i) for i, k in zip(ids, keep) if k]
+    return {"auc": auc(sub.mean(axis=0), t), "ci": list(two_level_ci(sub, t, groups=groups)), "n": int(keep.sum()),
+            "n_right": int((t == 1).sum()), "n_wrong": int((t == 0).sum())}
+
+
+def add_truth(entries: list[dict], rows: list[dict], candidates) -> list[dict]:
+    """Each audit entry gains `truth_auc`, `truth_ci`, `truth_n` and `agrees` (the pool's and the candidates' CIs
+    overlap) where the candidates carry truth; entries are left as they are otherwise."""
+    question = {c.id: c.x for c in candidates}
+    for e in entries:
+        if e["verdict"] == "skipped" or e.get("measure") in (None, "-"):
+            continue
+        t = truth_auc(rows, e["method"], e["measure"], question)
+        if t is None:
+            continue
+        e.update(truth_auc=t["auc"], truth_ci=t["ci"], truth_n=t["n"])
+        if not any(v is None or math.isnan(v) for v in (*e["ci"], *t["ci"])):
+            e["agrees"] = bool(e["ci"][0] <= t["ci"][1] and t["ci"][0] <= e["ci"][1])
     return entries
 
 
@@ -225,36 +304,60 @@ def read_audit(out) -> list[dict] | None:
     return entries
 
 
+def marked(entry: dict) -> str | None:
+    """Why a measure's leaderboard cells carry a mark (None: reliable and not following the label): its verdict
+    when it is not `reliable`, else `label-following`."""
+    if entry["verdict"] != "reliable":
+        return entry["verdict"]
+    return "label-following" if entry.get("label_bias") else None
+
+
 def flagged(entries: list[dict] | None) -> dict:
-    """{(method, measure): verdict} of the measures whose verdict is at chance or inverted."""
-    return {(e["method"], e["measure"]): e["verdict"] for e in entries or [] if e["verdict"] in BAD_VERDICTS}
+    """{(method, measure): reason} of the measures whose cells are marked (marked())."""
+    return {(e["method"], e["measure"]): marked(e) for e in entries or []
+            if e["verdict"] != "skipped" and marked(e) is not None}
 
 
 def _num(v, fmt: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 
+def _ci(ci) -> str:
+    return f"[{_num(ci[0])}, {_num(ci[1])}]"
+
+
 def format_audit(entries: list[dict], task=None, stats: dict | None = None) -> str:
-    """The audit as a plain-text table, with its share of the run's engine work."""
+    """The audit as a plain-text table (the AUC against the candidates' truth beside it where they carry truth),
+    with its share of the run's engine work."""
     if not entries:
         return "evaluator audit: none (run with the audit to have one)\n"
     e0 = entries[0]
+    truth = any("truth_auc" in e for e in entries)
     pool = f" ({len(task.good)} good, {len(task.bad)} bad)" if task is not None else ""
     lines = [f"evaluator audit: {e0['folds']}-fold cross-validation over the task's pool{pool}, "
-             f"{max(e['draws'] for e in entries)} demo draw(s); AUC = how well each score separates held-out good "
-             f"from bad pool answers (0.5 = chance)",
-             f"{'method':<10} {'measure':<11} {'AUC [95% CI]':<19} {'draws':<17} {'label_auc':>9}  verdict"]
+             f"{max(e['draws'] for e in entries)} demo draw(s); AUC = how well each score (mean over the draws) "
+             f"separates held-out good from bad pool answers (0.5 = chance)"
+             + ("; truth AUC = the same on the candidates, against their own truth" if truth else ""),
+             f"{'method':<11} {'measure':<11} {'AUC [95% CI]':<19} {'draws':<17} {'label_auc':>9}  "
+             + (f"{'truth AUC [95% CI]':<19} " if truth else "") + "verdict"]
     for e in entries:
         if e["verdict"] == "skipped":
-            lines.append(f"{e['method']:<10} skipped: {e.get('note', '')}")
+            lines.append(f"{e['method']:<11} skipped: {e.get('note', '')}")
             continue
         draws = " ".join(_num(a) for a in e.get("auc_draws", [])) if e.get("draws", 1) > 1 else ""
-        lines.append(f"{e['method']:<10} {MEASURE_NAMES.get(e['measure'], e['measure']):<11} "
-                     f"{_num(e['auc'])} [{_num(e['ci'][0])},{_num(e['ci'][1])}]".ljust(43)
-                     + f"{draws:<17} {_num(e.get('label_auc')):>9}  {e['verdict']}")
-    if any(e.get("label_auc") is not None and not math.isnan(e["label_auc"] or math.nan) and abs(e["label_auc"] - 0.5) >= 0.2
-           for e in entries):
+        reason = marked(e)
+        mark = f" {mark_symbol(reason)}" if reason else ""
+        tcol = ""
+        if truth:
+            tcol = (f"{_num(e['truth_auc'])} {_ci(e['truth_ci'])}" if "truth_auc" in e else "-").ljust(19) + " "
+        lines.append(f"{e['method']:<11} {measure_name(e['method'], e['measure']):<11} "
+                     f"{_num(e['auc'])} {_ci(e['ci'])}".ljust(44)
+                     + f"{draws:<17} {_num(e.get('label_auc')):>9}  " + tcol + e["verdict"]
+                     + (" (follows the label)" if e.get("label_bias") else "") + mark)
+    if any(e.get("label_bias") for e in entries):
         lines.append("  label_auc far from 0.5: that score tracks which label the answer is, not whether it is right")
+    if truth:
+        lines.append("  truth AUC: candidates' truth > 0.5 right, < 0.5 wrong; CI over the draws and the questions")
     if stats:
         lines.append(f"  audit cost: {stats['audit_tokens']:,} of {stats['total_tokens']:,} tokens computed "
                      f"({stats['token_share']:.0%}), {stats['audit_seconds']:.1f} of {stats['total_seconds']:.1f} s "
@@ -276,13 +379,36 @@ def audit_share(meta: dict) -> dict | None:
 
 
 def warnings(entries: list[dict]) -> list[str]:
-    """One `warning:` line per measure whose verdict is at chance or inverted."""
+    """One `warning:` line per measure that is not plain reliable (what was measured, and what it means), and one
+    per measure whose pool audit and truth AUC disagree."""
     out = []
     for e in entries:
-        if e["verdict"] in BAD_VERDICTS:
-            what = "below chance: it ranks wrong answers above right ones" if e["verdict"] == "inverted" else \
-                "at chance: it does not tell right from wrong answers on this task"
-            out.append(f"warning: {e['method']} {MEASURE_NAMES.get(e['measure'], e['measure'])}: audit AUC "
-                       f"{_num(e['auc'])} [{_num(e['ci'][0])},{_num(e['ci'][1])}] is {what}; its leaderboard "
-                       f"rows (marked !) are not evidence")
+        if e["verdict"] == "skipped":
+            continue
+        name = f"{e['method']} {measure_name(e['method'], e['measure'])}"
+        n = e.get("n", "the")
+        figure = f"audit AUC {_num(e['auc'])} {_ci(e['ci'])}"
+        what = {
+            "constant": f"constant: it gave every one of {n} pool answers the same score, so it cannot rank; its "
+                        f"leaderboard rows (marked !) are not evidence",
+            "at chance": f"no evidence that it tells right from wrong on {n} pool answers ({figure}, the CI "
+                         f"includes 0.5); its leaderboard rows (marked !) are not evidence",
+            "inverted": f"it scores the pool's wrong answers above its right ones ({figure}, below 0.5 on {n} pool "
+                        f"answers); its leaderboard ranking (marked !) is likely reversed",
+            "weak": f"weak: some evidence that it tells right from wrong on {n} pool answers ({figure}), below the "
+                    f"{RELIABLE} a ranking needs; its rows are marked ? and it is not the headline",
+            "unscored": "unscored: too few pool answers got a score to audit it; its rows are marked !",
+        }.get(e["verdict"])
+        if what:
+            out.append(f"warning: {name}: {what}")
+        if e.get("label_bias"):
+            out.append(f"warning: {name}: its score follows the answer's label (label AUC {_num(e['label_auc'])}): "
+                       f"it may rate one label higher whatever the answer's correctness, and the pool's labels need "
+                       f"not go with correctness as the candidates' do; marked ?, never the headline")
+        if e.get("agrees") is False:
+            out.append(f"warning: {name}: the pool audit ({figure}) and the candidates' own truth (AUC "
+                       f"{_num(e['truth_auc'])} {_ci(e['truth_ci'])}) disagree, their CIs apart: the measure does "
+                       f"not separate the pool's answers as it does the candidates' (the pool's right and wrong "
+                       f"answers are not like the candidates', or the CIs miss); on this run trust the truth, and "
+                       f"make the pool's answers like the ones being scored")
     return out

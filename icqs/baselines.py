@@ -1,5 +1,11 @@
-"""The paper's baselines, computed through the same engine.
+"""The paper's baselines and the likelihood baselines, computed through the same engine.
 
+- Zero-shot likelihood (lm-evaluation-harness's `acc` / `acc_norm` read as a score): log P(y | header + x part),
+  no demos, one request per distinct (x, y) sharing the header prefix; `loglik` is the sum over the answer's
+  tokens, `loglik_norm` the same per token (`score`) and per byte of the scored continuation (`per_byte`).
+- Few-shot likelihood: the answer's log-likelihood after the all-good demo sets (ratio r = 1 of every repeat, the
+  very sets ICQS scores: read from its log, no engine work of its own), averaged over the L repeats, per token
+  (`score`) and per byte (`per_byte`).
 - Plain ICL: the all-good demo set (ratio r = 1 of repeat 0, the very set ICQS uses) before each candidate's x;
   the predicted label is the label option with the highest log-likelihood, and the candidate's quality is 1 when
   its answer agrees with that label, else 0 (`p_label`: the probability ICL gives the candidate's own answer).
@@ -36,6 +42,48 @@ RATING_OPTIONS = [f" {k}" for k in range(JUDGE_LOW, JUDGE_HIGH + 1)]
 
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def zeroshot_request(task: Task, c: Candidate) -> tuple[str, str]:
+    """(context, continuation) of the zero-shot likelihood: the header and the x part, then the y part."""
+    return task.header + task.x_part(c.x), task.y_part(c.y)
+
+
+def compute_zeroshot(engine, task: Task, candidates: list[Candidate], writer: ResultWriter,
+                     progress: bool = True) -> None:
+    """log P(y | header + x part) per candidate; rows {id, loglik, tokens} (key: id). Candidates with the same
+    (x, y) share one request; every request shares the header prefix."""
+    todo = [c for c in candidates if not writer.done(c.id)]
+    for part in tqdm(_chunks(todo, CHUNK * 4), desc="zero-shot likelihood", unit="batch",
+                     disable=not progress or not todo):
+        requests = [zeroshot_request(task, c) for c in part]
+        unique = list(dict.fromkeys(requests))
+        results = dict(zip(unique, engine.score(unique, share_prefix=True, progress=progress)))
+        for c, req in zip(part, requests):
+            writer.write({"id": c.id, "loglik": float(results[req].logprob), "tokens": results[req].num_tokens})
+
+
+def answer_bytes(task: Task, y: str) -> int:
+    """The bytes of the scored continuation (the y part), for per-byte normalisation (lm-eval's acc_norm)."""
+    return max(1, len(task.y_part(y).encode("utf-8")))
+
+
+def zeroshot_score(task: Task, c: Candidate, row: dict, normalized: bool) -> dict:
+    if not normalized:
+        return {"score": row["loglik"], "tokens": row["tokens"]}
+    return {"score": row["loglik"] / max(1, row["tokens"]), "per_byte": row["loglik"] / answer_bytes(task, c.y),
+            "tokens": row["tokens"]}
+
+
+def fewshot_scores(task: Task, candidates: list[Candidate], table: np.ndarray, tokens: dict) -> list[dict] | None:
+    """Per candidate: its log-likelihood at ratio r = 1 (the last column of the [C, L, M + 1] ICQS table) averaged
+    over the L repeats, per token (`score`) and per byte (`per_byte`); None while some row or token count is
+    missing."""
+    if np.isnan(table).any() or not all(c.id in tokens for c in candidates):
+        return None
+    at_one = table[:, :, -1].mean(axis=1)
+    return [{"score": float(v) / max(1, tokens[c.id]), "per_byte": float(v) / answer_bytes(task, c.y),
+             "loglik": float(v), "tokens": tokens[c.id]} for c, v in zip(candidates, at_one)]
 
 
 def icl_prompt(task: Task, demos: str, c: Candidate) -> str:

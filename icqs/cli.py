@@ -18,13 +18,13 @@ from commands.cli_args import ArgumentParser, check_report_output, run_command
 from engine.errors import UserError
 from commands.factory import add_engine_args, draws_int, engine_from_args, int_in_range, model_label
 
-from .methods import METHODS
+from .methods import DEFAULT_METHODS, METHODS
 from .run_dirs import ScoreRun, open_run
 from .run_tables import add_json_arg, say, show
 from .run import add_run_args, deterministic_by_default
 from .sampler import SAMPLERS
 from .task import BALANCE, LIMITS
-from .score_run import score_run, score_run_dir
+from .score_run import describe_model, record_headline, score_run, score_run_dir
 
 
 def cmd_score(args) -> None:
@@ -42,8 +42,10 @@ def cmd_score(args) -> None:
     run = score_run_dir(args.out, task, candidates, model, args.sampler, args.method, args.draws)  # nothing written
     engine = engine_from_args(args, keep_cache=True)  # chunks of one job reuse the demo sets
     rows = score_run(engine, task, candidates, run, args.method, args.sampler, model, progress=not args.quiet,
-                     path=args.candidates, draws=args.draws, audit=not args.no_audit)
+                     path=args.candidates, draws=args.draws, audit=not args.no_audit,
+                     model_info=describe_model(args.server or args.model, engine))
     section = ScoreRun(run.path).leaderboard_of(task, rows, run.meta)
+    record_headline(run, section.data["headline"])
     show(args, section.data, section.text, section.warnings)
 
 
@@ -110,7 +112,9 @@ def register(subparsers) -> None:
                                       "(`icqs schema candidates`)")
     add_run_args(p, seed_default=None, seed_help="sampling seed (default: the task's)")
     add_json_arg(p)
-    p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
+    p.add_argument("--method", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS),
+                   help=f"default: {' '.join(DEFAULT_METHODS)} (the likelihood baselines and ICQS share their "
+                        "engine work); judge (a generation per answer) and icl (label tasks) on request")
     p.add_argument("--sampler", choices=SAMPLERS, default="coupled",
                    help="demo sets: coupled across ratios (default), independent per ratio as in the paper, or "
                         "bernoulli (the earlier sampler: random good counts; for comparison)")
@@ -166,7 +170,7 @@ def register(subparsers) -> None:
                               + FORMATS["score"] + " (optional: without it, a pool example stands in).")
     p.add_argument("task", help="task YAML (`icqs schema task`)")
     p.add_argument("candidates", nargs="?", default=None, help="candidates JSONL (`icqs schema candidates`)")
-    p.add_argument("--method", nargs="+", choices=list(METHODS), default=["icqs", "epistemic"])
+    p.add_argument("--method", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS))
     p.add_argument("--sampler", choices=SAMPLERS, default="coupled")
     p.add_argument("--draws", type=draws_int, default=3, help="demo draws, as `icqs score --draws`")
     p.add_argument("--no-audit", action="store_true", help="leave the audit's requests out")

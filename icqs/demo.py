@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import itertools
+import sys
 
 import numpy as np
 import yaml
@@ -79,7 +80,8 @@ def run_demo(out, args=None, progress: bool = True) -> str:
 
     from .methods import METHODS
     from .report import write_report
-    from .score_run import print_audit, score_run, score_run_dir, write_leaderboard
+    from .run_dirs import ScoreRun
+    from .score_run import describe_model, record_headline, score_run, score_run_dir
 
     if args is None:  # the defaults of `icqs demo`
         parser = argparse.ArgumentParser()
@@ -90,12 +92,16 @@ def run_demo(out, args=None, progress: bool = True) -> str:
     draws, audit = getattr(args, "draws", 3), not getattr(args, "no_audit", False)
     run = score_run_dir(out, task, candidates, model_label(args), "coupled", METHODS, draws)  # nothing written yet
     engine = engine_from_args(args, keep_cache=True)
-    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress, draws=draws, audit=audit)
+    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress, draws=draws, audit=audit,
+                     model_info=describe_model(getattr(args, "server", None) or getattr(args, "model", None), engine))
     with run.start():
         atomic_write(run.path / "demo_task.yaml", task_yaml(task))  # `icqs score` reruns it with candidates.jsonl
-        print_audit(run.path, task, run.meta)
-        text = write_leaderboard(run.path, rows, task, run.meta["engine_stats"])
-        print(text, end="")
+        section = ScoreRun(run.path).leaderboard_of(task, rows, run.meta)
+        record_headline(run, section.data["headline"])
+        text = section.text
+        print(text.rstrip("\n"))
+        for line in section.warnings:
+            print(line, file=sys.stderr)
         print(f"true accuracies: {', '.join(f'{m} {a:.1f}' for m, a in MODELS.items())}")
         print(f"report: {write_report(run.path)}")
     return text

@@ -45,7 +45,14 @@ def loglik_schema(M: int, repeats: int | None = None) -> dict:
     """loglik.jsonl (icqs / epistemic): one curve of M + 1 log-likelihoods per (sampler, demo-set repeat, id)."""
     l_range = {"type": "integer", "minimum": 0, **({"maximum": repeats - 1} if repeats else {})}
     return _row({"sampler": {"type": "string"}, "l": l_range, "id": _ID, "loglik": _logprobs(M + 1),
-                 "loglik_cf": _logprobs(M + 1)}, ("sampler", "l", "id", "loglik"))
+                 "loglik_cf": _logprobs(M + 1), "tokens": {"type": "integer", "minimum": 1}},
+                ("sampler", "l", "id", "loglik"))
+
+
+def zeroshot_schema() -> dict:
+    """zeroshot.jsonl (loglik / loglik_norm): the answer's log-likelihood with no demos and its token count."""
+    return _row({"id": _ID, "loglik": _LOGPROB, "tokens": {"type": "integer", "minimum": 1}},
+                ("id", "loglik", "tokens"))
 
 
 def icl_schema(labels: list[str]) -> dict:
@@ -147,8 +154,10 @@ def score_log_validator(method: str, task, ids=None, sampler: str | None = None)
     """The check of a row of `icqs score`'s log for `method` (icqs.methods.METHODS[method].log) under `task`; with
     the run's candidate `ids` and `sampler`, a row of another candidate or sampler (a damaged or mixed log) is
     refused too."""
-    if method in ("icqs", "epistemic"):  # one log for both: repeats up to L
+    if method in ("icqs", "epistemic", "fewshot"):  # one log for all three: repeats up to L
         check = validator(loglik_schema(task.M, task.L))
+    elif method in ("loglik", "loglik_norm"):
+        check = validator(zeroshot_schema())
     elif method == "icl":
         check = validator(icl_schema(task.labels))
     elif method == "judge":

@@ -77,15 +77,18 @@ class ScoreRun:
         return self.leaderboard_of(task, rows, meta)
 
     def leaderboard_of(self, task, rows: list[dict], meta: dict) -> Section:
-        """The audit, then the leaderboards of these score rows (a run that just computed them passes them on);
-        leaderboard.txt and leaderboard.json are (re)written."""
-        from .score_run import write_leaderboard
+        """The headline (icqs.headline), the audit, then the leaderboards of these score rows (a run that just
+        computed them passes them on); leaderboard.txt and leaderboard.json are (re)written."""
+        from .headline import format_headline
+        from .score_run import run_headline, write_leaderboard
 
         audit = self._audit(task, meta)
-        text = write_leaderboard(self.path, rows, task, meta.get("engine_stats"))
+        head = run_headline(self.path, rows, task, meta)
+        text = write_leaderboard(self.path, rows, task, meta.get("engine_stats"), head)
         boards = _read_json(self.path / "leaderboard.json")
-        return Section(f"{audit.text}\n{text}", {"kind": self.kind, "audit": audit.data["audit"],
-                                                 "leaderboards": boards}, audit.warnings)
+        return Section(f"{format_headline(head)}\n{audit.text}\n{text}",
+                       {"kind": self.kind, "headline": head, "audit": audit.data["audit"], "leaderboards": boards},
+                       audit.warnings)
 
     def audit(self) -> Section:
         from .score_run import load_scores

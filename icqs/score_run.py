@@ -20,7 +20,7 @@ from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
 from .io import ResultWriter, atomic_write, read_results, strict_json
 from .logs import run_task_schema, score_log_validator, validator
-from .methods import METHODS, ordered
+from .methods import DEFAULT_METHODS, METHODS, ordered
 from .run import MeteredEngine, RunDir, read_run_json
 from .task import task_from_dict, task_to_dict
 
@@ -63,20 +63,50 @@ def check_lengths(engine, task, candidates, methods, sampler: str, path: str | N
                                 "shorten it or use fewer demos (--N)", path, j.candidate.line) from None
 
 
-def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), sampler: str = "coupled",
+def describe_model(model: str | None, engine) -> dict:
+    """What a run records of its model (run.json's `model_info`): a readable name, its file (or server), and its
+    parameter count from the engine's config (the headline scales time estimates by it)."""
+    from commands.fetch import MODELS
+    from engine.loader import DEFAULT_GGUF, resolve_model_path
+
+    config = getattr(engine, "config", None)
+    params = None
+    if config is not None:
+        from .headline import model_params
+        params = model_params(config)
+    if model is not None and str(model).startswith(("http://", "https://")):
+        return {"name": f"server {model}", "file": None, "params": params}
+    if model in MODELS:
+        name = MODELS[model].title
+    elif model is None:
+        name = "SmolLM2-135M-Instruct (GGUF, Q4_1; the default)"
+    else:
+        name = Path(model).name
+    try:
+        file = str(resolve_model_path(model))
+    except UserError:
+        file = None
+    return {"name": name, "file": file or DEFAULT_GGUF, "params": params}
+
+
+def score_run(engine, task, candidates, out, methods=DEFAULT_METHODS, sampler: str = "coupled",
               model: str = "default", progress: bool = True, path: str | None = None, draws: int = 1,
-              audit: bool = True) -> list[dict]:
+              audit: bool = True, model_info: dict | None = None) -> list[dict]:
     """Compute (or resume) the methods for every candidate into `out` (a directory or a RunDir from score_run_dir)
     and write scores.jsonl; returns the score rows, of these methods and of those earlier runs in `out` computed.
     `draws`: independent demo draws (seeds seed, seed + 1, ...) for the methods whose scores depend on them; a row
     per (method, draw, candidate). `audit`: also audit every method on the task's pool (icqs.audit) into
     audit.json. The engine's work per method is added to run.json (run.meta["engine_stats"], the audit's to
-    "audit_stats"). `path`: the candidates file, named by errors."""
+    "audit_stats"). `path`: the candidates file, named by errors; `model_info` (describe_model) is recorded in
+    run.json."""
     methods = ordered(methods)
     run = out if isinstance(out, RunDir) else score_run_dir(out, task, candidates, model, sampler, methods, draws)
     check_lengths(engine, task, candidates, methods, sampler, path)
     rows = []
     with run.start():
+        if model_info is not None:
+            run.meta["model_info"] = model_info
+            run.save()
         atomic_write(run.path / "candidates.jsonl", "".join(json.dumps(candidate_row(c), ensure_ascii=False) + "\n"
                                                             for c in candidates))
         for name in ordered(run.meta["methods"]):
@@ -98,7 +128,8 @@ def score_run(engine, task, candidates, out, methods=("icqs", "epistemic"), samp
                                                         for r in rows))
         if audit:
             from .audit import compute_audit
-            compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=False)
+            compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=False, rows=rows,
+                          candidates=candidates)
     return rows
 
 
@@ -183,10 +214,12 @@ def leaderboards(rows: list[dict], engine_stats: dict | None = None) -> list[dic
     return boards
 
 
-def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = None) -> str:
-    """leaderboard.txt and leaderboard.json in `out` (measures the audit found at chance or inverted marked);
-    returns the text."""
+def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = None, head: dict | None = None
+                      ) -> str:
+    """leaderboard.txt and leaderboard.json in `out` (measures the audit marks carry ! or ?; the headline first
+    when given); returns the leaderboard's text (without the headline)."""
     from .audit import flagged, read_audit
+    from .headline import format_headline
 
     boards = leaderboards(rows, engine_stats)
     title = f"task {task.name}, {len({r['id'] for r in rows})} candidates"
@@ -194,22 +227,21 @@ def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = N
         title += (f"\ncalibrated scores: each answer's log-likelihood minus its log-likelihood after the "
                   f"content-free input {task.content_free!r} (task key content_free)")
     text = format_leaderboards(boards, title=title, flags=flagged(read_audit(out)))
-    atomic_write(Path(out) / "leaderboard.txt", text)
+    atomic_write(Path(out) / "leaderboard.txt", (format_headline(head) + "\n" if head else "") + text)
     atomic_write(Path(out) / "leaderboard.json", json.dumps(strict_json(boards), indent=1, ensure_ascii=False))
     return text
 
 
-def print_audit(out, task, meta: dict) -> None:
-    """The audit (stdout) and a `warning:` line per measure at chance or inverted (stderr), before the
-    leaderboard."""
-    import sys
+def run_headline(out, rows: list[dict], task, meta: dict) -> dict:
+    """The headline of a score run directory (icqs.headline), from its audit and its leaderboards."""
+    from .audit import read_audit
+    from .headline import headline
 
-    from .audit import audit_share, format_audit, read_audit, warnings
+    return headline(read_audit(out), leaderboards(rows, meta.get("engine_stats")), task, meta)
 
-    entries = read_audit(out)
-    if entries is None:
-        print("evaluator audit: none in this run directory (it ran with --no-audit)")
-        return
-    print(format_audit(entries, task, audit_share(meta)))
-    for line in warnings(entries):
-        print(line, file=sys.stderr)
+
+def record_headline(run: RunDir, head: dict) -> None:
+    """run.json's `headline`: the headline's fields, its lines as `text`."""
+    with run.start():
+        run.meta["headline"] = {k: v for k, v in head.items() if k != "lines"} | {"text": head["lines"]}
+        run.save()

@@ -45,8 +45,9 @@ def mixture_requests(task: Task, sets: list[DemoSet], candidates: list[Candidate
 def compute_loglik(engine, task: Task, candidates: list[Candidate], writer: ResultWriter, sampler: str = "coupled",
                    repeats: int = 1, chunk: int = CHUNK, progress: bool = True) -> np.ndarray:
     """log P(y | demo set (l, j), x) for each candidate, repeat l < `repeats` and ratio j -> array [C, repeats,
-    M + 1]. Rows already in `writer` (key: sampler, l, id) are reused, missing ones computed and appended. With
-    task.calibrate each row also holds `loglik_cf`, the curve after the content-free input."""
+    M + 1]. Rows already in `writer` (key: sampler, l, id) are reused, missing ones computed and appended. Each row
+    holds `tokens`, the answer's token count (for per-token likelihoods); with task.calibrate also `loglik_cf`, the
+    curve after the content-free input."""
     sets = demo_sets(task, sampler, repeats)
     batches = [(l, candidates[i:i + chunk]) for l in range(repeats) for i in range(0, len(candidates), chunk)]
     todo = [(l, [c for c in part if not writer.done((sampler, l, c.id))]) for l, part in batches]
@@ -59,10 +60,11 @@ def compute_loglik(engine, task: Task, candidates: list[Candidate], writer: Resu
         results = engine.score(requests, share_prefix=True, progress=progress)
         lp = np.array([r.logprob for r in results], dtype=np.float64)
         raw = lp[:len(part) * (task.M + 1)].reshape(task.M + 1, len(part))
+        tokens = [r.num_tokens for r in results[task.M * len(part):(task.M + 1) * len(part)]]  # after ratio 1
         cf = {c.y: lp[len(raw.flat):].reshape(task.M + 1, len(answers))[:, i] for i, c in enumerate(answers)} \
             if task.calibrate else {}
         for i, c in enumerate(part):
-            row = {"sampler": sampler, "l": l, "id": c.id, "loglik": raw[:, i].tolist()}
+            row = {"sampler": sampler, "l": l, "id": c.id, "loglik": raw[:, i].tolist(), "tokens": tokens[i]}
             writer.write(row | ({"loglik_cf": cf[c.y].tolist()} if task.calibrate else {}))
     return loglik_table(writer.rows, candidates, sampler, repeats, task.M + 1)
 
@@ -91,6 +93,11 @@ def icqs_scores(table: np.ndarray, ratios: list[float], epistemic: bool, cf_tabl
             cal = post.summarize(curve, ratios)
             row.update(score_cal=cal["score"], expected_cal=cal["expected"], curve_cal=cal["curve"])
     return out
+
+
+def answer_tokens(rows: list[dict], sampler: str) -> dict:
+    """{candidate id: the answer's token count} from the rows that carry it."""
+    return {r["id"]: r["tokens"] for r in rows if r["sampler"] == sampler and "tokens" in r}
 
 
 def method_scores(rows: list[dict], candidates: list[Candidate], task: Task, sampler: str, epistemic: bool

@@ -47,14 +47,17 @@ def test_bad_verdicts_warn_and_mark_the_leaderboard():
     """Why: the embedded model ranked three models exactly backwards and nothing said the evaluator was at
     chance; now the audit's verdict prints a warning and the leaderboard marks that measure's cells."""
     entries = [{"method": "icqs", "measure": "expected", "auc": 0.51, "ci": [0.38, 0.64], "n": 24, "draws": 3,
-                "folds": 3, "auc_draws": [0.5, 0.55, 0.48], "label_auc": 0.87, "verdict": "at chance"},
+                "folds": 3, "auc_draws": [0.5, 0.55, 0.48], "label_auc": 0.87, "label_bias": True,
+                "verdict": "at chance"},
                {"method": "icqs", "measure": "score", "auc": 0.9, "ci": [0.8, 0.97], "n": 24, "draws": 3,
                 "folds": 3, "auc_draws": [0.9, 0.9, 0.9], "label_auc": 0.5, "verdict": "reliable"}]
-    assert warnings(entries) == ["warning: icqs E[r]: audit AUC 0.51 [0.38,0.64] is at chance: it does not tell "
-                                 "right from wrong answers on this task; its leaderboard rows (marked !) are not "
-                                 "evidence"]
+    said = warnings(entries)
+    assert said[0] == ("warning: icqs E[r]: no evidence that it tells right from wrong on 24 pool answers (audit AUC "
+                       "0.51 [0.38, 0.64], the CI includes 0.5); its leaderboard rows (marked !) are not evidence")
+    assert said[1].startswith("warning: icqs E[r]: its score follows the answer's label (label AUC 0.87)")
+    assert len(said) == 2
     text = format_audit(entries)
-    assert "0.51 [0.38,0.64]" in text and "at chance" in text and "tracks which label" in text
+    assert "0.51 [0.38, 0.64]" in text and "at chance" in text and "tracks which label" in text
     rows = [{"method": "icqs", "model": m, "id": f"{m}{q}", "truth": None, "score": s, "expected": s}
             for m, s in (("a", 0.9), ("b", 0.2)) for q in range(3)]
     board = format_leaderboards([leaderboard(rows, "icqs")], flags={("icqs", "expected"): "at chance"})
@@ -113,7 +116,8 @@ def test_score_writes_prints_and_reprints_the_audit(files, tiny_model_dir, capsy
     assert set(meta["audit_stats"]) == {"icqs", "epistemic"} and "audit cost:" in printed.out
     assert main(["audit", str(out)]) == 0
     again = capsys.readouterr().out
-    assert again.strip() == printed.out[:printed.out.index("ICQS leaderboard")].strip()
+    start = printed.out.index("evaluator audit")
+    assert again.strip() == printed.out[start:printed.out.index("ICQS leaderboard")].strip()
 
 
 def test_no_audit_skips_it(files, tiny_model_dir, capsys):

@@ -72,7 +72,7 @@ class FrequencyEngine:
             if x in self.RIGHT:
                 good = sum(f"Q: {q}\nA: {a}\n" in demos for q, a in GOLD)
                 quality = 0.25 * good * (1.0 if self.RIGHT[x] == cont else -1.0)
-            out.append(type("R", (), {"logprob": shown + quality})())
+            out.append(type("R", (), {"logprob": shown + quality, "num_tokens": 1})())
         return out
 
 

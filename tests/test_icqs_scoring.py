@@ -67,7 +67,7 @@ class TableEngine:
         for ctx, cont in requests:
             bad = ctx.count("[bad]")
             lp = -1.0 * bad if cont.startswith("right") else -2.0 + 0.5 * bad
-            out.append(type("R", (), {"logprob": lp})())
+            out.append(type("R", (), {"logprob": lp, "num_tokens": len(cont.split())})())
         return out
 
 

@@ -1,0 +1,220 @@
+"""Issue 39: the likelihood baselines (zero-shot loglik / loglik_norm, few-shot at r = 1), the candidate-level AUC
+against the truth beside the pool audit, verdicts the label cannot fool, and the headline with its next steps.
+Hand-checked numbers against a table-driven engine; no model is loaded."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.stats import EngineStats
+from icqs.audit import add_truth, audit_entries, auc, two_level_ci, warnings
+from icqs.baselines import answer_bytes, compute_zeroshot
+from icqs.candidates import Candidate, read_candidates
+from icqs.headline import headline, primary
+from icqs.io import ResultWriter
+from icqs.methods import DEFAULT_METHODS, METHODS
+from icqs.score_run import leaderboards, load_scores, score_run
+from icqs.task import Example, Task, load_task
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+class Result:
+    def __init__(self, logprob, num_tokens):
+        self.logprob, self.num_tokens = logprob, num_tokens
+
+
+class KnowingEngine:
+    """A simulated evaluator that knows the right answer to every question of the QA fixture: log P(y | context)
+    = -0.5 per token of y, + 2 when y is the right answer to the context's last question, + 0.3 per right demo in
+    the context when y is right (- 0.3 when wrong), + a small deterministic jitter per (context, y). Tokens: words."""
+
+    def __init__(self, right: dict, demo_effect: float = 0.3):
+        self.right, self.demo_effect = right, demo_effect
+        self.calls, self.requests = 0, []
+        self.last_stats = EngineStats()
+
+    def score(self, requests, share_prefix=True, progress=False):
+        self.calls += 1
+        self.requests += list(requests)
+        out = []
+        for ctx, cont in requests:
+            question = ctx.rsplit("Question: ", 1)[-1].split("\nAnswer:", 1)[0]
+            y = cont.strip()
+            tokens = max(1, len(y.split()))
+            good = sum(self.right.get(q) == a for q, a in _demos(ctx))
+            right = self.right.get(question) == y
+            jitter = (hash((ctx, cont)) % 1000) / 1000 * 0.2
+            lp = -0.5 * tokens + (2.0 if right else 0.0) + self.demo_effect * good * (1 if right else -1) + jitter
+            out.append(Result(lp - 8.0, tokens))
+        return out
+
+
+def _demos(ctx: str):
+    for block in ctx.split("\n\n")[:-1]:
+        if block.startswith("Question: ") and "\nAnswer: " in block:
+            q, a = block[len("Question: "):].split("\nAnswer: ", 1)
+            yield q, a
+
+
+def _fixture():
+    task = load_task(DATA / "qa_task.yaml")
+    candidates = read_candidates(DATA / "qa_candidates.jsonl")
+    right = {e.x: e.y for e in task.good}
+    right.update({c.x: c.y for c in candidates if c.truth == 1})
+    return task, candidates, right
+
+
+def test_the_fixture_is_the_issue_task():
+    """12 questions, 4 models right on 11/12, 8/12, 5/12, 2/12; pools of 12 right and 12 wrong answers to 24
+    other questions; free text."""
+    task, candidates, _ = _fixture()
+    assert len(task.good) == len(task.bad) == 12 and not task.is_label_task
+    assert len({e.x for e in task.good + task.bad} | {c.x for c in candidates}) == 36
+    acc = {m: np.mean([c.truth for c in candidates if c.model == m]) for m in {c.model for c in candidates}}
+    assert sorted(acc.values()) == pytest.approx([2 / 12, 5 / 12, 8 / 12, 11 / 12])
+
+
+def test_zero_shot_is_one_request_per_distinct_answer_sharing_the_header(tmp_path):
+    task, candidates, right = _fixture()
+    engine = KnowingEngine(right)
+    with ResultWriter(tmp_path / "z.jsonl", "id") as w:
+        compute_zeroshot(engine, task, candidates, w, progress=False)
+        rows = {r["id"]: r for r in w.rows}
+    distinct = {(c.x, c.y) for c in candidates}
+    assert engine.calls == 1 and len(engine.requests) == len(distinct) < len(candidates)
+    assert all(ctx.startswith(task.header) and ctx == task.header + task.x_part(x) for (ctx, _), x in
+               zip(engine.requests, [r[0].split("Question: ")[1].split("\n")[0] for r in engine.requests]))
+    score = {m: METHODS[m].score(task, candidates, list(rows.values()), "coupled") for m in ("loglik", "loglik_norm")}
+    for c, s, n in zip(candidates, score["loglik"], score["loglik_norm"]):
+        lp, tokens = rows[c.id]["loglik"], rows[c.id]["tokens"]
+        assert s["score"] == lp and n["score"] == pytest.approx(lp / tokens)
+        assert n["per_byte"] == pytest.approx(lp / len(task.y_part(c.y).encode()))
+    assert answer_bytes(task, "é") == 2
+
+
+def test_default_run_scores_the_likelihood_methods_without_extra_demo_work(tmp_path, monkeypatch):
+    """fewshot reads r = 1 of the ICQS log: it adds no engine request to icqs + epistemic; loglik and
+    loglik_norm share one zero-shot request per distinct answer."""
+    monkeypatch.setattr("icqs.score_run.check_lengths", lambda *args: None)  # the table engine has no tokenizer
+    task, candidates, right = _fixture()
+    task.M, task.N, task.L = 2, 4, 2
+    with_few, without = KnowingEngine(right), KnowingEngine(right)
+    rows = score_run(with_few, task, candidates, tmp_path / "a", DEFAULT_METHODS, progress=False, draws=2,
+                     audit=False)
+    score_run(without, task, candidates, tmp_path / "b", ("icqs", "epistemic"), progress=False, draws=2, audit=False)
+    distinct = len({(c.x, c.y) for c in candidates})
+    assert len(with_few.requests) == len(without.requests) + distinct
+    assert {r["method"] for r in rows} == set(DEFAULT_METHODS)
+    few = [r for r in rows if r["method"] == "fewshot" and r["draw"] == 0]
+    loglik = {(r["sampler"], r["l"], r["id"]): r for r in map(json.loads, (tmp_path / "a" / "loglik.jsonl")
+                                                              .read_text().splitlines())}
+    for r in few:
+        at_one = np.mean([loglik[("coupled", l, r["id"])]["loglik"][-1] for l in range(task.L)])
+        assert r["score"] == pytest.approx(at_one / r["tokens"])
+    # the knowing evaluator: the likelihood baselines put the models in their true order
+    boards = {b["method"]: b for b in leaderboards(rows)}
+    for m in ("loglik_norm", "fewshot"):
+        assert boards[m]["measures"]["score"]["spearman"] == pytest.approx(1.0)
+
+
+def test_the_audit_auc_is_that_of_the_draws_mean_score_as_the_leaderboard_ranks():
+    """Why: the audit averaged per-draw AUCs while the leaderboard ranks each candidate by its mean over the draws;
+    a measure noisy per draw (ICQS's argmax) looked at chance in the audit yet ranked the candidates well."""
+    task = Task("t", "Q: {x}\nA: {y}", [Example(f"g{i}", "a") for i in range(8)],
+                [Example(f"b{i}", "b") for i in range(8)], M=2, N=2, L=1)
+    # in every draw half the good items score above the bad ones and half below (per-draw AUC 0.5), a different
+    # half each draw: their mean over the draws is above every bad item's
+    scored = [(d, f"good{i}", 1.0, "a", {"score": 0.6 + (0.15 if (i + d) % 2 == 0 else -0.15)})
+              for d in range(6) for i in range(8)]
+    scored += [(d, f"bad{i}", 0.0, "b", {"score": 0.5}) for d in range(6) for i in range(8)]
+    (e,) = [x for x in audit_entries(task, {"fewshot": scored}, 6) if x["measure"] == "score"]
+    assert e["auc_draws"] == [0.5] * 6 and e["auc"] == 1.0 and e["verdict"] == "reliable"
+
+
+def test_group_bootstrap_resamples_questions_not_answers():
+    """Answers that move together (here: four copies of each) are resampled together: the CI is that of the
+    distinct answers, wider than one counting every copy as new evidence."""
+    rng = np.random.default_rng(0)
+    truth12 = np.array([1, 0] * 6)
+    scores12 = 0.5 * truth12 + rng.normal(size=12)
+    copies = np.repeat(np.arange(12), 4)
+    lo_all, hi_all = two_level_ci(scores12[copies][None, :], truth12[copies])
+    lo_g, hi_g = two_level_ci(scores12[copies][None, :], truth12[copies], groups=copies)
+    lo_12, hi_12 = two_level_ci(scores12[None, :], truth12)
+    assert hi_g - lo_g > 1.5 * (hi_all - lo_all)
+    assert abs((hi_g - lo_g) - (hi_12 - lo_12)) < 0.15
+    assert lo_g <= auc(scores12, truth12) <= hi_g
+
+
+def _entry(method, measure, a, ci, verdict, **kw):
+    return {"method": method, "measure": measure, "auc": a, "ci": list(ci), "n": 24, "draws": 3, "folds": 3,
+            "auc_draws": [a] * 3, "label_auc": None, "verdict": verdict, **kw}
+
+
+def _rows(order):
+    """Score rows of four models whose scores follow `order` (best first), for the leaderboards."""
+    rows = []
+    for method in ("loglik", "loglik_norm", "fewshot", "icqs"):
+        for k, m in enumerate(order):
+            rows += [{"method": method, "draw": 0, "model": m, "id": f"{m}{q}", "truth": float(q < 4 - k),
+                      "score": -k + 0.1 * q, "per_byte": -k, "expected": 0.5} for q in range(4)]
+    return rows
+
+
+def test_headline_takes_the_reliable_measure_with_the_highest_auc_ties_to_the_cheaper():
+    boards = leaderboards(_rows(["A", "B", "C", "D"]))
+    task = Task("t", "Q: {x}\nA: {y}", [Example("a", "x")], [Example("b", "y")])
+    entries = [_entry("icqs", "score", 0.97, (0.9, 1.0), "reliable"),
+               _entry("fewshot", "score", 0.971, (0.9, 1.0), "reliable"),
+               _entry("loglik_norm", "per_byte", 0.99, (0.95, 1.0), "reliable", label_bias=True, label_auc=0.95),
+               _entry("loglik", "score", 0.99, (0.60, 1.0), "weak")]
+    assert (primary(entries, boards)["method"], primary(entries, boards)["measure"]) == ("fewshot", "score")
+    h = headline(entries, boards, task, {})
+    assert h["lines"][0] == "Best: A by fewshot per token (audit reliable: AUC 0.97 [0.90, 1.00] on 24 pool answers)"
+    assert h["ranking"] == ["A", "B", "C", "D"] and h["verdict"] == "reliable" and h["next_steps"] == []
+    assert h["lines"][1].startswith("  ranking: A ")
+
+
+def test_nothing_reliable_gives_next_steps_fitted_to_what_was_seen():
+    boards = leaderboards(_rows(["A", "B", "C", "D"]))
+    task = Task("t", "Q: {x}\nA: {y}", [Example("a", "x")], [Example("b", "y")])
+    entries = [_entry("icqs", "score", 0.53, (0.33, 0.72), "at chance", truth_auc=0.9, truth_ci=[0.8, 0.97],
+                      agrees=False),
+               _entry("loglik", "score", 0.66, (0.52, 0.83), "weak")]
+    meta = {"model_info": {"name": "SmolLM2", "params": 134.5e6}, "engine_stats": {"icqs": {"seconds": 60.0}},
+            "audit_stats": {"icqs": {"seconds": 40.0}}, "methods": ["icqs", "loglik"]}
+    h = headline(entries, boards, task, meta)
+    assert h["method"] is None and h["ranking"] == [] and h["verdict"] == "weak"
+    assert h["lines"][0].startswith("No reliable measure: none of the 2 audited measures")
+    steps = " | ".join(h["next_steps"])
+    assert "--model gemma-3-270m" in steps and "about 3 min" in steps  # 100 s x 268 / 134.5
+    assert "more pool examples: the audit scored 24 pool answers" in steps
+    assert "icqs score separates their right from wrong answers (AUC 0.90" in steps
+    assert "a label task" in steps  # free text
+    said = warnings(entries)
+    assert any("disagree" in w and "icqs score" in w for w in said)
+    assert any(w.startswith("warning: loglik score: weak: some evidence") for w in said)
+
+
+def test_truth_auc_beside_the_audit_and_absent_without_truth():
+    cands = [Candidate(f"c{i}", "m", f"q{i // 2}", "y", float(i % 2)) for i in range(8)]
+    rows = [{"method": "loglik", "draw": 0, "id": c.id, "model": "m", "truth": c.truth, "score": c.truth + 0.1 * i}
+            for i, c in enumerate(cands)]
+    entries = add_truth([_entry("loglik", "score", 0.5, (0.3, 0.7), "at chance")], rows, cands)
+    assert entries[0]["truth_auc"] == 1.0 and entries[0]["agrees"] is False and entries[0]["truth_n"] == 8
+    no_truth = [dict(r, truth=None) for r in rows]
+    entries = add_truth([_entry("loglik", "score", 0.5, (0.3, 0.7), "at chance")], no_truth, cands)
+    assert "truth_auc" not in entries[0] and "truth_ci" not in entries[0]
+
+
+def test_a_constant_score_is_called_constant():
+    task = Task("t", "Q: {x}\nA: {y}", [Example(f"g{i}", "a") for i in range(3)],
+                [Example(f"b{i}", "b") for i in range(3)], M=2, N=2, L=1)
+    scored = [(0, f"{k}{i}", float(k == "good"), "a", {"score": 0.0}) for k in ("good", "bad") for i in range(3)]
+    (e,) = audit_entries(task, {"loglik": scored}, 1)
+    assert e["verdict"] == "constant" and e["auc"] == 0.5
+    assert warnings([e])[0].startswith("warning: loglik score: constant: it gave every one of 6 pool answers")
+    assert not math.isnan(e["ci"][0])
