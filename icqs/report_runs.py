@@ -67,7 +67,8 @@ def judge_report(run, output=None) -> Path:
     grades = _grades_by_k(run)
     facts = [f"input {meta.get('input_file', '?')}", f"model {meta.get('model') or 'default'}",
              f"{s['items']} items", f"K = {', '.join(map(str, s['shots']))} demos",
-             f"{s['runs']} run(s) (demo draws, seeds {meta.get('seed', 0)}..)", f"method {meta.get('method')}",
+             f"{s['runs']} run(s) with independent demo draws", f"seed {meta.get('seed', 0)}",
+             f"method {meta.get('method')}",
              "demos drawn per item" if meta.get("per_item_draws") else "one demo draw shared by the items"]
     parts = _header(f"Judge report: {Path(str(meta.get('input_file', run.path))).name}", facts, meta,
                     s["warnings"])

@@ -21,7 +21,7 @@ from scipy import stats
 from ..audit import auc, two_level_ci, verdict
 from ..run_tables import Table, ci, num
 from .consistency import consistency_by_k
-from .pairwise import summarize_pairwise
+from .pairwise import decide, summarize_pairwise
 
 CI_ROUNDS = 2000
 
@@ -259,14 +259,14 @@ def pairwise_summary(rows: list[dict], bootstrap: int = 200, seed: int = 0) -> d
                             f"swaps: this judge is biased")
             distrusted.append(f"the verdict follows the answers' {name} in {rate:.0%} of the swaps")
     agreement = None
-    acc = summary["logprob"].get("accuracy", {}).get("aggregate_decisive")
-    if acc and acc["n"]:
-        right = round(acc["accuracy"] * acc["n"])
-        agreement = {"n": acc["n"], "accuracy": acc["accuracy"], "ci": share_ci(right, acc["n"])}
+    decisive = [r for r in rows if r.get("winner") in ("model_a", "model_b")]  # a reference tie has no right side
+    if decisive:
+        right = sum(decide(r["aggregate"], decisive=True) == r["winner"] for r in decisive)
+        agreement = {"n": len(decisive), "accuracy": right / len(decisive), "ci": share_ci(right, len(decisive))}
         if agreement["ci"][1] < 0.5:
             warnings.append(f"warning: the judge disagrees with the reference winner in most pairs "
-                            f"(agreement {acc['accuracy']:.2f}, 95% CI {ci(agreement['ci'])}): its verdicts are "
-                            f"inverted")
+                            f"(agreement {agreement['accuracy']:.2f}, 95% CI {ci(agreement['ci'])}): its verdicts "
+                            f"are inverted")
             distrusted.append("its verdicts disagree with the reference winner in most pairs")
     summary["audit"] = {"checks": checks, "agreement": agreement, "warnings": warnings}
     if rows and all("model_a" in r and "model_b" in r for r in rows):
@@ -299,8 +299,9 @@ def pairwise_audit_table(summary: dict) -> Table:
              "that ignores the layout would show"]
     a = summary["audit"]["agreement"]
     if a:
-        notes.append(f"agreement with the reference winner (tie option ignored): {num(a['accuracy'])} of {a['n']} "
-                     f"labeled pairs, 95% CI {ci(a['ci'])} (a perfect judge: 1.00)")
+        notes.append(f"agreement with the reference winner: {num(a['accuracy'])} of the {a['n']} pairs whose "
+                     f"reference names one (the judge's tie option ignored), 95% CI {ci(a['ci'])} (a perfect judge: "
+                     f"1.00)")
     if flags:
         notes.append("! rows marked ! : far from a judge without bias (flips in half the swaps or more, or mostly "
                      "ties): the ranking is not evidence")
