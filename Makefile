@@ -19,8 +19,10 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/icqs demo
 
+# One pytest worker per core (pytest-xdist), each test file on one worker so that a file's fixtures are made once;
+# the slowest tests listed at the end (the suite's time: benchmarks/RESULTS.md).
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=25 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -59,8 +59,8 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "transformers", "accelerate", "triton", "hypothesis", "openai",
-                 "httpx", "schemathesis"],
+        "test": ["pytest", "pytest-xdist", "pytest-benchmark", "transformers", "accelerate", "triton", "hypothesis",
+                 "openai", "httpx", "schemathesis", "ruff"],
         "serve": ["fastapi", "uvicorn", "prometheus-client"],
         "lm-eval": ["lm-eval[api]==0.4.13"],  # [api]: tenacity, aiohttp for its local-completions model
         "ray": ["ray[data]", "pyarrow"],
