@@ -6,8 +6,8 @@ at: the reports' visual check for every run type.
 
 The inputs are made here: `icqs init`'s sentiment example for the score run; 18 answers to 6 questions from three
 "models" (one right, one wrong, one mixed) with labels, graded by the judge and compared in 18 pairs; 12 number
-answers for ALLURE. A few minutes on 2 CPU cores. The screenshots are the first tile of each report (1280 x 1300 px)
-saved as 8-bit palette PNGs, small enough to commit."""
+answers for ALLURE. A few minutes on 2 CPU cores. The screenshots are the first two tiles of each report (1280 x 1300 px
+each) saved as 8-bit palette PNGs, small enough to commit."""
 from __future__ import annotations
 
 import argparse
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--shots", default=None, help="also save the first tile of each report here (PNG)")
+    ap.add_argument("--shots", default=None, help="also save the first two tiles of each report here (PNG)")
     ap.add_argument("--nondeterministic", action="store_true", help="passed on to the run commands")
     args = ap.parse_args(argv)
     extra = ["--nondeterministic"] if args.nondeterministic else []
@@ -86,10 +86,10 @@ def main(argv: list[str]) -> int:
         shots = Path(args.shots)
         shots.mkdir(parents=True, exist_ok=True)
         for kind, html in reports.items():
-            tiles = screenshot(html, root)
-            target = shots / f"report_{kind}.png"
-            Image.open(tiles[0]).convert("P", palette=Image.ADAPTIVE, colors=128).save(target, optimize=True)
-            print(target, f"{target.stat().st_size / 1024:.0f} KiB")
+            for k, tile in enumerate(screenshot(html, root)[:2]):
+                target = shots / f"report_{kind}_{k}.png"
+                Image.open(tile).convert("P", palette=Image.ADAPTIVE, colors=128).save(target, optimize=True)
+                print(target, f"{target.stat().st_size / 1024:.0f} KiB")
     return 0
 
 
