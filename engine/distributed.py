@@ -279,7 +279,7 @@ class DistributedEngine:
         """log P(continuation | context) for each request, computed on the workers. `done`: indices to skip
         (their result is None); `on_result(i, result, worker)` is called as each result arrives."""
         import pyarrow as pa
-        from tqdm import tqdm
+        from .progress import progress_bar
 
         if not share_prefix:
             raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")
@@ -299,7 +299,8 @@ class DistributedEngine:
         tables = [pa.table({"_row": pa.array(m, pa.int64()), "context": [encoded[i][0] for i in m],
                             "continuation": [encoded[i][1] for i in m]}) for m in members if m]
         blocks = self._run_blocks(tables)
-        bar = tqdm(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress)
+        bar = progress_bar(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers",
+                           disable=not progress)
         for table in blocks:
             stats = self.last_stats = stats.plus(EngineStats(**{name: sum(table.column(f"_{name}").to_pylist())
                                                                 for name in COUNTERS}))

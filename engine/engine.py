@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, fields
 
 import torch
-from tqdm import tqdm
+from .progress import progress_bar
 
 import kernels
 
@@ -339,7 +339,7 @@ class Engine:
     def _job_end(self, start, handles, desc, progress):
         before, pending_before = start
         unique = self.cache.pending_tokens() - pending_before
-        with tqdm(total=unique, unit="tok", desc=desc, disable=not progress) as bar:
+        with progress_bar(total=unique, unit="tok", desc=desc, disable=not progress) as bar:
             self.run(handles, bar)
         stats = self.stats.since(before)
         stats.unique_tokens, stats.peak_kv_pages = unique, self.kv.peak_used

@@ -1,4 +1,5 @@
 """User-facing errors: one line, printed by the CLIs as `error: ...`, exit status 2."""
+import difflib
 
 
 class UserError(Exception):
@@ -15,3 +16,9 @@ class UserError(Exception):
 class EngineFailure(RuntimeError):
     """An internal failure (an engine bug, not the caller's input): the requests it hit fail with it, and a server
     answers 500."""
+
+
+def did_you_mean(word, known) -> str:
+    """' (did you mean 'labels'?)' for a close known name (difflib), else '': for the message of an unknown name."""
+    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

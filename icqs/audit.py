@@ -37,6 +37,7 @@ import numpy as np
 from sklearn.model_selection import KFold, StratifiedKFold
 
 from engine.errors import UserError
+from engine.progress import progress_bar
 
 from .candidates import Candidate
 from .aggregate import mark_symbol
@@ -115,18 +116,23 @@ def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress
                    for name in ordered(methods)]
         atomic_write(run.path / AUDIT_FILE, json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
         return entries
-    for name in ordered(methods):
-        method = METHODS[name]
-        metered = MeteredEngine(engine, on_call=lambda stats, name=name: run.add_stats(name, stats,
-                                                                                       key="audit_stats"))
-        scored = []  # (draw, item, truth, label, scores)
-        with ResultWriter(run.path / audit_log(method), method.key) as writer:
-            for draw in range(draws if method.demos else 1):
-                for train, cands in folds(task, draw):
-                    method.compute(metered, train, cands, writer, sampler, progress)
-                    scores = method.score(train, cands, writer.rows, sampler)
-                    scored += [(draw, c.id.split("/", 2)[2], c.truth, c.y, s) for c, s in zip(cands, scores)]
-        per_method[name] = scored
+    parts = sum((draws if METHODS[name].demos else 1) * n_folds(task) for name in methods)
+    bar = progress_bar(total=parts, desc="evaluator audit", unit="fold",
+                       disable=not progress)  # one bar for the audit: the methods' own bars stay off
+    with bar:
+        for name in ordered(methods):
+            method = METHODS[name]
+            metered = MeteredEngine(engine, on_call=lambda stats, name=name: run.add_stats(name, stats,
+                                                                                           key="audit_stats"))
+            scored = []  # (draw, item, truth, label, scores)
+            with ResultWriter(run.path / audit_log(method), method.key) as writer:
+                for draw in range(draws if method.demos else 1):
+                    for train, cands in folds(task, draw):
+                        method.compute(metered, train, cands, writer, sampler, False)
+                        scores = method.score(train, cands, writer.rows, sampler)
+                        scored += [(draw, c.id.split("/", 2)[2], c.truth, c.y, s) for c, s in zip(cands, scores)]
+                        bar.update(1)
+            per_method[name] = scored
     entries = audit_entries(task, per_method, draws)
     if rows is not None and candidates is not None:
         add_truth(entries, rows, candidates)

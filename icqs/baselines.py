@@ -17,8 +17,8 @@
 from __future__ import annotations
 
 import numpy as np
-from tqdm import tqdm
 
+from engine.progress import progress_bar
 from .candidates import Candidate
 from .io import ResultWriter
 from .options import option_logprobs, parse_rating
@@ -97,7 +97,8 @@ def compute_icl(engine, task: Task, candidates: list[Candidate], writer: ResultW
     demos = task.demo_text(list(all_good.examples))
     options = [task.y_part(label) for label in task.labels]
     todo = [c for c in candidates if not writer.done(c.id)]
-    for part in tqdm(_chunks(todo, CHUNK), desc="ICL baseline", unit="batch", disable=not progress or not todo):
+    for part in progress_bar(_chunks(todo, CHUNK), desc="ICL baseline", unit="batch",
+                             disable=not progress or not todo):
         lp = option_logprobs(engine, [icl_prompt(task, demos, c) for c in part], options, normalize=True,
                              progress=progress)
         for c, row in zip(part, lp):
@@ -120,7 +121,8 @@ def compute_judge(engine, task: Task, candidates: list[Candidate], writer: Resul
     """Rating-token log-probs and a greedy generation per candidate; rows {id, rating_logprobs, text} (key: id).
     Candidates with the same prompt (models giving the same answer) share one generation."""
     todo = [c for c in candidates if not writer.done(c.id)]
-    for part in tqdm(_chunks(todo, CHUNK), desc="verbalized judge", unit="batch", disable=not progress or not todo):
+    for part in progress_bar(_chunks(todo, CHUNK), desc="verbalized judge", unit="batch",
+                             disable=not progress or not todo):
         prompts = [judge_prompt(task, c) for c in part]
         unique = list(dict.fromkeys(prompts))
         lp = option_logprobs(engine, unique, RATING_OPTIONS, normalize=True, progress=progress)

@@ -1,37 +1,93 @@
 """The `icqs` command line: score, leaderboard, report, demo; the judges and ALLURE packages add their subcommands
 through `register(subparsers)` in icqs.judges.cli and icqs.allure.cli.
 
-Contract for a registered subcommand: `subparsers.add_parser(...)`, then `parser.set_defaults(func=handler)` where
-`handler(args) -> int | None` is the exit status. Bad input raises engine.errors.UserError: main() prints
-`error: <message>` on stderr and exits 2.
+Contract for a registered subcommand: listed in COMMANDS (its module and one line of help), then, in that module's
+`register(subparsers)`, `subparsers.add_parser(name, help=COMMANDS[name].help, description=...)` and
+`parser.set_defaults(func=handler)` where `handler(args) -> int | None` is the exit status. Bad input raises
+engine.errors.UserError: main() prints `error: <message>` on stderr and exits 2.
+
+Only the module of the command given is imported (and the engine, torch, numpy only when its handler needs them):
+`icqs --help`, `icqs` alone and a mistyped command answer from COMMANDS without importing any of them.
 
 The run itself (run directory, methods, leaderboard) is icqs.score_run; this module only reads the options.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import threading
+from typing import NamedTuple
 
-from commands.cli_args import ArgumentParser, check_report_output, run_command
-from engine.errors import UserError
-from commands.factory import add_engine_args, draws_int, engine_from_args, int_in_range, model_label
+from commands.cli_args import ArgumentParser, run_command
+from engine.errors import UserError, did_you_mean
 
-from .methods import DEFAULT_METHODS, METHODS
-from .run_dirs import ScoreRun, open_run
-from .run_tables import add_json_arg, say, show
-from .run import add_run_args, deterministic_by_default
-from .sampler import SAMPLERS
-from .task import BALANCE, LIMITS
-from .score_run import describe_model, record_headline, score_run, score_run_dir
+
+class Command(NamedTuple):
+    module: str  # the module whose register(subparsers) adds it
+    help: str  # its line in `icqs --help`
+
+
+COMMANDS = {
+    "init": Command(__name__, "write a small working example (task.yaml, candidates.jsonl) into a folder: start here"),
+    "preview": Command(__name__, "show the prompts, requests, tokens and time a score run would take, scoring "
+                                 "nothing"),
+    "score": Command(__name__, "rank models by scoring their answers with ICQS and the baselines; audit and "
+                               "leaderboard"),
+    "leaderboard": Command(__name__, "print the leaderboard of a run directory (score, judge, pairwise)"),
+    "audit": Command(__name__, "print how far a run's evaluator can be trusted"),
+    "report": Command(__name__, "write the HTML report of a run directory (any kind)"),
+    "demo": Command(__name__, "a built-in example: score four simulated models of known accuracy with every method"),
+    "schema": Command(__name__, "print the JSON Schema of an input format (task, candidates, judge, ...)"),
+    "judge": Command("icqs.judges.cli", "grade answers 1-10 with zero-shot or many-shot ICL judge prompts"),
+    "pairwise": Command("icqs.judges.cli", "compare two answers under four prompts (position x symbol swap)"),
+    "allure": Command("icqs.allure.cli", "ALLURE: audit an evaluator LLM and improve it with iterative ICL"),
+}
+
+
+def _load_task(args, overrides: dict | None = None):
+    """The TASK argument's task; a JSONL file there (the two files given the other way round) says so."""
+    from .task import load_task
+
+    try:
+        return load_task(args.task, overrides)
+    except UserError as e:
+        if not _looks_like_jsonl(args.task):
+            raise
+        raise UserError(f"this looks like a JSONL file of candidates, not a task YAML: the order is `icqs "
+                        f"{args.command} TASK.yaml CANDIDATES.jsonl` (swapped?); read as a task: {e}",
+                        args.task) from None
+
+
+def _looks_like_jsonl(path: str) -> bool:
+    """A regular file (not a FIFO, which would block) whose first non-blank line is a JSON object."""
+    import json
+    import os
+
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return False
+    line = next((ln for ln in head.splitlines() if ln.strip()), "")
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def cmd_score(args) -> None:
-    from .candidates import check_labels, check_truth_dists, read_candidates
-    from .task import load_task
+    from commands.factory import engine_from_args, model_label
 
-    task = load_task(args.task, {key: getattr(args, key) for key in ("M", "N", "L", "seed", "balance", "calibrate")})
+    from .candidates import check_labels, check_truth_dists, read_candidates
+    from .run_dirs import ScoreRun
+    from .run_tables import show
+    from .score_run import describe_model, record_headline, score_run, score_run_dir
+
+    task = _load_task(args, {key: getattr(args, key) for key in ("M", "N", "L", "seed", "balance", "calibrate")})
     candidates = read_candidates(args.candidates)
     check_truth_dists(candidates, task.M + 1, args.candidates)
     check_labels(candidates, task, args.candidates)
@@ -51,12 +107,20 @@ def cmd_score(args) -> None:
 
 def cmd_section(args) -> None:
     """`icqs leaderboard DIR` and `icqs audit DIR`, on a run directory of any kind."""
+    from .run_dirs import open_run
+    from .run_tables import show
+
     run = open_run(args.dir)
     section = run.leaderboard() if args.section == "leaderboard" else run.audit()
     show(args, section.data, section.text, section.warnings)
 
 
 def cmd_report(args) -> None:
+    from commands.cli_args import check_report_output
+
+    from .run_dirs import open_run
+    from .run_tables import say
+
     if args.output:
         check_report_output(args.output, args.dir, "report.html")  # never over a run's files or an input
     path = open_run(args.dir).report(args.output)
@@ -69,11 +133,12 @@ def cmd_demo(args) -> None:
 
 
 def cmd_preview(args) -> None:
+    from commands.factory import engine_from_args
+
     from .candidates import Candidate, check_labels, read_candidates
     from .preview import preview
-    from .task import load_task
 
-    task = load_task(args.task)
+    task = _load_task(args)
     if args.candidates:
         candidates = read_candidates(args.candidates)
         check_labels(candidates, task, args.candidates)
@@ -100,24 +165,37 @@ def cmd_init(args) -> None:
 
 
 def register(subparsers) -> None:
-    """This package's own subcommands (their heavy imports happen inside the handlers)."""
+    """This module's own subcommands (their heavy imports happen inside the handlers)."""
+    from commands.factory import add_engine_args, draws_int, int_in_range
+
     from .contracts import FORMATS, NAMES
-    p = subparsers.add_parser("score", help="score candidate answers with ICQS and the baselines",
-                              description="Score each candidate answer with the chosen methods, audit every method "
-                              "on the task's own good/bad pool, and print the audit and the leaderboard. "
-                              + FORMATS["score"] + ".")
+    from .methods import DEFAULT_METHODS, METHODS
+    from .run import add_run_args, deterministic_by_default
+    from .run_tables import add_json_arg
+    from .sampler import SAMPLERS
+    from .task import BALANCE, LIMITS
+
+    methods_help = (f"the methods to run (default: {' '.join(DEFAULT_METHODS)}: the likelihood baselines and ICQS "
+                    "share their engine work; judge, a generation per answer, and icl, label tasks only, on "
+                    "request): " + "; ".join(f"{name}: {m.title}" for name, m in METHODS.items()))
+    sampler_help = ("how demo sets are drawn (default: coupled): coupled (the sets of the ratios share demos), "
+                    "independent (a fresh draw per ratio, as in the paper), or bernoulli (random good counts; an "
+                    "earlier sampler, for comparison)")
+
+    def add(name: str, description: str):
+        return subparsers.add_parser(name, help=COMMANDS[name].help, description=description)
+
+    p = add("score", "Score each candidate answer with the chosen methods, audit every method on the task's own "
+                     "good/bad pool, and print the audit and the leaderboard. " + FORMATS["score"] + ".")
     p.add_argument("task", help="task YAML: template, good and bad example pools, labels, M/N/L "
                                 "(`icqs schema task`; `icqs init DIR` writes an example)")
     p.add_argument("candidates", help="candidates JSONL: id, model, x, y, optional truth / truth_dist "
                                       "(`icqs schema candidates`)")
     add_run_args(p, seed_default=None, seed_help="sampling seed (default: the task's)")
     add_json_arg(p)
-    p.add_argument("--method", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS),
-                   help=f"default: {' '.join(DEFAULT_METHODS)} (the likelihood baselines and ICQS share their "
-                        "engine work); judge (a generation per answer) and icl (label tasks) on request")
-    p.add_argument("--sampler", choices=SAMPLERS, default="coupled",
-                   help="demo sets: coupled across ratios (default), independent per ratio as in the paper, or "
-                        "bernoulli (the earlier sampler: random good counts; for comparison)")
+    p.add_argument("--method", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS), metavar="METHOD",
+                   help=methods_help)
+    p.add_argument("--sampler", choices=SAMPLERS, default="coupled", help=sampler_help)
     p.add_argument("--balance", choices=BALANCE, default=None,
                    help="label tasks: the label counts of every demo set (default: the task's, marginal)")
     p.add_argument("--calibrate", action="store_true", default=None,
@@ -135,72 +213,80 @@ def register(subparsers) -> None:
     deterministic_by_default(p)
     p.set_defaults(func=cmd_score)
     runs = "a run directory of `icqs score`, `judge`, `pairwise` or `allure run`"
-    for name, help_, description in (
-            ("leaderboard", "print the leaderboard of a run directory (score, judge, pairwise)",
+    for name, description in (
+            ("leaderboard",
              "Print the models' ranking a run directory holds: a score run's leaderboard per method (after its "
              "evaluator audit), a judge run's mean grade per model beside the truth, a pairwise run's Bradley-Terry "
-             "leaderboard (marked when the judge's bias check distrusts it). An ALLURE run ranks no models."),
-            ("audit", "print how far a run's evaluator can be trusted",
+             "leaderboard (marked when the judge's bias check distrusts it). An ALLURE run ranks no models. No "
+             "model is loaded."),
+            ("audit",
              "Print a run directory's checks of its own evaluator: a score run's evaluator audit, a judge run's "
              "grades per K and their agreement with the labels, a pairwise run's bias check (measured vs a judge "
-             "without bias), an ALLURE run's evaluator per round.")):
-        p = subparsers.add_parser(name, help=help_, description=description)
+             "without bias), an ALLURE run's evaluator per round. No model is loaded.")):
+        p = add(name, description)
         p.add_argument("dir", help=runs)
         add_json_arg(p)
         p.set_defaults(func=cmd_section, section=name)
-    p = subparsers.add_parser("report", help="write the HTML report of a run directory (any kind)",
-                              description="Write the HTML report of " + runs + ": its settings and warnings, "
-                              "its tables with their CIs, figures, and every item.")
+    p = add("report", "Write the HTML report of " + runs + ": its settings and warnings, its tables with their "
+                      "CIs, figures, and every item. No model is loaded.")
     p.add_argument("dir", help=runs)
     p.add_argument("--output", default=None, help="HTML file (default: DIR/report.html)")
     p.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     p.set_defaults(func=cmd_report)
-    p = subparsers.add_parser("demo", help="score simulated models on a built-in task; leaderboard and report")
+    p = add("demo", "Score four simulated models (right on 100%, 80%, 60%, 40% of 20 generated movie reviews) "
+                    "with every method of `icqs score` on the embedded model, audit each method, and print the "
+                    "leaderboard beside the true ranking; writes a run directory with its HTML report. About 3 "
+                    "minutes on 2 CPU cores.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no banner and no progress")
     p.add_argument("--draws", type=draws_int, default=3, help="independent demo draws (default: 3)")
     p.add_argument("--no-audit", action="store_true", help="skip the evaluator audit")
     add_engine_args(p)
     deterministic_by_default(p)
     p.set_defaults(func=cmd_demo)
-    p = subparsers.add_parser("preview", help="show each method's rendered prompt, requests, tokens and time "
-                              "estimate without scoring", description="Per method: one fully rendered prompt with "
-                              "its token count, the engine requests and unique tokens the run (and its audit) would "
-                              "compute, and a time estimate from a short measurement on this machine. "
-                              + FORMATS["score"] + " (optional: without it, a pool example stands in).")
+    p = add("preview", "Per method: one fully rendered prompt with its token count, the engine requests and "
+                       "unique tokens the run (and its audit) would compute, and a time estimate from a short "
+                       "measurement on this machine. " + FORMATS["score"] + " (optional: without it, a pool "
+                       "example stands in).")
     p.add_argument("task", help="task YAML (`icqs schema task`)")
     p.add_argument("candidates", nargs="?", default=None, help="candidates JSONL (`icqs schema candidates`)")
-    p.add_argument("--method", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS))
-    p.add_argument("--sampler", choices=SAMPLERS, default="coupled")
-    p.add_argument("--draws", type=draws_int, default=3, help="demo draws, as `icqs score --draws`")
+    p.add_argument("--method", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS), metavar="METHOD",
+                   help=methods_help)
+    p.add_argument("--sampler", choices=SAMPLERS, default="coupled", help=sampler_help)
+    p.add_argument("--draws", type=draws_int, default=3, help="demo draws, as `icqs score --draws` (default: 3)")
     p.add_argument("--no-audit", action="store_true", help="leave the audit's requests out")
     add_engine_args(p)
     deterministic_by_default(p)
     p.set_defaults(func=cmd_preview)
-    p = subparsers.add_parser("schema", help="print the JSON Schema of an input format",
-                              description="Print the JSON Schema of an input format: " + "; ".join(
-                                  f"{k}: {v}" for k, v in FORMATS.items()))
-    p.add_argument("name", choices=NAMES)
+    p = add("schema", "Print the JSON Schema of an input format: " + "; ".join(f"{k}: {v}"
+                                                                               for k, v in FORMATS.items()))
+    p.add_argument("name", choices=NAMES, help="the format: " + ", ".join(NAMES))
     p.set_defaults(func=cmd_schema)
-    p = subparsers.add_parser("init", help="write a small working example task and candidates into DIR")
-    p.add_argument("dir")
+    p = add("init", "Write a small working label task (DIR/task.yaml: 12 right and 12 wrong movie-review "
+                    "sentiments) and the answers of three simulated models to 8 other reviews (DIR/candidates.jsonl, "
+                    "with their true quality), then print the next commands. Never overwrites a file.")
+    p.add_argument("dir", help="the folder to write into (created if missing)")
     p.set_defaults(func=cmd_init)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="icqs", description="In-context quality scoring of LLM answers.")
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, given the command line, of the command it names only (so that the module
+    of no other command is imported; `icqs --help` or an unknown command: the list of COMMANDS alone)."""
+    parser = ArgumentParser(prog="icqs", description="Score LLM answers with in-context quality scoring (ICQS), "
+                            "judge them with ICL judges, and audit an evaluator with ALLURE. New here: `icqs init "
+                            "DIR`, then the commands it prints.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in _subcommand_modules():
-        module.register(subparsers)
+    if argv is None:
+        modules = dict.fromkeys(c.module for c in COMMANDS.values())
+    elif argv and argv[0] in COMMANDS:
+        modules = [COMMANDS[argv[0]].module]
+    else:
+        modules = []
+        for name, command in COMMANDS.items():
+            subparsers.add_parser(name, help=command.help)
+    for module in modules:
+        importlib.import_module(module).register(subparsers)
     return parser
-
-
-def _subcommand_modules() -> list:
-    """The modules whose `register(subparsers)` adds subcommands: this one, the judges' and ALLURE's."""
-    from .allure import cli as allure_cli
-    from .judges import cli as judges_cli
-
-    return [sys.modules[__name__], judges_cli, allure_cli]
 
 
 def _terminate(signum, frame) -> None:
@@ -208,7 +294,12 @@ def _terminate(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}{did_you_mean(argv[0], COMMANDS)} (commands: "
+              f"{', '.join(COMMANDS)}; `icqs --help` says what each does)", file=sys.stderr)
+        return 2
+    args = build_parser(argv).parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     return run_command(args.func, args, "finished results are kept")

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from engine.errors import UserError
+from engine.errors import UserError, did_you_mean
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 NAMES = ("task", "candidates", "judge", "pairwise", "allure", "allure-template")
@@ -39,6 +39,14 @@ def schema(name: str) -> dict:
 @lru_cache(maxsize=None)
 def _validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema(name))
+
+
+def unknown_key(key, known, where: str = "", what: str = "key") -> str:
+    """The message of an unknown key: its name, a close known one, and the known ones."""
+    return f"unknown {what} {key!r}{where}{did_you_mean(key, known)} (known: {', '.join(sorted(known))})"
+
+
+MAX_LISTED = 50  # problems of one file listed in its error line; more are counted
 
 
 def field_help(name: str, key: str) -> str:
@@ -113,9 +121,9 @@ def _message(name: str, error: jsonschema.ValidationError, node=None) -> str:
                  for sub in error.validator_value for k in sub["required"]]
         return f"missing field {' or '.join(names)} (see `icqs schema {name}`)"
     if error.validator == "additionalProperties":
-        known = ", ".join(sorted(error.schema.get("properties", {})))
-        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
-        return f"unknown key {extra[0]!r}" + (f" in {_where(path)}" if path else "") + f" (known: {known})"
+        known = error.schema.get("properties", {})
+        extra = sorted(set(error.instance) - set(known))
+        return unknown_key(extra[0], known, f" in {_where(path)}" if path else "")
     if error.validator == "oneOf" and error.context:
         # the pool is a path or a list: report the list alternative's first problem, if it is one
         deepest = max(error.context, key=lambda e: len(e.absolute_path))
@@ -126,26 +134,45 @@ def _message(name: str, error: jsonschema.ValidationError, node=None) -> str:
     return f"{_where(path)}: {what}" + (f" ({help_})" if help_ else "")
 
 
+def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    """The errors to report for one violation: for a `oneOf` (a pool is a path or a list), every error of the
+    alternative that got furthest into the document (the list's items), else the violation itself."""
+    if error.validator != "oneOf" or not error.context:
+        return [error]
+    branches: dict = {}
+    for c in error.context:
+        branches.setdefault(c.relative_schema_path[0], []).append(c)
+    deepest = max(branches.values(), key=lambda cs: max(len(c.absolute_path) for c in cs))
+    if max(len(c.absolute_path) for c in deepest) <= len(error.absolute_path):
+        return [error]
+    return [leaf for c in deepest for leaf in _leaves(c)]
+
+
 def check_yaml(name: str, data, root, path: str) -> None:
-    """Validate a YAML document (data: its value, root: its composed node) against schema `name`; the first
-    violation (in file order) is a UserError naming the line."""
-    errors = list(_validator(name).iter_errors(data))
-    if not errors:
+    """Validate a YAML document (data: its value, root: its composed node) against schema `name`. Every violation
+    is listed, in file order, in one UserError naming the first one's line (so that a file with many mistakes,
+    such as unquoted yes/no answers, is fixed in one pass)."""
+    located = set()
+    for e in _validator(name).iter_errors(data):
+        for leaf in _leaves(e):
+            node = _node_at(root, leaf.absolute_path)
+            line = node.start_mark.line + 1
+            if leaf.validator == "additionalProperties" and isinstance(node, yaml.MappingNode):
+                known = leaf.schema.get("properties", {})
+                where = f" in {_where(leaf.absolute_path)}" if leaf.absolute_path else ""
+                located |= {(k.start_mark.line + 1, unknown_key(k.value, known, where)) for k, _ in node.value
+                            if k.value not in known}
+            else:
+                located.add((line, _message(name, leaf, node)))
+    if not located:
         return
-    located = []
-    for e in errors:
-        leaf = e
-        if e.validator == "oneOf" and e.context:
-            deepest = max(e.context, key=lambda c: len(c.absolute_path))
-            leaf = deepest if len(deepest.absolute_path) > len(e.absolute_path) else e
-        node = _node_at(root, leaf.absolute_path)
-        line = node.start_mark.line + 1
-        if leaf.validator == "additionalProperties" and isinstance(node, yaml.MappingNode):
-            known = leaf.schema.get("properties", {})
-            line = next((k.start_mark.line + 1 for k, _ in node.value if k.value not in known), line)
-        located.append((line, e, node))
-    line, error, node = min(located, key=lambda t: t[0])
-    raise UserError(_message(name, error, node), path, line)
+    problems = sorted(located)
+    (line, first), rest = problems[0], problems[1:MAX_LISTED]
+    text = first + "".join(f"; line {n}: {m}" for n, m in rest)
+    if len(problems) > 1:
+        more = len(problems) - MAX_LISTED
+        text += (f"; and {more} more" if more > 0 else "") + f" ({len(problems)} problems)"
+    raise UserError(text, path, line)
 
 
 def check_row(name: str, row, path, line: int | None, definition: str | None = None) -> None:

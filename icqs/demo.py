@@ -9,8 +9,8 @@ leaderboard prints it beside each method's.
 from __future__ import annotations
 
 import argparse
-import json
 import itertools
+import json
 import sys
 
 import numpy as np
@@ -74,6 +74,25 @@ def task_yaml(task: Task) -> str:
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True, width=120)
 
 
+# Wall time of `icqs demo` (3 draws) on a 2-core AMD EPYC (Zen4, avx512_bf16): 240 s measured with the machine
+# shared (load average 10-12), half of the engine's time in the audit; a machine of its own takes less. The banner
+# scales these seconds, with the audit and without it, by the draws.
+DEMO_SECONDS = {"audit": 180, "no_audit": 90}
+
+
+def banner(args, draws: int, audit: bool) -> str:
+    """The line `icqs demo` starts with: what it does, on which model, and about how long it takes."""
+    model = f"the model {args.model}" if getattr(args, "model", None) else "the embedded SmolLM2-135M-Instruct"
+    if getattr(args, "server", None):
+        model = f"the server {args.server}"
+    seconds = DEMO_SECONDS["audit" if audit else "no_audit"] * draws / 3
+    return (f"icqs demo: 4 simulated models answer {SIZES['questions']} generated movie reviews (right on "
+            f"{', '.join(f'{a:.0%}' for a in MODELS.values())}); the likelihood baselines, ICQS, ICQS-Epistemic, "
+            f"plain ICL and a verbalized judge on {model} rank them{', each method audited,' if audit else ''} and the leaderboard shows the "
+            f"true ranking beside theirs; about {max(1, round(seconds / 60))} min on 2 CPU cores"
+            + ("" if model.startswith("the embedded") else " with the embedded model"))
+
+
 def run_demo(out, args=None, progress: bool = True) -> str:
     """Score the demo, print the leaderboard (true ranking beside it) and write the report; returns the text."""
     from commands.factory import add_engine_args, engine_from_args, model_label
@@ -87,11 +106,13 @@ def run_demo(out, args=None, progress: bool = True) -> str:
         parser = argparse.ArgumentParser()
         add_engine_args(parser)
         args = parser.parse_args([])
+    draws, audit = getattr(args, "draws", 3), not getattr(args, "no_audit", False)
     task = demo_task()
     candidates = demo_candidates(task)
-    draws, audit = getattr(args, "draws", 3), not getattr(args, "no_audit", False)
     run = score_run_dir(out, task, candidates, model_label(args), "coupled", METHODS, draws)  # nothing written yet
     engine = engine_from_args(args, keep_cache=True)
+    if progress:  # once the options and the model are checked: a bad one is a single error line
+        print(banner(args, draws, audit), file=sys.stderr, flush=True)
     rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress, draws=draws, audit=audit,
                      model_info=describe_model(getattr(args, "server", None) or getattr(args, "model", None), engine))
     with run.start():

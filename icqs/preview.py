@@ -76,7 +76,9 @@ def preview(engine, task, candidates: list[Candidate], methods, sampler: str, dr
     rate = measure_rate(engine, all_requests) if all_requests else 0.0
     lines = [f"preview of task {task.name}: {len(candidates)} candidates, M = {task.M}, N = {task.N}, "
              f"L = {task.L}, {sampler} demo sets, {draws} demo draw(s), audit {'on' if audit else 'off'}; "
-             f"measured rate on this machine: {rate:,.0f} tokens/s"]
+             f"measured rate on this machine: {rate:,.0f} tokens/s",
+             "prompt layout: " + (f"the header {task.header!r}, then " if task.header else "")
+             + f"the demos, each followed by the separator {task.separator!r}, then the candidate"]
     generated_total = sum(g for _, _, g in all_requests)
     total_tokens = unique_tokens(_tokens(tok, all_requests)) + generated_total  # methods share requests
     for name, (run, aud) in plan.items():

@@ -128,7 +128,7 @@ def score_run(engine, task, candidates, out, methods=DEFAULT_METHODS, sampler: s
                                                         for r in rows))
         if audit:
             from .audit import compute_audit
-            compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=False, rows=rows,
+            compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=progress, rows=rows,
                           candidates=candidates)
     return rows
 

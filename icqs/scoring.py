@@ -20,8 +20,8 @@ one more request per distinct answer and demo set, sharing the demo prefix.
 from __future__ import annotations
 
 import numpy as np
-from tqdm import tqdm
 
+from engine.progress import progress_bar
 from . import posterior as post
 from .candidates import Candidate
 from .io import ResultWriter
@@ -52,7 +52,8 @@ def compute_loglik(engine, task: Task, candidates: list[Candidate], writer: Resu
     batches = [(l, candidates[i:i + chunk]) for l in range(repeats) for i in range(0, len(candidates), chunk)]
     todo = [(l, [c for c in part if not writer.done((sampler, l, c.id))]) for l, part in batches]
     todo = [(l, part) for l, part in todo if part]
-    for l, part in tqdm(todo, desc=f"ICQS {sampler} demo sets", unit="batch", disable=not progress or not todo):
+    for l, part in progress_bar(todo, desc=f"ICQS {sampler} demo sets", unit="batch",
+                                disable=not progress or not todo):
         requests = mixture_requests(task, sets[l], part)
         answers = list({c.y: c for c in part}.values())  # calibration: one request per distinct answer
         if task.calibrate:

@@ -4,7 +4,7 @@ separators, the label options, the judge question, and the defaults for M, N, L 
     name: sentiment
     template: "Sentence: {x}\\nAnswer: {y}"   # {x} before {y}; the y part is the scored continuation
     separator: "\\n\\n"                      # between demos, and between the last demo and the candidate
-    header: ""                              # optional text before the demos
+    header: ""                              # optional text before the demos, joined to the first by the separator
     good: [{x: "a fine film", y: positive}]  # inline list, or a JSONL path (relative to this file)
     bad: bad.jsonl
     labels: [negative, positive]             # label options (ICL baseline); default: the y values of the pools
@@ -126,7 +126,8 @@ class Task:
 
     def demo_text(self, examples: list[Example]) -> str:
         """The header and the demos, each followed by the separator: the context before a candidate's x part."""
-        return self.header + "".join(self.render(e) + self.separator for e in examples)
+        head = self.header + self.separator if self.header else ""
+        return head + "".join(self.render(e) + self.separator for e in examples)
 
 
 def _key_lines(node) -> dict:

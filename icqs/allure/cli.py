@@ -20,10 +20,19 @@ from icqs.run_tables import add_json_arg
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("allure", help="ALLURE: audit an evaluator LLM and improve it with iterative ICL")
+    from icqs.cli import COMMANDS
+
+    p = subparsers.add_parser("allure", help=COMMANDS["allure"].help, description="ALLURE audits an evaluator LLM: "
+                              "it labels each (task, response) item right or wrong, its labels are checked against "
+                              "the ground truth (the item's answer matched by a rule, or its human label), and every "
+                              "mistake becomes an in-context example that the next round shows it.")
     sub = p.add_subparsers(dest="allure_command", required=True, metavar="ACTION")
 
-    r = sub.add_parser("run", help="run (or resume) the audit loop on a JSONL file of (task, response) items")
+    r = sub.add_parser("run", help="run (or resume) the audit loop on a JSONL file of (task, response) items",
+                       description="Print the ground truth (how many responses each match rule counts right, with "
+                       "examples), then run rounds of evaluate -> check against the truth -> add the mistakes as "
+                       "ICL examples; optionally the ICL-size sweep and the failure-mode clustering. A killed run "
+                       "resumes from --out. Writes OUT/summary.json and OUT/report.html.")
     r.add_argument("items", help="JSONL items: response, and answer (a number, option letter or text) or label "
                    "(1/0), optional id/match/split/group/... (`icqs schema allure`)")
     add_run_args(r)
@@ -34,26 +43,33 @@ def register(subparsers) -> None:
                    "user (a format string over the items' fields), optional label_prefix, match "
                    "(`icqs schema allure-template`)")
     r.add_argument("--memory", default=None, help="SQLite ICL memory (default: OUT/memory.sqlite)")
-    r.add_argument("--rounds", type=positive_int, default=3)
+    r.add_argument("--rounds", type=positive_int, default=3, help="rounds of the loop, at most (default: 3; it "
+                   "stops early when a round adds no ICL example)")
     r.add_argument("--holdout", type=float, default=0.0, help="fraction of items only measured, never audited")
     r.add_argument("--review", action="store_true", help="new ICL examples wait for `icqs allure review`")
     r.add_argument("--max-icl", type=positive_int, default=None, help="show at most the newest N examples")
-    r.add_argument("--sweep", default="", help="comma-separated ICL example counts, e.g. 0,4,8,16 (Fig. 3)")
+    r.add_argument("--sweep", default="", help="comma-separated ICL example counts, e.g. 0,4,8,16: the "
+                   "evaluator re-run with that many of the memory's examples, for the F1/AUC vs examples plot")
     r.add_argument("--failure-modes", action="store_true",
                    help="cluster the memory's examples (MiniLM, k-means, t-SNE) and ablate each cluster")
     r.add_argument("--clusters", type=positive_int, default=None, help="k for k-means (default: best silhouette)")
     r.set_defaults(func=cmd_run)
 
-    v = sub.add_parser("review", help="human audit of pending ICL examples")
-    v.add_argument("--memory", required=True)
+    v = sub.add_parser("review", help="human audit of pending ICL examples",
+                       description="List the ICL examples that a `--review` run added and that await a person's "
+                       "verdict; accept, reject or tag them by id (or interactively on a terminal). Then run "
+                       "`icqs allure run` again to resume with the accepted ones.")
+    v.add_argument("--memory", required=True, help="the run's ICL memory (OUT/memory.sqlite unless --memory)")
     v.add_argument("--all", action="store_true", help="list every example, not only pending ones")
     v.add_argument("--accept", default="", help="comma-separated ids to accept ('pending': all pending)")
     v.add_argument("--reject", default="", help="comma-separated ids to reject")
     v.add_argument("--tag", action="append", default=[], metavar="ID=TEXT", help="set a failure-mode tag")
     v.set_defaults(func=cmd_review)
 
-    o = sub.add_parser("report", help="write summary.json and report.html of a run folder")
-    o.add_argument("run_dir")
+    o = sub.add_parser("report", help="write summary.json and report.html of a run folder",
+                       description="Write RUN_DIR/summary.json and the HTML report (rounds, ICL-size sweep, failure "
+                       "modes, memory) from a run's files; no model is loaded.")
+    o.add_argument("run_dir", help="the run directory (`icqs allure run --out DIR`)")
     o.add_argument("--out", default=None, help="HTML file (default: RUN_DIR/report.html)")
     o.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     o.set_defaults(func=cmd_report)
@@ -90,7 +106,7 @@ def cmd_run(args) -> int:
 
     from .report import rounds_table, write_report
     from .run_dir import AuditRun
-    from .tasks import load_items
+    from .tasks import ground_truth_text, load_items
     from .template import load_template
 
     sizes = _ints(args.sweep, "--sweep")
@@ -107,6 +123,7 @@ def cmd_run(args) -> int:
         Memory.check(memory_path)
     engine = MeteredEngine(engine_from_args(args, keep_cache=True))
     evaluator = Evaluator(engine, template)
+    print(ground_truth_text(items, template), end="", file=sys.stderr)  # every check passed; before any round
     with run.start():
         memory = Memory(run.settings["memory"])
         try:

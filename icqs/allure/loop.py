@@ -11,9 +11,11 @@ again to resume).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from .audit import disagreements
+from .metrics import f1
 from .memory import Example, Memory
 from .run_dir import AuditRun
 
@@ -59,6 +61,25 @@ def grow(run: AuditRun, memory: Memory, template, rows: list[dict], round_no: in
     return added
 
 
+def evaluator_warnings(rows: list[dict]) -> list[str]:
+    """What makes a round's labels no evidence: an evaluator that gives every item the same label (it does not read
+    the responses), or an F1 of 0 (it calls no right response right)."""
+    if not rows:
+        return []
+    labels = [int(r["label"]) for r in rows]
+    truths = [int(r["truth"]) for r in rows]
+    score = f1(truths, labels)
+    out = []
+    if len(set(labels)) == 1:
+        out.append(f"the evaluator labelled all {len(rows)} items {labels[0]} ({'right' if labels[0] else 'wrong'}), "
+                   f"whatever the response (F1 {score:.2f}): a constant evaluator; try a stronger --model "
+                   f"(qwen2.5-1.5b), a clearer 'system' instruction in the template, or more rounds")
+    elif score == 0.0:
+        out.append(f"the evaluator's F1 is 0.00: it labelled none of the {sum(truths)} right responses right; check "
+                   f"the ground truth printed at the start and the template's instruction")
+    return out
+
+
 def iterate(run: AuditRun, evaluator, memory: Memory, rounds: int, review: bool = False,
             max_icl: int | None = None, provenance: dict | None = None) -> Outcome:
     provenance = provenance or {}
@@ -75,6 +96,8 @@ def iterate(run: AuditRun, evaluator, memory: Memory, rounds: int, review: bool 
                 return Outcome("converged", r - 1, f"round {r - 1} added no new ICL example: stopped")
             run.plan(name, "round", ids, round=r)
         rows = run.evaluate(evaluator, name, turns_of(memory, run.stage(name)["icl_ids"]))
+        for text in evaluator_warnings(rows):
+            print(f"warning: round {r}: {text}", file=sys.stderr)
         grow(run, memory, evaluator.template, rows, r, review, provenance)
     return Outcome("done", rounds, f"{rounds} round(s) done")
 
@@ -87,5 +110,6 @@ def round_table(run: AuditRun, memory: Memory) -> list[dict]:
             continue
         added = memory.examples(run_id=run.run_id, round=st["round"])
         out.append(dict(round=st["round"], n_icl=len(st["icl_ids"]), new_examples=len(added),
-                        new_accepted=sum(e.status == "accepted" for e in added), **run.metrics(st["stage"])))
+                        new_accepted=sum(e.status == "accepted" for e in added), **run.metrics(st["stage"]),
+                        warnings=evaluator_warnings(run.rows(st["stage"]))))
     return out

@@ -90,6 +90,9 @@ def render_html(s: dict, examples: list, questions: dict | None = None) -> str:
     parts.append("<h2>Rounds</h2><p>Round r shows the evaluator every accepted ICL example; its errors on audit "
                  "items become new examples. Holdout items are never turned into examples.</p>")
     parts.append(_table(*_split_columns(s["rounds"], ["round", "n_icl", "new_examples", "new_accepted"])))
+    warned = [f"round {r['round']}: {w}" for r in s["rounds"] for w in r.get("warnings", [])]
+    if warned:
+        parts.append("<ul class=warn>" + "".join(f"<li>warning: {html.escape(w)}</li>" for w in warned) + "</ul>")
     parts.append(_img(plots.rounds_figure(s["rounds"]), "metrics per round"))
     parts.append("<h2>F1 and AUC vs number of ICL examples</h2>")
     if s["sweep"]:
@@ -117,7 +120,7 @@ def render_html(s: dict, examples: list, questions: dict | None = None) -> str:
     style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 12px}.wide{overflow-x:auto}"
              "table{border-collapse:collapse;"
              "margin:8px 0;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top;"
-             "white-space:pre-wrap}img{max-width:100%}")
+             "white-space:pre-wrap}img{max-width:100%}.warn{color:#a00}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ALLURE report</title><style>{style}"
             f"</style></head><body>{''.join(parts)}</body></html>\n")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from tqdm import tqdm
 
+from engine.progress import progress_bar
 from icqs.io import ResultWriter
 from icqs.logs import allure_eval_schema, allure_stage_schema, validator
 from icqs.run import RunDir, read_run_json
@@ -95,7 +95,7 @@ class AuditRun(RunDir):
     def evaluate(self, evaluator, name: str, turns: list[tuple[str, str]]) -> list[dict]:
         """Label the items not yet labelled in this stage; returns all the stage's rows."""
         todo = [it for it in self.items if not self.evals.done((name, it["id"]))]
-        with tqdm(total=len(todo), desc=name, unit="item", disable=not todo or not self.progress) as bar:
+        with progress_bar(total=len(todo), desc=name, unit="item", disable=not todo or not self.progress) as bar:
             for start in range(0, len(todo), CHUNK):
                 chunk = todo[start:start + CHUNK]
                 got = evaluator.label(chunk, turns)

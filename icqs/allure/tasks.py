@@ -11,13 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import UserError
+from engine.errors import did_you_mean
 from icqs.contracts import check_row
 from icqs.io import read_jsonl
 
-from .audit import MatchSpec, MatchSpecError, truth
+from .audit import RULES, MatchSpec, MatchSpecError, judge_item, spec_of, truth
 from .template import Template
 
 SPLITS = ("audit", "holdout")
+EXAMPLES = 3  # examples of right and of wrong responses shown per match kind
 
 
 def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) -> list[dict]:
@@ -60,7 +62,7 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
                             f"YAML template (`icqs schema allure-template`)", *where)
         if missing:
             raise UserError(f"missing field(s) {', '.join(map(repr, missing))} used by template "
-                            f"{template.name!r}", *where)
+                            f"{template.name!r}{did_you_mean(missing[0], row)}", *where)
         if "split" in row and row["split"] not in SPLITS:
             raise UserError(f"'split' must be one of {', '.join(SPLITS)}, got {row['split']!r}", *where)
     if not rows:
@@ -77,3 +79,35 @@ def _assign_splits(rows: list[dict], holdout: float, seed: int) -> None:
     held = {free[i]["id"] for i in order[:n_hold]}
     for r in free:
         r["split"] = "holdout" if r["id"] in held else "audit"
+
+
+def _short(text: str, width: int = 70) -> str:
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= width else text[:width - 3] + "...")
+
+
+def ground_truth_text(items: list[dict], template: Template) -> str:
+    """What the audit will take as the truth, before any work: per match kind its rule, how many responses it
+    counts right and wrong, and up to three examples of each with what the rule read."""
+    by_kind: dict[tuple, list] = {}
+    for item in items:
+        said = spec_of(item, template.match).kind
+        by_kind.setdefault((judge_item(item, template.match).kind, said), []).append(item)
+    right_total = sum(it["truth"] for it in items)
+    lines = [f"ground truth: {right_total} of {len(items)} responses right (`icqs schema allure` states each rule)"]
+    for (kind, said), group in by_kind.items():
+        right = [it for it in group if it["truth"]]
+        name = kind if kind == said else f"{kind} (for match {said!r}" + (
+            ", answers without a number)" if said == "number" else ")")
+        lines.append(f"  {name}: {len(right)} right, {len(group) - len(right)} wrong of {len(group)}; {RULES[kind]}")
+        for verdict, rows in (("right", right), ("wrong", [it for it in group if not it["truth"]])):
+            for it in rows[:EXAMPLES]:
+                m = judge_item(it, template.match)
+                read = "" if kind == "label" else \
+                    f" -> read {m.read!r}" + (" = " if m.right else " != ") + f"expected {m.expected!r}"
+                lines.append(f"    {verdict}  {it['id']}: {_short(it['response'])}{read}")
+    if right_total in (0, len(items)):
+        lines.append(f"warning: every response counts as {'right' if right_total else 'wrong'}: the audit cannot "
+                     "tell a good evaluator from one that always answers the same; check the match rule above "
+                     "(`match` in the template or the items: exact, contains, regex, number, option)")
+    return "\n".join(lines) + "\n"

@@ -19,13 +19,18 @@ from ..run import MeteredEngine, RunDir, add_run_args, deterministic_by_default,
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("judge", help="grade answers 1-10 with zero-shot or many-shot ICL judge prompts",
+    from ..cli import COMMANDS
+
+    p = subparsers.add_parser("judge", help=COMMANDS["judge"].help,
                               description="Input JSONL rows: question, response, optional id. OUT/grades.jsonl rows: "
                               "id, k, run, the rating distribution over 1..10 (probs), expected, argmax, and with "
                               "--generate the generated answer and its parsed rating (null = unscored); "
                               "OUT/summary.json: per K, and the consistency of runs 0 and 1.")
     _common(p)
-    p.add_argument("--method", choices=("reinforced", "unsupervised"), default="reinforced")
+    p.add_argument("--method", choices=("reinforced", "unsupervised"), default="reinforced",
+                   help="the many-shot prompt (default: reinforced): reinforced (each demo is shown solved, with the "
+                        "model's own generated judgment) or unsupervised (the K demos as unsolved problems, then 4 "
+                        "solved ones that fix the reply's format)")
     p.add_argument("--shots", default="0,1,2,4", help="comma-separated K values, or 'auto' (0, 1, 2, 4, ... up to "
                    "what fits the model's context); K=0 is the zero-shot Prompt B")
     p.add_argument("--demos", help="JSONL pool of demo (question, response) rows; default: the input itself, the "
@@ -39,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=64, help="max generated tokens with --generate")
     p.set_defaults(func=_run_judge)
 
-    p = subparsers.add_parser("pairwise", help="compare two answers under four prompts (position x symbol swap)",
+    p = subparsers.add_parser("pairwise", help=COMMANDS["pairwise"].help,
                               description="Input JSONL rows: question, answer_a, answer_b, optional id, model_a, "
                               "model_b (for a leaderboard) and winner (model_a | model_b | tie: accuracy against "
                               "it). OUT/verdicts.jsonl rows: each variant's verdict distribution and verdict, the "
@@ -122,7 +127,7 @@ def _write_items(run: RunDir, items: list[dict]) -> None:
 
 
 def _run_judge(args) -> int:
-    from tqdm import tqdm
+    from engine.progress import progress_bar
 
     from ..io import ResultWriter
     from ..logs import grades_schema, validator
@@ -175,7 +180,7 @@ def _run_judge(args) -> int:
                           validate=validator(grades_schema())) as log:
             for r, drawer in enumerate(drawers):
                 todo = [it for it in items if not all(log.done((it["id"], k, r)) for k in ks)]
-                for start in tqdm(range(0, len(todo), args.batch), desc=f"judge run {r}", disable=args.quiet):
+                for start in progress_bar(range(0, len(todo), args.batch), desc=f"judge run {r}", disable=args.quiet):
                     jobs = build_prompts(todo[start:start + args.batch], drawer, ks, args.method)
                     for row in grade(eng, jobs, args.generate, args.max_tokens):
                         if not log.done((row["id"], row["k"], r)):
@@ -200,7 +205,7 @@ def _read_rubric(path: str | None) -> str | None:
 
 
 def _run_pairwise(args) -> int:
-    from tqdm import tqdm
+    from engine.progress import progress_bar
 
     from ..io import ResultWriter
     from ..logs import validator, verdicts_schema
@@ -232,7 +237,7 @@ def _run_pairwise(args) -> int:
                                            validate=validator(verdicts_schema())) as log:
         _write_items(run, given)
         todo = [it for it in items if not log.done(it["id"])]
-        for start in tqdm(range(0, len(todo), args.batch), desc="pairwise", disable=args.quiet):
+        for start in progress_bar(range(0, len(todo), args.batch), desc="pairwise", disable=args.quiet):
             part = todo[start:start + args.batch]
             results = pairwise_logprob_verdicts(eng, part, tie=tie, rubric=rubric)
             if args.generate:
