@@ -269,8 +269,9 @@ class AllureRun:
         run = self._open()
         with run.start(), Memory(run.settings["memory"]) as mem:
             s = summary(run, mem)
+        warnings = tuple(f"warning: round {r['round']}: {w}" for r in s["rounds"] for w in r.get("warnings", []))
         return Section(rounds_table(s["rounds"]).text(), {"kind": self.kind, "rounds": s["rounds"],
-                                                           "memory": s["memory"]})
+                                                           "memory": s["memory"]}, warnings)
 
     def report(self, output: str | None = None) -> Path:
         """report.html (or `output`) and summary.json, as `icqs allure run` writes them."""

@@ -54,7 +54,7 @@ def test_a_non_terminal_run_has_no_escape_codes(tmp_path, tiny_model_dir):
     done = subprocess.run(
         [sys.executable, "-m", "icqs.cli", "score", str(tmp_path / "ex" / "task.yaml"),
          str(tmp_path / "ex" / "candidates.jsonl"), "--out", str(tmp_path / "run"), "--model", str(tiny_model_dir),
-         "--dtype", "float32", "--method", "icqs", "--draws", "1"],
+         "--dtype", "float32", "--method", "icqs", "--draws", "1", "--nondeterministic"],
         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert not CONTROL.search(done.stderr), repr(CONTROL.search(done.stderr))

@@ -123,7 +123,11 @@ def cmd_run(args) -> int:
         Memory.check(memory_path)
     engine = MeteredEngine(engine_from_args(args, keep_cache=True))
     evaluator = Evaluator(engine, template)
-    print(ground_truth_text(items, template), end="", file=sys.stderr)  # every check passed; before any round
+    for line in ground_truth_text(items, template).splitlines():  # every check passed; before any round
+        if line.startswith("warning:"):
+            print(line, file=sys.stderr)  # also with --quiet
+        else:
+            say(args, line)
     with run.start():
         memory = Memory(run.settings["memory"])
         try:
