@@ -10,7 +10,6 @@ import json
 import re
 
 import numpy as np
-from scipy.special import logsumexp
 
 
 def option_logprobs(engine, prompts: list[str], options: list[str], normalize: bool = True,
@@ -25,6 +24,8 @@ def option_logprobs(engine, prompts: list[str], options: list[str], normalize: b
     results = engine.score(requests, share_prefix=True, progress=progress) if requests else []
     lp = np.array([r.logprob for r in results], dtype=np.float64).reshape(len(prompts), len(options))
     if normalize and lp.size:
+        from scipy.special import logsumexp  # here: `icqs --help` and argument errors do not wait for scipy
+
         lp = lp - logsumexp(lp, axis=1, keepdims=True)
     return lp
 

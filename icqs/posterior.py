@@ -8,7 +8,6 @@ p(r_j | z) = softmax_j(l_j) under a uniform prior, giving a continuous expected 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import softmax
 
 
 def epistemic_curve(loglik: np.ndarray) -> np.ndarray:
@@ -27,6 +26,8 @@ def argmax_ratio(curve: np.ndarray, ratios) -> np.ndarray:
 
 def posterior(curve: np.ndarray) -> np.ndarray:
     """p(r_j | z) with a uniform prior: the softmax of the log-likelihoods over the ratios."""
+    from scipy.special import softmax  # here: `icqs --help` and argument errors do not wait for scipy
+
     return softmax(np.asarray(curve, dtype=np.float64), axis=-1)
 
 
