@@ -297,17 +297,11 @@ def add_truth(entries: list[dict], rows: list[dict], candidates) -> list[dict]:
 
 
 def read_audit(out) -> list[dict] | None:
-    path = Path(out) / AUDIT_FILE
-    if not path.is_file():
-        return None
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read the audit ({e}); run `icqs score` again to redo it", str(path)) from None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and {"method", "measure", "auc", "ci", "verdict"}
-                                                <= set(e) for e in entries):
-        raise UserError("not an audit file (a list of method/measure/auc/ci/verdict objects)", str(path))
-    return entries
+    """audit.json of a run directory, checked against its schema (icqs.contracts: a damaged or edited file is a
+    one-line error naming the field); None when there is none."""
+    from .contracts import read_run_file
+
+    return read_run_file(Path(out) / AUDIT_FILE, fix="run `icqs score` again to redo the audit")
 
 
 def marked(entry: dict) -> str | None:

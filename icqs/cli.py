@@ -111,6 +111,10 @@ def cmd_section(args) -> None:
     from .run_tables import show
 
     run = open_run(args.dir)
+    if getattr(args, "partial", False):
+        if run.kind != "score":
+            raise UserError(f"--partial is for score runs; this is a {run.kind} run", args.dir)
+        run.partial = True
     section = run.leaderboard() if args.section == "leaderboard" else run.audit()
     show(args, section.data, section.text, section.warnings)
 
@@ -225,6 +229,9 @@ def register(subparsers) -> None:
              "without bias), an ALLURE run's evaluator per round. No model is loaded.")):
         p = add(name, description)
         p.add_argument("dir", help=runs)
+        if name == "leaderboard":
+            p.add_argument("--partial", action="store_true", help="score runs: when some method lacks results, "
+                           "rank the complete methods alone (marked PARTIAL) instead of refusing")
         add_json_arg(p)
         p.set_defaults(func=cmd_section, section=name)
     p = add("report", "Write the HTML report of " + runs + ": its settings and warnings, its tables with their "

@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .aggregate import mark_symbol  # noqa: E402
-from .audit import audit_share, flagged, marked, read_audit  # noqa: E402
+from .audit import audit_share, flagged, marked  # noqa: E402
+from .audit_state import AuditStatus, audit_status  # noqa: E402
 from .io import atomic_write  # noqa: E402
 from .methods import EXPLAIN, METHODS, measure_name  # noqa: E402
 from .run import format_stats  # noqa: E402
@@ -96,9 +97,14 @@ def audit_figure(entries: list[dict]) -> str:
     return _png(fig)
 
 
+def audit_status_note(meta: dict) -> str:
+    """The line (icqs.audit_state) of a run without a usable audit: pending, skipped or --no-audit."""
+    return AuditStatus(meta.get("audit", "unknown"), None).describe() or ""
+
+
 def audit_section(entries: list[dict] | None, meta: dict) -> str:
     if entries is None:
-        return "<h2>Evaluator audit</h2><p class='warn'>This run has no audit (--no-audit): nothing here shows " \
+        return f"<h2>Evaluator audit</h2><p class='warn'>{html.escape(audit_status_note(meta))}: nothing here shows " \
                "whether its scores tell right from wrong answers.</p>"
     truth = any("truth_auc" in e for e in entries)
     rows = []
@@ -403,8 +409,9 @@ def model_line(meta: dict) -> str:
 def write_report(run_dir, output=None) -> Path:
     run_dir = Path(run_dir)
     task, candidates, rows, meta = load_scores(run_dir)
-    entries = read_audit(run_dir)
-    flags = flagged(entries)
+    status = audit_status(run_dir, meta)  # a missing audit reads as pending, never as --no-audit
+    entries = status.entries
+    flags = {**status.pending_flags(leaderboards(rows)), **flagged(entries)}
     boards = leaderboards(rows, meta.get("engine_stats"))
     head = run_headline(run_dir, rows, task, meta) if rows else None
     parts = [f"<h1>ICQS report: {html.escape(task.name)}</h1>"]

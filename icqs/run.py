@@ -58,19 +58,11 @@ def read_run_json(out, command: str | None = None) -> dict:
 
 
 def _load(path: Path) -> dict | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read ({e.__class__.__name__}: {e})", str(path)) from None
-    try:
-        meta = json.loads(text)
-    except ValueError as e:
-        raise UserError(f"corrupt run.json ({e}); remove the run directory to start over", str(path)) from None
-    if not isinstance(meta, dict):
-        raise UserError("corrupt run.json (not a JSON object); remove the run directory to start over", str(path))
-    return meta
+    """run.json checked against its schema (icqs.contracts: strict JSON, known fields of the right type and range);
+    None when there is none."""
+    from .contracts import read_run_file
+
+    return read_run_file(path, fix="corrupt run.json: remove the run directory to start over")
 
 
 def check_output_dir(out, flag: str = "--out") -> Path:

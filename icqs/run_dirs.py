@@ -67,25 +67,28 @@ def open_run(path) -> RunView:
 class ScoreRun:
     path: Path
     kind = "score"
+    partial: bool = False  # `icqs leaderboard --partial`: rank the complete methods when some lack results
 
     def leaderboard(self) -> Section:
-        from .score_run import load_scores
+        from .score_run import check_complete, load_scores
 
         task, _, rows, meta = load_scores(self.path)
+        partial = check_complete(meta, self.path, self.partial)  # a method with missing rows is named, not dropped
         if not rows:
             raise UserError("no method has complete results yet; run `icqs score` again to finish", str(self.path))
-        return self.leaderboard_of(task, rows, meta)
+        return self.leaderboard_of(task, rows, meta, partial)
 
-    def leaderboard_of(self, task, rows: list[dict], meta: dict) -> Section:
+    def leaderboard_of(self, task, rows: list[dict], meta: dict, partial: str | None = None) -> Section:
         """The headline (icqs.headline), the audit, then the leaderboards of these score rows (a run that just
         computed them passes them on); leaderboard.txt and leaderboard.json are (re)written."""
+        from .contracts import read_run_file
         from .headline import format_headline
         from .score_run import run_headline, write_leaderboard
 
         audit = self._audit(task, meta)
         head = run_headline(self.path, rows, task, meta)
-        text = write_leaderboard(self.path, rows, task, meta.get("engine_stats"), head)
-        boards = _read_json(self.path / "leaderboard.json")
+        text = write_leaderboard(self.path, rows, task, meta.get("engine_stats"), head, partial)
+        boards = read_run_file(self.path / "leaderboard.json")
         return Section(f"{format_headline(head)}\n{audit.text}\n{text}",
                        {"kind": self.kind, "headline": head, "audit": audit.data["audit"], "leaderboards": boards},
                        audit.warnings)
@@ -96,14 +99,16 @@ class ScoreRun:
         return self._audit(load_scores(self.path)[0], read_run_json(self.path, "score"))
 
     def _audit(self, task, meta: dict) -> Section:
-        from .audit import audit_share, format_audit, read_audit, warnings
+        from .audit import audit_share, format_audit, warnings
+        from .audit_state import audit_status
 
-        entries = read_audit(self.path)
-        if entries is None:
-            return Section("evaluator audit: none in this run directory (it ran with --no-audit)",
-                           {"kind": self.kind, "audit": None})
-        return Section(format_audit(entries, task, audit_share(meta)), {"kind": self.kind, "audit": entries},
-                       tuple(warnings(entries)))
+        status = audit_status(self.path, meta)  # pending, done, skipped or off (run.json), and audit.json checked
+        note = status.describe()
+        if status.entries is None:
+            return Section(note, {"kind": self.kind, "audit": None, "audit_state": status.state})
+        return Section(format_audit(status.entries, task, audit_share(meta)),
+                       {"kind": self.kind, "audit": status.entries, "audit_state": status.state},
+                       ((note,) if note else ()) + tuple(warnings(status.entries)))
 
     def report(self, output: str | None = None) -> Path:
         from .report import write_report

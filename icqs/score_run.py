@@ -18,6 +18,7 @@ from engine.requests import RequestError, check_generate_length, check_score_len
 
 from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
+from . import audit_state
 from .io import ResultWriter, atomic_write, read_results, strict_json
 from .logs import run_task_schema, score_log_validator, validator
 from .methods import DEFAULT_METHODS, METHODS, ordered
@@ -107,6 +108,8 @@ def score_run(engine, task, candidates, out, methods=DEFAULT_METHODS, sampler: s
         if model_info is not None:
             run.meta["model_info"] = model_info
             run.save()
+        audit_state.start(run.meta, audit)  # before any work: a run killed from here on reads as pending
+        run.save()
         atomic_write(run.path / "candidates.jsonl", "".join(json.dumps(candidate_row(c), ensure_ascii=False) + "\n"
                                                             for c in candidates))
         for name in ordered(run.meta["methods"]):
@@ -128,8 +131,10 @@ def score_run(engine, task, candidates, out, methods=DEFAULT_METHODS, sampler: s
                                                         for r in rows))
         if audit:
             from .audit import compute_audit
-            compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=progress, rows=rows,
-                          candidates=candidates)
+            entries = compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=progress,
+                                    rows=rows, candidates=candidates)
+            audit_state.finish(run.meta, entries)
+            run.save()
     return rows
 
 
@@ -165,14 +170,46 @@ def load_scores(out) -> tuple:
     draws = meta.get("draws", 1)
     if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
         raise _corrupt(out, "its draws")
-    rows = []
+    rows, incomplete = [], {}
+    ids = [c.id for c in candidates]
     for name in ordered(methods):
         method = METHODS[name]
-        ids = [c.id for c in candidates]
-        rows += _complete([_score_rows(name, candidates, method.score(
-            draw_task(task, d), candidates, read_results(out / draw_log(method, d), score_log_validator(
-                name, draw_task(task, d), ids, sampler)), sampler), d) for d in range(draws if method.demos else 1)])
-    return task, candidates, rows, meta
+        parts, missing = [], 0
+        for d in range(draws if method.demos else 1):
+            task_d = draw_task(task, d)
+            results = read_results(out / draw_log(method, d), score_log_validator(name, task_d, ids, sampler))
+            scores = method.score(task_d, candidates, results, sampler)
+            parts.append(_score_rows(name, candidates, scores, d))
+            if scores is None:
+                missing += missing_candidates(method, task_d, candidates, results, sampler)
+        rows += _complete(parts)
+        if missing:
+            incomplete[name] = {"missing": missing, "of": len(candidates) * len(parts)}
+    return task, candidates, rows, {**meta, INCOMPLETE: incomplete}
+
+
+INCOMPLETE = "_incomplete"  # load_scores' count of the (candidate, draw) results each incomplete method lacks
+
+
+def missing_candidates(method, task, candidates, results: list[dict], sampler: str) -> int:
+    """How many candidates lack (some of) their results in one draw's log of `method` (a torn or lost line)."""
+    by_id: dict = {}
+    for r in results:
+        by_id.setdefault(r["id"], []).append(r)
+    return sum(method.score(task, [c], by_id.get(c.id, []), sampler) is None for c in candidates)
+
+
+def check_complete(meta: dict, out, partial: bool) -> str | None:
+    """A run with missing results: a UserError naming each method and how many results it lacks, unless `partial`
+    (then the line that marks the partial leaderboard). None when nothing is missing."""
+    incomplete = meta.get(INCOMPLETE) or {}
+    if not incomplete:
+        return None
+    what = "; ".join(f"{name} lacks {v['missing']} of {v['of']} candidate results" for name, v in incomplete.items())
+    if not partial:
+        raise UserError(f"{what} (a killed run, or a torn or lost log line): run `icqs score` again to finish it, or "
+                        "ask for a leaderboard of the complete methods alone with --partial", str(out))
+    return f"PARTIAL leaderboard: {what}"
 
 
 def _corrupt(out: Path, what: str) -> UserError:
@@ -214,19 +251,25 @@ def leaderboards(rows: list[dict], engine_stats: dict | None = None) -> list[dic
     return boards
 
 
-def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = None, head: dict | None = None
-                      ) -> str:
-    """leaderboard.txt and leaderboard.json in `out` (measures the audit marks carry ! or ?; the headline first
-    when given); returns the leaderboard's text (without the headline)."""
-    from .audit import flagged, read_audit
+def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = None, head: dict | None = None,
+                      partial: str | None = None) -> str:
+    """leaderboard.txt and leaderboard.json in `out` (measures the audit marks carry ! or ?, measures without an
+    audit are marked pending (icqs.audit_state); the headline first when given; `partial`: the line that marks a
+    leaderboard of the complete methods alone); returns the leaderboard's text (without the headline)."""
+    from .audit import flagged
     from .headline import format_headline
 
     boards = leaderboards(rows, engine_stats)
+    status = audit_state.audit_status(out, read_run_json(out, "score"))
+    flags = {**status.pending_flags(boards), **flagged(status.entries)}
     title = f"task {task.name}, {len({r['id'] for r in rows})} candidates"
     if task.calibrate:
         title += (f"\ncalibrated scores: each answer's log-likelihood minus its log-likelihood after the "
                   f"content-free input {task.content_free!r} (task key content_free)")
-    text = format_leaderboards(boards, title=title, flags=flagged(read_audit(out)))
+    if partial:  # marked in the text and in every board of leaderboard.json
+        title += f"\n{partial}"
+        boards = [{**b, "partial": partial} for b in boards]
+    text = format_leaderboards(boards, title=title, flags=flags)
     atomic_write(Path(out) / "leaderboard.txt", (format_headline(head) + "\n" if head else "") + text)
     atomic_write(Path(out) / "leaderboard.json", json.dumps(strict_json(boards), indent=1, ensure_ascii=False))
     return text
