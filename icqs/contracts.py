@@ -35,11 +35,18 @@ FORMATS = {  # what each command reads, for its --help
 }
 
 
+METHODS_PLACEHOLDER = "<the methods of icqs.methods.METHODS>"  # in the run files' schemas: filled in when loaded
+
+
 @lru_cache(maxsize=None)
 def schema(name: str) -> dict:
     if name not in NAMES and name not in RUN_FILES.values():
         raise UserError(f"no input format {name!r} (known: {', '.join(NAMES)})")
-    return json.loads((SCHEMA_DIR / f"{name}.json").read_text(encoding="utf-8"))
+    text = (SCHEMA_DIR / f"{name}.json").read_text(encoding="utf-8")
+    if METHODS_PLACEHOLDER in text:
+        from .methods import METHODS
+        text = text.replace(json.dumps(METHODS_PLACEHOLDER), ", ".join(json.dumps(m) for m in METHODS))
+    return json.loads(text)
 
 
 @lru_cache(maxsize=None)

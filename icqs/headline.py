@@ -138,6 +138,12 @@ def next_steps(entries: list[dict] | None, task, meta: dict) -> list[str]:
 
 def headline(entries: list[dict] | None, boards: list[dict], task, meta: dict) -> dict:
     """{method, measure, verdict, auc, ci, ranking (model names, best first), means, next_steps, lines}."""
+    if not entries and meta.get("audit", "unknown") not in ("off",) and not str(meta.get("audit")).startswith("skip"):
+        # asked for and missing (killed, audit.json removed or emptied): pending, never as if --no-audit (audit_state)
+        return {"method": None, "measure": None, "verdict": "audit pending", "auc": None, "ci": None, "ranking": [],
+                "means": [], "next_steps": ["run the same `icqs score` command again: it finishes the audit"],
+                "lines": ["No headline yet: this run's evaluator audit is missing (pending), so nothing says which of "
+                          "its rankings tells right from wrong answers; run the same `icqs score` command again"]}
     if entries is None:
         return {"method": None, "measure": None, "verdict": "no audit", "auc": None, "ci": None, "ranking": [],
                 "means": [], "next_steps": ["run without --no-audit: the audit says which measure to trust"],

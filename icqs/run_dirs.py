@@ -104,11 +104,13 @@ class ScoreRun:
 
         status = audit_status(self.path, meta)  # pending, done, skipped or off (run.json), and audit.json checked
         note = status.describe()
+        missing = () if status.complete or status.state == "off" or status.state.startswith("skipped") else \
+            ("warning: this run's evaluator audit is missing or incomplete; its leaderboard marks are pending",)
         if status.entries is None:
-            return Section(note, {"kind": self.kind, "audit": None, "audit_state": status.state})
-        return Section(format_audit(status.entries, task, audit_share(meta)),
+            return Section(note, {"kind": self.kind, "audit": None, "audit_state": status.state}, missing)
+        return Section(format_audit(status.entries, task, audit_share(meta)) + (f"\n{note}" if note else ""),
                        {"kind": self.kind, "audit": status.entries, "audit_state": status.state},
-                       ((note,) if note else ()) + tuple(warnings(status.entries)))
+                       missing + tuple(warnings(status.entries)))
 
     def report(self, output: str | None = None) -> Path:
         from .report import write_report
