@@ -7,6 +7,7 @@ import pytest
 from icqs.aggregate import format_leaderboards, leaderboard
 from icqs.audit import auc, folds, format_audit, two_level_ci, verdict, warnings
 from icqs.cli import main
+from jsonl_files import write_label_task
 from icqs.task import Example, Task
 
 
@@ -85,14 +86,7 @@ def test_draws_widen_the_ci_and_flips_are_reported():
 
 @pytest.fixture()
 def files(tmp_path):
-    good = [{"x": f"item {i}", "y": ["no", "yes"][i % 2]} for i in range(8)]
-    bad = [{"x": f"item {i}", "y": ["yes", "no"][i % 2]} for i in range(8, 16)]
-    (tmp_path / "task.yaml").write_text(json.dumps({"name": "t", "template": "Q: {x}\nA: {y}", "good": good,
-                                                    "bad": bad, "labels": ["no", "yes"], "M": 2, "N": 2, "L": 2}))
-    rows = [{"id": f"{m}{q}", "model": m, "x": f"q {q}", "y": y, "truth": t}
-            for m, y, t in (("m1", "yes", 1), ("m2", "no", 0)) for q in range(3)]
-    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return tmp_path
+    return write_label_task(tmp_path)
 
 
 def test_score_writes_prints_and_reprints_the_audit(files, tiny_model_dir, capsys):

@@ -13,19 +13,14 @@ import pytest
 from icqs.cli import main
 from icqs.contracts import RUN_FILES, read_run_file, schema
 from icqs.methods import METHODS
+from jsonl_files import write_label_task
 
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory, tiny_model_dir):
     """A finished score run (icqs + icl, with its audit) to copy and damage."""
     root = tmp_path_factory.mktemp("scored")
-    good = [{"x": f"item {i}", "y": ["no", "yes"][i % 2]} for i in range(8)]
-    bad = [{"x": f"item {i}", "y": ["yes", "no"][i % 2]} for i in range(8, 16)]
-    (root / "task.yaml").write_text(json.dumps({"name": "t", "template": "Q: {x}\nA: {y}", "good": good,
-                                                "bad": bad, "labels": ["no", "yes"], "M": 2, "N": 2, "L": 1}))
-    rows = [{"id": f"{m}{q}", "model": m, "x": f"q {q}", "y": y, "truth": t}
-            for m, y, t in (("m1", "yes", 1), ("m2", "no", 0)) for q in range(3)]
-    (root / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_label_task(root, L=1)
     out = root / "run"
     assert main(["score", str(root / "task.yaml"), str(root / "c.jsonl"), "--out", str(out), "--model",
                  str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "icl", "--draws", "1",
