@@ -261,15 +261,8 @@ class Engine:
         if plan.head_rows is not None:
             idx = torch.tensor(plan.head_rows, device=self.device)
             hidden, targets = hidden[idx], targets[idx]
-        out = self.model.target_logprobs(hidden, targets, top_k=top_k)
-        n = plan.head_rows_count
-        if top_k:
-            lp, greedy, top_ids, top_lps = (t.tolist() for t in out)
-        else:
-            (lp, greedy), top_ids, top_lps = (t.tolist() for t in out), [None] * n, [None] * n
-        if plan.head_inverse is not None:
-            lp, greedy, top_ids, top_lps = ([col[i] for i in plan.head_inverse] for col in (lp, greedy, top_ids, top_lps))
-        return ScoreOutput(lp, greedy, top_ids, top_lps, n)
+        out = self.model.target_logprobs(hidden, targets, top_k=top_k).rows()
+        return ScoreOutput(out if plan.head_inverse is None else [out[i] for i in plan.head_inverse], len(out))
 
     def step(self) -> list[Event]:
         """Run one step of the loop; returns its output events (engine/requests.py: scores, tokens, and the

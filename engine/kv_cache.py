@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from kernels import TokenLogProb
+
 from .config import ModelConfig
 from .errors import UserError
 
@@ -66,7 +68,7 @@ class KVCache:
                           if config.sliding_window else None)
         self.refcount = [0] * num_pages
         self.epoch = [0] * num_pages  # bumped each time a page is handed out: older memo entries are stale
-        self.memo: dict[int, tuple] = {}  # slot -> (epoch, logprob, is_greedy, top ids, top logprobs)
+        self.memo: dict[int, tuple[int, TokenLogProb]] = {}  # slot -> (its page's epoch, what scoring it computed)
         self.free_pages = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
         self.peak_used = 0  # the most pages held at once since the last reset_peak()
 
@@ -122,18 +124,19 @@ class KVCache:
         """The kept hidden states at these slots (a copy: later steps may reuse the slots)."""
         return self.hidden[torch.tensor(slots, dtype=torch.long, device=self.hidden.device)]
 
-    def memo_get(self, slot: int, top_k: int):
-        """(logprob, is_greedy, top ids, top logprobs) of the token at `slot` given its prefix, if scored since
-        its page was handed out with at least top_k alternatives; else None."""
+    def memo_get(self, slot: int, top_k: int) -> TokenLogProb | None:
+        """What scoring the token at `slot` given its prefix computed, if it was scored since its page was handed
+        out, with at least top_k alternatives; else None."""
         entry = self.memo.get(slot)
         if entry is None or entry[0] != self.epoch[slot // self.page_size]:
             return None
-        if top_k and (entry[3] is None or len(entry[3]) < top_k):
+        known = entry[1]
+        if top_k and (known.top_ids is None or len(known.top_ids) < top_k):
             return None
-        return entry[1:]
+        return known
 
-    def memo_put(self, slot: int, logprob: float, greedy: bool, top_ids, top_lps):
-        self.memo[slot] = (self.epoch[slot // self.page_size], logprob, greedy, top_ids, top_lps)
+    def memo_put(self, slot: int, scored: TokenLogProb):
+        self.memo[slot] = (self.epoch[slot // self.page_size], scored)
 
     def check(self, owners: list[list[int]]):
         """Every page's refcount equals the number of owners listing it, and the free list holds exactly the

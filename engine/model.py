@@ -167,7 +167,7 @@ class LlamaModel:
             self._logits_head = self.ops.weight(self.lm_head)
         return self.ops.logits(hidden, self._logits_head)
 
-    def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0):
+    def target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, top_k: int = 0) -> kernels.LogProbs:
         """log P(target) (fp32) and is_greedy of each final hidden row, and with top_k the k best tokens: the LM
         head fused with the log-softmax, in vocabulary tiles (kernels.target_logprobs)."""
         return self.ops.target_logprobs(hidden, self.lm_head, targets, top_k)

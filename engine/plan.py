@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels import TokenLogProb
+
 from .prefix_cache import Node, PrefixCache, Span
 from .requests import GenerateRequest, ScoreRequest
 
@@ -51,10 +53,7 @@ class SampleRow:
 @dataclass
 class ScoreOutput:
     """What the LM head computed for a step's score rows, one entry per row."""
-    logprobs: list[float]
-    greedy: list[bool]
-    top_ids: list  # per row: the top token ids, or None without top_k
-    top_logprobs: list
+    rows: list[TokenLogProb]
     lm_head_rows: int  # rows that went through the LM head (rows asking the same (slot, target) count once)
 
 

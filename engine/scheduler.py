@@ -1,13 +1,12 @@
 """The scheduler: the lifecycle of the loop's requests and `schedule()`; it alone owns the per-request state (the node a
 request keeps alive, the rows of cached tokens ready to score, the requests in flight) and never writes into a handle.
-
-`add(request)` puts a request's tokens into the prefix cache's tree (engine/prefix_cache.py), sharing every node
-another request holds (computed, in flight or pending). `schedule()` returns a `StepPlan` (engine/plan.py): the decode
-planner's token of every generating sequence, then the prefill planner's chunks of queued nodes up to the token budget,
-each finding pages through the memory policy. `postprocess(plan, ...)` records the step and returns its output events
-(engine/requests.py), each already consumed by its handle. A node's pages are freed as soon as no request needs it,
-unless the cache keeps it (`keep_cache`). A request that cannot fit even alone fails with its own UserError."""
+`add` puts a request's tokens into the prefix cache (engine/prefix_cache.py), sharing every node another request holds;
+`schedule()` returns a `StepPlan` (engine/plan.py): the decode planner's token of every generating sequence, then the
+prefill planner's chunks up to the token budget, each finding pages through the memory policy; `postprocess` records
+the step and returns its output events (engine/requests.py), each already consumed by its handle."""
 from __future__ import annotations
+
+from kernels import TokenLogProb
 
 from .decode_planner import DecodePlanner
 from .errors import UserError
@@ -44,21 +43,14 @@ class Scheduler:
         else:
             self._add_generate(req)
 
-    def _insert(self, seq: list[int]) -> tuple[int, list[Node]]:
-        """Insert a sequence into the prefix cache: (tokens already computed, its path)."""
-        res = self.cache.match_insert(seq)
-        if res.split is not None:
-            self.queue.follow(res.split)
-        return res.cached, res.path
-
     def _add_score(self, req: ScoreRequest, share_prefix: bool):
         full, first = req.full, len(req.context) - 1  # the hidden state at `first` predicts continuation[0]
         cache, private = self.cache, ("private", req.id)
         if share_prefix and cache.hidden_kept(full[:-1], first):
-            reused, path = self._insert(full[:-1])
+            reused, path = self.queue.insert(full[:-1])
         elif share_prefix:  # some of its positions were computed without their hidden states: share the context
             # before them and compute the rest anew, in a node of its own (see kv_cache.py)
-            reused, path = self._insert(full[:first])
+            reused, path = self.queue.insert(full[:first])
             path.append(cache.add_private(path[-1] if path else None, full[first:-1], first, Kind.PRIVATE, private))
         else:
             reused, path = 0, [cache.add_private(None, full[:-1], 0, Kind.PRIVATE, private)]
@@ -76,7 +68,7 @@ class Scheduler:
                 known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
                 if known is not None:  # scored before: the same numbers, no LM head
                     self.stats.memo_hits += 1
-                    self._record_score(req, p - first, *known)
+                    self._record_score(req, p - first, known)
                 else:
                     self.ready.append(ScoreRow(cache.slot(node, p), req, p - first, full[p + 1], target_slot))
             if span.start <= first:
@@ -86,7 +78,7 @@ class Scheduler:
 
     def _add_generate(self, req: GenerateRequest):
         ids = req.prompt
-        reused, path = self._insert(ids[:-1]) if len(ids) > 1 else (0, [])
+        reused, path = self.queue.insert(ids[:-1]) if len(ids) > 1 else (0, [])
         parent = path[-1] if path else None
         node = self.cache.add_private(parent, [ids[-1]], len(ids) - 1, Kind.SEQUENCE, ("private", req.id),
                                       capacity=req.max_tokens + 1)
@@ -138,13 +130,12 @@ class Scheduler:
         touched: dict[int, Request] = {}
         if score_out is not None:
             self.stats.lm_head_rows += score_out.lm_head_rows
-            for row, lp, greedy, top_ids, top_lps in zip(plan.score_rows, score_out.logprobs, score_out.greedy,
-                                                          score_out.top_ids, score_out.top_logprobs):
+            for row, scored in zip(plan.score_rows, score_out.rows):
                 touched[id(row.request)] = row.request
                 if row.target_slot >= 0:
-                    self.kv.memo_put(row.target_slot, lp, greedy, top_ids, top_lps)
+                    self.kv.memo_put(row.target_slot, scored)
                 if row.request.id in self.active:
-                    self._record_score(row.request, row.index, lp, greedy, top_ids, top_lps)
+                    self._record_score(row.request, row.index, scored)
         if sample_out is not None:
             for row, token, lp in zip(plan.sample_rows, sample_out.tokens, sample_out.logprobs):
                 touched[id(row.request)] = row.request
@@ -155,13 +146,14 @@ class Scheduler:
         events, self.events = self.events, []
         return events
 
-    def _record_score(self, req: ScoreRequest, j: int, lp: float, greedy: bool, top_ids, top_lps):
+    def _record_score(self, req: ScoreRequest, j: int, scored: TokenLogProb):
+        lp = scored.logprob
         if lp != lp or lp in (float("inf"), float("-inf")):
             return self.drop(req, Status.FAILED, RequestError(
                 f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
                 "overflowing weights?)", field="continuation", label=req.label))
         self.stats.scored_tokens += 1
-        if self._emit(ScoreOut(req, j, lp, greedy, top_ids, top_lps)):
+        if self._emit(ScoreOut(req, j, lp, scored.greedy, scored.top_ids, scored.top_logprobs)):
             self._complete(req)
 
     def _record_token(self, req: GenerateRequest, token: int, lp: float):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .logprob import VOCAB_TILE, target_logprobs_ref
+from .logprob import VOCAB_TILE, LogProbs, target_logprobs_ref
 
 ROW_TILE = {"cpu": 64, "cuda": 256}  # rows per GEMM call, per device type (a GPU wants larger GEMMs)
 KV_CHUNK = 256  # keys per attention chunk (a multiple of every kernel's key tile: 32 native, 64 Triton)
@@ -53,7 +53,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
-                    row_tile: int = LOGPROB_ROW_TILE, vocab_tile: int = VOCAB_TILE):
+                    row_tile: int = LOGPROB_ROW_TILE, vocab_tile: int = VOCAB_TILE) -> LogProbs:
     """Contract of logprob.target_logprobs_ref, on fixed [row_tile, vocab_tile] tiles (rows zero-padded). On a
     GPU, the Triton kernel with one vocabulary split: each program walks the whole vocabulary for its rows, so no
     cross-program merge depends on the number of rows."""
@@ -64,7 +64,7 @@ def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
         return target_logprobs_triton(hidden, weight, targets, top_k, splits=1)
     out = target_logprobs_ref(_pad_rows(hidden, row_tile), weight, _pad_rows(targets, row_tile), top_k=top_k,
                               vocab_tile=vocab_tile, row_tile=row_tile)
-    return tuple(t[:N] for t in out)
+    return out.first(N)
 
 
 def chunk_segments(cu_seqlens: list[int], positions: torch.Tensor, write_slots: torch.Tensor,

@@ -266,6 +266,7 @@ def greedy_logprobs(logits):
 
 
 def target_logprobs(hidden, weight, targets, top_k=0):
-    """(logprob, is_greedy), and with top_k > 0 also (top ids, top logprobs): see logprob.target_logprobs_ref."""
+    """A LogProbs (log-prob and is_greedy per row, and with top_k > 0 the top ids and their log-probs): see
+    logprob.target_logprobs_ref."""
     return resolve("target_logprobs", hidden.device)(hidden, weight, targets, top_k)
 

@@ -5,16 +5,51 @@ The vocabulary is walked in tiles with an online log-sum-exp and a running top-k
 [tokens x vocab] tensor is ever written."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 VOCAB_TILE = 8192
 ROW_TILE = 512
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogProb:
+    """One row of a LogProbs in Python values: what scoring one token computed (the prefix cache's memo entry)."""
+    logprob: float
+    greedy: bool
+    top_ids: list[int] | None = None
+    top_logprobs: list[float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogProbs:
+    """What every target log-prob implementation returns for N rows (hidden state, target token)."""
+    logprob: torch.Tensor  # [N] fp32: log P(target)
+    greedy: torch.Tensor  # [N] bool: the target's logit is the largest (lm-evaluation-harness's is_greedy)
+    top_ids: torch.Tensor | None = None  # [N, k] int64 with top_k > 0: the k most likely tokens, best first
+    top_logprobs: torch.Tensor | None = None  # [N, k] fp32: their log-probs
+
+    def __len__(self) -> int:
+        return self.logprob.shape[0]
+
+    def first(self, n: int) -> "LogProbs":
+        """The first n rows."""
+        return LogProbs(self.logprob[:n], self.greedy[:n], None if self.top_ids is None else self.top_ids[:n],
+                        None if self.top_logprobs is None else self.top_logprobs[:n])
+
+    def rows(self) -> list[TokenLogProb]:
+        """Each row in Python values (one transfer per field)."""
+        lp, greedy = self.logprob.tolist(), self.greedy.tolist()
+        if self.top_ids is None:
+            return [TokenLogProb(a, b) for a, b in zip(lp, greedy)]
+        return [TokenLogProb(*row) for row in zip(lp, greedy, self.top_ids.tolist(), self.top_logprobs.tolist())]
+
+
 def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
-                        vocab_tile: int = VOCAB_TILE, row_tile: int = ROW_TILE):
-    """hidden [N, Dm], weight [V, Dm], targets [N] int64 -> (logprob [N] fp32, is_greedy [N] bool), and with
-    top_k > 0 also (top ids [N, k] int64, top logprobs [N, k] fp32), best first, ties to the lower token id.
+                        vocab_tile: int = VOCAB_TILE, row_tile: int = ROW_TILE) -> LogProbs:
+    """hidden [N, Dm], weight [V, Dm], targets [N] int64 -> LogProbs: logprob [N] fp32, is_greedy [N] bool, and
+    with top_k > 0 also top ids [N, k] int64 and top logprobs [N, k] fp32, best first, ties to the lower token id.
 
     is_greedy: the target's logit is the largest (lm-evaluation-harness's `is_greedy`). Every log-prob is
     logit - max - log(sum exp), so the target's value and its entry in the top k are the same number."""
@@ -54,7 +89,7 @@ def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
         greedy[r0:r0 + n] = tgt >= run_max
         if k:
             top_ids[r0:r0 + n], top_lps[r0:r0 + n] = best_ids, best - run_max[:, None] - log_sum[:, None]
-    return (logprob, greedy, top_ids, top_lps) if top_k > 0 else (logprob, greedy)
+    return LogProbs(logprob, greedy, top_ids, top_lps) if top_k > 0 else LogProbs(logprob, greedy)
 
 
 def greedy_logprobs_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .aot import gpu_tiles
+from .logprob import LogProbs
 
 
 @triton.jit
@@ -76,7 +77,7 @@ def _target_logprob_kernel(h_ptr, w_ptr, t_ptr, m_ptr, l_ptr, tgt_ptr, topv_ptr,
 
 
 def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
-                           splits: int | None = None):
+                           splits: int | None = None) -> LogProbs:
     """splits: vocabulary slices run in parallel (default: enough programs to fill a GPU, 1 elsewhere)."""
     N, Dm = hidden.shape
     V = weight.shape[0]
@@ -107,10 +108,10 @@ def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     target_logit = tgt.max(0).values
     logprob, greedy = target_logit - run_max - log_sum, target_logit >= run_max
     if top_k <= 0:
-        return logprob, greedy
+        return LogProbs(logprob, greedy)
     # slices in vocabulary order, each sorted best first: a stable sort keeps the lower token id on ties
     vals = top_v[:, :, :k].permute(1, 0, 2).reshape(N, splits * k)
     ids = top_i[:, :, :k].permute(1, 0, 2).reshape(N, splits * k).long()
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices[:, :k]
     best = vals.gather(1, order)
-    return logprob, greedy, ids.gather(1, order), best - run_max[:, None] - log_sum[:, None]
+    return LogProbs(logprob, greedy, ids.gather(1, order), best - run_max[:, None] - log_sum[:, None])

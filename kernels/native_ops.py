@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .attention import segment_starts
+from .logprob import LogProbs
 
 log = logging.getLogger(__name__)
 LIB_DIR = Path(__file__).parent / "native"
@@ -175,7 +176,7 @@ def target_logprobs_native_runs(hidden, weight, top_k: int = 0) -> bool:
     return top_k == 0 and hidden.dtype in (torch.float32, torch.bfloat16) and weight.dtype == hidden.dtype
 
 
-def target_logprobs_native(hidden, weight, targets, top_k: int = 0):
+def target_logprobs_native(hidden, weight, targets, top_k: int = 0) -> LogProbs:
     """Contract of logprob.target_logprobs_ref: the LM head fused with the log-softmax of each row's target
     (linear.cpp), fp32 logits summed in a fixed order per row, so a row's result does not depend on the other
     rows or the thread count. The top k and dtypes other than fp32 and bf16 go to the reference."""
@@ -183,7 +184,7 @@ def target_logprobs_native(hidden, weight, targets, top_k: int = 0):
         from .logprob import target_logprobs_ref
 
         return target_logprobs_ref(hidden, weight, targets, top_k)
-    return _ops().target_logprobs(hidden, weight, targets)
+    return LogProbs(*_ops().target_logprobs(hidden, weight, targets))
 
 
 def rms_norm_native(x, weight, eps, residual=None):

@@ -189,9 +189,11 @@ def test_target_logprobs_row_tiles_are_batch_invariant(dtype):
     g = torch.Generator().manual_seed(0)
     h, w = torch.randn(150, 32, generator=g).to(dtype), torch.randn(500, 32, generator=g).to(dtype)
     t = torch.randint(0, 500, (150,), generator=g)
-    full, greedy = batch_invariant.target_logprobs(h, w, t, vocab_tile=128)
+    out = batch_invariant.target_logprobs(h, w, t, vocab_tile=128)
+    full, greedy = out.logprob, out.greedy
     for lo, hi in ((0, 1), (9, 10), (3, 40), (64, 150)):
-        lp, gr = batch_invariant.target_logprobs(h[lo:hi], w, t[lo:hi], vocab_tile=128)
+        part = batch_invariant.target_logprobs(h[lo:hi], w, t[lo:hi], vocab_tile=128)
+        lp, gr = part.logprob, part.greedy
         assert torch.equal(lp, full[lo:hi]) and torch.equal(gr, greedy[lo:hi])
 
 

@@ -313,8 +313,8 @@ def test_target_logprobs_fused_head(dtype, V, K):
     logits = h.float() @ w.float().T
     t[0] = logits[0].argmax()  # greedy
     t[1] = logits[1].argmin()  # not greedy (unless V == 1)
-    lp, greedy = native_ops.target_logprobs_native(h, w, t)
-    ref_lp, ref_greedy = target_logprobs_ref(h, w, t)
+    out, ref = native_ops.target_logprobs_native(h, w, t), target_logprobs_ref(h, w, t)
+    lp, greedy, ref_lp, ref_greedy = out.logprob, out.greedy, ref.logprob, ref.greedy
     assert lp.dtype == torch.float32 and greedy.dtype == torch.bool
     assert torch.equal(greedy, ref_greedy) and bool(greedy[0])
     torch.testing.assert_close(lp, ref_lp, atol=2e-5, rtol=1e-5)
@@ -334,17 +334,17 @@ def test_target_logprobs_rows_and_threads_do_not_change_the_bits(dtype):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one, _ = native_ops.target_logprobs_native(h, w, t)
+        one = native_ops.target_logprobs_native(h, w, t).logprob
         torch.set_num_threads(2)
-        two, _ = native_ops.target_logprobs_native(h, w, t)
+        two = native_ops.target_logprobs_native(h, w, t).logprob
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
     for lo, hi in [(0, 1), (3, 4), (5, 11), (2, 9), (10, 11)]:
-        part, _ = native_ops.target_logprobs_native(h[lo:hi], w, t[lo:hi])
+        part = native_ops.target_logprobs_native(h[lo:hi], w, t[lo:hi]).logprob
         assert torch.equal(part, one[lo:hi]), (lo, hi)
-    empty, greedy = native_ops.target_logprobs_native(h[:0], w, t[:0])
-    assert empty.shape == (0,) and greedy.shape == (0,)
+    empty = native_ops.target_logprobs_native(h[:0], w, t[:0])
+    assert empty.logprob.shape == (0,) and empty.greedy.shape == (0,)
 
 
 @needs_avx2

@@ -43,10 +43,12 @@ def check_top(ids, vals, lp, hidden, weight, targets, k):
 @pytest.mark.parametrize("k", [1, 5, 8])
 def test_reference_top_k(k):
     hidden, weight, targets = problem(k)
-    lp, greedy, ids, vals = target_logprobs_ref(hidden, weight, targets, k, vocab_tile=64, row_tile=8)
+    out = target_logprobs_ref(hidden, weight, targets, k, vocab_tile=64, row_tile=8)
+    lp, greedy, ids, vals = out.logprob, out.greedy, out.top_ids, out.top_logprobs
     check_top(ids, vals, lp, hidden, weight, targets, k)
-    lp0, greedy0 = target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8)
-    assert torch.equal(lp, lp0) and torch.equal(greedy, greedy0)
+    plain = target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8)
+    assert plain.top_ids is None and plain.top_logprobs is None
+    assert torch.equal(lp, plain.logprob) and torch.equal(greedy, plain.greedy)
     assert torch.equal(greedy, ids[:, 0] == targets) or k == 1
 
 
@@ -56,9 +58,10 @@ def test_triton_top_k_matches_reference(splits, k):
     from kernels.logprob_triton import target_logprobs_triton
 
     hidden, weight, targets = problem(k)
-    lp, greedy, ids, vals = target_logprobs_triton(hidden, weight, targets, k, splits=splits)
+    out = target_logprobs_triton(hidden, weight, targets, k, splits=splits)
+    lp, greedy, ids, vals = out.logprob, out.greedy, out.top_ids, out.top_logprobs
     ref = target_logprobs_ref(hidden, weight, targets, k, vocab_tile=64, row_tile=8)
-    torch.testing.assert_close(lp, ref[0], **TOL)
-    assert torch.equal(greedy, ref[1])
-    torch.testing.assert_close(vals, ref[3], **TOL)
+    torch.testing.assert_close(lp, ref.logprob, **TOL)
+    assert torch.equal(greedy, ref.greedy)
+    torch.testing.assert_close(vals, ref.top_logprobs, **TOL)
     check_top(ids, vals, lp, hidden, weight, targets, k)

@@ -196,7 +196,8 @@ def test_target_logprobs(splits, dtype):
     targets[0] = 300  # last vocabulary entry (in the last, partial tile)
     hidden, weight, targets = on(dtype, hidden, weight, targets)
     targets[1] = int((hidden[1].float() @ weight.float().T).argmax())  # one greedy row
-    lp, greedy = target_logprobs_triton(hidden, weight, targets, splits=splits)
-    ref_lp, ref_greedy = target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8)
+    out, ref = target_logprobs_triton(hidden, weight, targets, splits=splits), \
+        target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8)
+    lp, greedy, ref_lp, ref_greedy = out.logprob, out.greedy, ref.logprob, ref.greedy
     close(lp, ref_lp, dtype)
     assert torch.equal(greedy.cpu(), ref_greedy.cpu()) and bool(greedy[1])
