@@ -48,12 +48,14 @@ def bench(fn) -> float:
 
 
 def attention_cases(H, Hkv, D, dev, dtype, smoke):
+    from kernels.attention import AttentionPlan, Segment
     from kernels.problems import cascade_problem
 
     def to_dev(p):
         out = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in p.items()}
-        if "segments" in p:
-            out["segments"] = [(r.to(dev), s.to(dev)) for r, s in p["segments"]]
+        if "plan" in p:
+            out["plan"] = AttentionPlan(p["plan"].cu_seqlens,
+                                        [Segment(s.rows.to(dev), s.slots.to(dev)) for s in p["plan"].segments])
         return out
 
     for n_cand, cand_len, shared in ((3, 1, 20), (2, 4, 24)) if smoke else ((256, 1, 1024), (64, 8, 2048)):

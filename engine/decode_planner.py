@@ -9,7 +9,6 @@ from .memory_policy import MemoryPolicy
 from .plan import SampleRow, StepDraft
 from .prefix_cache import Node, PrefixCache
 from .requests import GenerateRequest
-from .stats import EngineStats
 from .work_queue import WorkQueue
 
 
@@ -20,8 +19,8 @@ class Sequence:
 
 
 class DecodePlanner:
-    def __init__(self, cache: PrefixCache, memory: MemoryPolicy, queue: WorkQueue, stats: EngineStats):
-        self.cache, self.memory, self.queue, self.stats = cache, memory, queue, stats
+    def __init__(self, cache: PrefixCache, memory: MemoryPolicy, queue: WorkQueue):
+        self.cache, self.memory, self.queue = cache, memory, queue
         self.sequences: list[Sequence] = []  # in admission order, rotated when the budget runs out
 
     def add(self, request: GenerateRequest, node: Node):
@@ -46,7 +45,6 @@ class DecodePlanner:
                 self.sequences = self.sequences[i:] + self.sequences[:i]
                 break
             if not self.memory.room(node, span.done + n, draft.protected, may_preempt=True):
-                self.stats.kv_waits += 1
                 blocked = blocked or node
                 continue
             chunk = draft.add_chunk(cache, node, span, n)

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from .progress import progress_bar
@@ -167,11 +167,9 @@ class Engine:
         """A snapshot: the counters since the engine was made (requests, tokens computed, cache hits, steps, ...)
         and the state now (KV pages held, requests running and waiting). Safe from any thread."""
         with self._lock:
-            stats = self.scheduler.stats.copy()
-            stats.peak_kv_pages = max(self._peak_before, self.kv.peak_used)
-            stats.kv_pages_used, stats.kv_pages_total = self.kv.used_pages, self.kv.num_pages
-            stats.running, stats.waiting = self.count(Status.RUNNING), self.count(Status.WAITING)
-            return stats
+            return replace(self.scheduler.stats, peak_kv_pages=max(self._peak_before, self.kv.peak_used),
+                           kv_pages_used=self.kv.used_pages, kv_pages_total=self.kv.num_pages,
+                           running=self.count(Status.RUNNING), waiting=self.count(Status.WAITING))
 
     def count(self, status: Status) -> int:
         """Requests in flight with this status (safe from any thread)."""
@@ -294,10 +292,10 @@ class Engine:
     def run(self, handles: list[Request] | None = None, progress=None):
         """Step until the given requests (default: all pending ones) are done."""
         while (self.has_pending() if handles is None else not all(h.done for h in handles)):
-            before = self.scheduler.stats.tokens_computed
+            before = self.scheduler.counts.tokens_computed
             self.step()
             if progress is not None:
-                progress.update(self.scheduler.stats.tokens_computed - before)
+                progress.update(self.scheduler.counts.tokens_computed - before)
 
     # ---- closed jobs: add all, run, collect ------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0
@@ -327,7 +325,7 @@ class Engine:
     def _job_start(self) -> tuple[EngineStats, int]:
         with self._lock:
             self._peak_before = max(self._peak_before, self.kv.reset_peak())
-            return self.scheduler.stats.copy(), self.cache.pending_tokens()
+            return self.scheduler.stats, self.cache.pending_tokens()
 
     def _job_end(self, start, handles, desc, progress):
         before, pending_before = start

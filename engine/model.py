@@ -37,7 +37,7 @@ class StepBatch:
     positions: torch.Tensor  # [T] int64: their absolute positions
     write_slots: torch.Tensor  # [T] int64: cache slots that receive their K/V
     cu_seqlens: list[int]  # sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1]
-    segments: list[tuple[torch.Tensor, torch.Tensor]]  # (query rows, cached slots) per shared cached segment
+    segments: list[kernels.Segment]  # (query rows, cached slots) of each shared cached segment
     out_rows: torch.Tensor  # [N] int64: rows whose final hidden state is returned
 
 
@@ -118,7 +118,7 @@ class LlamaModel:
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         ops = self.ops
         linear = ops.linear
-        plan = ops.attention_plan(batch.cu_seqlens, batch.positions, batch.write_slots, batch.segments)
+        plan = kernels.AttentionPlan(batch.cu_seqlens, batch.segments, batch.positions, batch.write_slots)
         h = F.embedding(batch.token_ids, self.embed)
         if self.embed_scale is not None:
             h = h * self.embed_scale
@@ -144,8 +144,7 @@ class LlamaModel:
             last = trim and i == len(self.layers) - 1
             if last and rows.numel() == 0:
                 return h.new_empty(0, c.hidden_size)
-            attn = ops.attention(q, k, v, batch.cu_seqlens, kv.k[i], kv.v[i], batch.segments, self.scale, plan,
-                                 window if L["sliding"] else None)
+            attn = ops.attention(q, k, v, kv.k[i], kv.v[i], plan, self.scale, window if L["sliding"] else None)
             if last:
                 attn, residual = attn[rows], residual[rows]
             h = linear(attn.reshape(-1, q_dim), L["o"])

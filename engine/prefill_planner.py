@@ -6,13 +6,12 @@ from __future__ import annotations
 from .memory_policy import MemoryPolicy
 from .plan import ScoreRow, StepDraft
 from .prefix_cache import Node, PrefixCache
-from .stats import EngineStats
 from .work_queue import WorkQueue
 
 
 class PrefillPlanner:
-    def __init__(self, cache: PrefixCache, memory: MemoryPolicy, queue: WorkQueue, stats: EngineStats):
-        self.cache, self.memory, self.queue, self.stats = cache, memory, queue, stats
+    def __init__(self, cache: PrefixCache, memory: MemoryPolicy, queue: WorkQueue):
+        self.cache, self.memory, self.queue = cache, memory, queue
 
     def plan(self, draft: StepDraft) -> Node | None:
         """Add prefill chunks and their score rows to the draft; returns the node that found no pages in an
@@ -32,7 +31,6 @@ class PrefillPlanner:
             span = cache.span(node)
             n = min(span.length - span.done, draft.budget)
             if not self.memory.room(node, span.done + n, draft.protected, may_preempt=draft.empty):
-                self.stats.kv_waits += 1
                 return node if draft.empty else None
             queue.pop()
             chunk = draft.add_chunk(cache, node, span, n)

@@ -23,20 +23,19 @@ from .work_queue import WorkQueue
 class Scheduler:
     def __init__(self, cache: PrefixCache, token_budget: int):
         self.cache, self.kv, self.budget = cache, cache.kv, token_budget
-        self.stats = EngineStats()  # its counters (the state fields and peak_kv_pages: Engine.stats)
+        self.counts = EngineStats()  # its counters (the memory policy's and Engine.stats' state fields apart)
         self.queue = WorkQueue(self.cache)
-        self.memory = MemoryPolicy(self.cache, self.queue, self.stats)
-        self.decode = DecodePlanner(self.cache, self.memory, self.queue, self.stats)
-        self.prefill = PrefillPlanner(self.cache, self.memory, self.queue, self.stats)
+        self.memory = MemoryPolicy(self.cache, self.queue)
+        self.decode = DecodePlanner(self.cache, self.memory, self.queue)
+        self.prefill = PrefillPlanner(self.cache, self.memory, self.queue)
         self.ready: list[ScoreRow] = []  # score rows of tokens already computed
         self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.leaf: dict[int, Node] = {}  # request id -> the prefix-tree node it keeps alive (and so its ancestors)
         self.events: list[Event] = []  # output events since the last step returned them
 
-    # ---- admission -----------------------------------------------------------------------------------------
     def add(self, req: Request, share_prefix: bool = True):
-        self.stats.requests += 1
-        self.stats.tokens_requested += req.stats.tokens_requested
+        self.counts.requests += 1
+        self.counts.tokens_requested += req.stats.tokens_requested
         self.active[req.id] = req
         if isinstance(req, ScoreRequest):
             self._add_score(req, share_prefix)
@@ -67,7 +66,7 @@ class Scheduler:
                 target_slot = cache.slot(node, p + 1) if p + 1 < computed else -1
                 known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
                 if known is not None:  # scored before: the same numbers, no LM head
-                    self.stats.memo_hits += 1
+                    self.counts.memo_hits += 1
                     self._record_score(req, p - first, known)
                 else:
                     self.ready.append(ScoreRow(cache.slot(node, p), req, p - first, full[p + 1], target_slot))
@@ -91,12 +90,17 @@ class Scheduler:
 
     def _hit(self, req: Request, reused: int):
         self._emit(Admitted(req, reused))
-        self.stats.cache_hit_tokens += reused
+        self.counts.cache_hit_tokens += reused
 
     def _emit(self, event: Event) -> bool:
         """Hand an event to its request (True: that completes the request's results), and keep it for the step."""
         self.events.append(event)
         return event.request.consume(event)
+
+    @property
+    def stats(self) -> EngineStats:
+        """A snapshot of the counters: the scheduler's and the memory policy's."""
+        return self.memory.counted(self.counts)
 
     def has_pending(self) -> bool:
         return bool(self.active or self.events)
@@ -105,7 +109,6 @@ class Scheduler:
         """Requests in flight with this status."""
         return sum(1 for r in self.active.values() if r.status is status)
 
-    # ---- one step ------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         for req in [r for r in self.active.values() if r.abort_requested]:
             self.drop(req, Status.ABORTED, RequestError("aborted", label=req.label))
@@ -122,14 +125,14 @@ class Scheduler:
         """Record a computed step; returns the output events since the last step (each consumed by its handle)."""
         self.cache.tick()
         if plan.chunks:
-            self.stats.count_step(plan.tokens, sum(len(c.keep) for c in plan.chunks), plan.attention_keys)
+            self.counts.count_step(plan.tokens, sum(len(c.keep) for c in plan.chunks), plan.attention_keys)
         for chunk in reversed(plan.chunks):
             span = self.cache.computed(chunk.node, chunk.end)
             if span.kind is not Kind.SEQUENCE:  # the decode planner drives a generating sequence
                 self.queue.computed(chunk.node, span)
         touched: dict[int, Request] = {}
         if score_out is not None:
-            self.stats.lm_head_rows += score_out.lm_head_rows
+            self.counts.lm_head_rows += score_out.lm_head_rows
             for row, scored in zip(plan.score_rows, score_out.rows):
                 touched[id(row.request)] = row.request
                 if row.target_slot >= 0:
@@ -152,7 +155,7 @@ class Scheduler:
             return self.drop(req, Status.FAILED, RequestError(
                 f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
                 "overflowing weights?)", field="continuation", label=req.label))
-        self.stats.scored_tokens += 1
+        self.counts.scored_tokens += 1
         if self._emit(ScoreOut(req, j, lp, scored.greedy, scored.top_ids, scored.top_logprobs)):
             self._complete(req)
 
@@ -160,12 +163,11 @@ class Scheduler:
         if lp != lp:
             return self.drop(req, Status.FAILED, RequestError(
                 "the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label))
-        self.stats.generated_tokens += 1
+        self.counts.generated_tokens += 1
         if self._emit(TokenOut(req, token, lp)):
             return self._complete(req)
         self.cache.extend(self.leaf[req.id], token)
 
-    # ---- ending requests ---------------------------------------------------------------------------------------
     def _complete(self, req: Request):
         self._detach(req)
         self._emit(Finished(req, Status.FINISHED))

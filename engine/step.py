@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kernels import Segment
+
 from .model import StepBatch
 from .plan import Chunk
 from .prefix_cache import PrefixCache
@@ -53,6 +55,6 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
         positions=_ranges(pos_starts, lengths).to(device),
         write_slots=torch.cat(slot_parts).to(device),
         cu_seqlens=cu,
-        segments=list(zip(rows.split([sum(seg[2]) for seg in segs]), (seg[0].to(device) for seg in segs))),
+        segments=[Segment(r, seg[0].to(device)) for r, seg in zip(rows.split([sum(seg[2]) for seg in segs]), segs)],
         out_rows=_long(out).to(device),
     )

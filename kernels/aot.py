@@ -148,7 +148,8 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         m["attention_triton"].cascade_attention_triton(**cascade)
         # sliding-window layers (Gemma-3): the window in the self part and a first key per row in the segments
         m["attention_triton"].cascade_attention_triton(**cascade, window=cascade_window(cascade, 21, [0, 5], 8))
-        rows, slots = cascade["segments"][0]  # the deterministic mode's merge: a causal limit per row
+        first = cascade["plan"].segments[0]  # the deterministic mode's merge: a causal limit per row
+        rows, slots = first.rows, first.slots
         for starts in (None, torch.zeros_like(rows)):  # and under a window, a first key too
             m["attention_triton"].segment_attention_merge_triton(
                 cascade["q"], rows, cascade["k_cache"], cascade["v_cache"], slots, cascade["scale"],

@@ -4,6 +4,10 @@ A forward step packs the new tokens of many sequences. Each sequence attends (a)
 and (b) to the cached tokens before them, which are a chain of prefix-tree segments shared with other sequences.
 For each segment, the queries of every sequence below it are stacked and attend to the segment's K/V in one
 batched matmul; the partial results are merged by log-sum-exp. All softmax statistics are fp32.
+
+The step's description is typed: a `Segment` (query rows, cache slots, and per row the first and last slot it
+sees) and an `AttentionPlan` (the sequences, the segments, the new tokens' positions and slots), built once per step
+and passed to every layer; it keeps what an implementation derives from it for the step's other layers.
 """
 from __future__ import annotations
 
@@ -12,6 +16,39 @@ from dataclasses import dataclass
 import torch
 
 SELF_WINDOW = 256  # new tokens per dense block-diagonal window in the self-attention part
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Query rows of a step that attend to cached keys: row i of `rows` sees slots[starts[i]] .. slots[limits[i]]
+    (from the first slot where starts is None, up to the last where limits is None). `position`: the absolute
+    position of slots[0] (the deterministic mode's fixed key chunks; 0 where no one asks)."""
+    rows: torch.Tensor  # [R] int64 into the step's query rows
+    slots: torch.Tensor  # [S] int64 cache slots, in increasing position
+    starts: torch.Tensor | None = None  # [R] int64
+    limits: torch.Tensor | None = None  # [R] int64
+    position: int = 0
+
+
+class AttentionPlan:
+    """One step's attention, built once and passed to every layer: sequence b owns the new-token rows
+    cu_seqlens[b]:cu_seqlens[b+1] (`positions` and `write_slots`: their absolute positions and cache slots, given
+    where a mode needs them), and `segments` are the cascade's cached segments, each shared by the rows below it.
+    `derived(name, build, *keys)` keeps what an implementation computes from the plan (waves, fixed chunks,
+    windowed forms) for the step's other layers, rebuilt when one of `keys` is another object."""
+    __slots__ = ("cu_seqlens", "segments", "positions", "write_slots", "_derived")
+
+    def __init__(self, cu_seqlens: list[int], segments: list[Segment], positions: torch.Tensor | None = None,
+                 write_slots: torch.Tensor | None = None):
+        self.cu_seqlens, self.segments = cu_seqlens, segments
+        self.positions, self.write_slots = positions, write_slots
+        self._derived: dict[str, tuple] = {}
+
+    def derived(self, name: str, build, *keys):
+        hit = self._derived.get(name)
+        if hit is None or len(hit[0]) != len(keys) or any(a is not b for a, b in zip(hit[0], keys)):
+            hit = self._derived[name] = (keys, build())
+        return hit[1]
 
 
 @dataclass(frozen=True)
@@ -76,12 +113,13 @@ def segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, ls
     out[rows], lse[rows] = merge_attention_ref(out[rows], lse[rows], o, l)
 
 
-def segment_starts(segments, window: AttentionWindow) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The cascade's segments under a sliding window as (rows, slots, starts): starts[i] is the first index into
-    slots that row i sees (a segment's slots hold increasing positions); rows that see none of a segment are
-    dropped from it, and segments left without rows."""
+def segment_starts(segments: list[Segment], window: AttentionWindow) -> list[Segment]:
+    """The cascade's segments under a sliding window, each row's first slot in it set (`starts`: a segment's slots
+    hold increasing positions); rows that see none of a segment are dropped from it, and segments left without
+    rows."""
     out = []
-    for rows, slots in segments:
+    for seg in segments:
+        rows, slots = seg.rows, seg.slots
         if rows.numel() == 0 or slots.numel() == 0:
             continue
         kpos = window.slot_positions[slots]
@@ -90,7 +128,7 @@ def segment_starts(segments, window: AttentionWindow) -> list[tuple[torch.Tensor
         if not bool(seen.all()):
             rows, starts = rows[seen], starts[seen]
         if rows.numel():
-            out.append((rows, slots, starts))
+            out.append(Segment(rows, slots, starts))
     return out
 
 
@@ -129,14 +167,15 @@ def merge_attention_ref(out_a, lse_a, out_b, lse_b):
     return out_a * wa + out_b * wb, lse
 
 
-def cascade_attention_ref(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
+def cascade_attention_ref(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale,
                           window: AttentionWindow | None = None):
-    """Full step attention. segments: list of (rows [R] int64 into q, slots [S] int64 into the cache): the rows
-    of every sequence lying below that cached segment. Returns out [T, H, D] in q's dtype. With a sliding
-    `window`, each cached segment's keys are masked by absolute position; a row whose keys in a segment are all
-    outside the window takes nothing from it."""
-    out, lse = varlen_causal_attention_ref(q, k_new, v_new, cu_seqlens, scale, window)
-    for rows, slots in segments:
+    """Full step attention: the new tokens of plan.cu_seqlens' sequences causally among themselves, and each
+    plan.segments' rows over its cached slots. Returns out [T, H, D] in q's dtype. With a sliding `window`, each
+    cached segment's keys are masked by absolute position; a row whose keys in a segment are all outside the
+    window takes nothing from it."""
+    out, lse = varlen_causal_attention_ref(q, k_new, v_new, plan.cu_seqlens, scale, window)
+    for seg in plan.segments:
+        rows, slots = seg.rows, seg.slots
         if window is None:
             segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, lse)
             continue

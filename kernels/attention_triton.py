@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from . import flash_attention
-from .attention import segment_starts
+from .attention import AttentionPlan, segment_starts
 from .aot import gpu_tiles
 
 LOG2E = 1.4426950408889634
@@ -184,12 +184,12 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
         BLOCK_D=bd, PRECISION=prec, HAS_LIMITS=limits is not None, HAS_STARTS=starts is not None, num_warps=warps)
 
 
-def cascade_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
+def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
     """Contract of attention.cascade_attention_ref. The self part runs on flash-attn when it is installed (CUDA,
     fp16/bf16, no sliding window), else on the paged-prefill kernel with empty prefixes (a sequence's new tokens
     hold consecutive positions, so the window is a distance in rows there). With `window`
     (attention.AttentionWindow), each segment's rows start at their first key inside the window."""
-    q = q.contiguous()
+    q, cu_seqlens = q.contiguous(), plan.cu_seqlens
     if (window is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
             and flash_attention.available()):
         out, lse = flash_attention.varlen_causal_attention_flash(q, k_new, v_new, list(cu_seqlens), scale)
@@ -199,10 +199,8 @@ def cascade_attention_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segm
         out, lse = paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_new, v_new, none,
                                                       torch.zeros(nseq, dtype=torch.int32, device=q.device), 1,
                                                       scale, 0 if window is None else window.size)
-    if window is None:
-        for rows, slots in segments:
-            segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse)
-    else:
-        for rows, slots, starts in segment_starts(segments, window):
-            segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, starts=starts)
+    segments = plan.segments if window is None else \
+        plan.derived("windowed segments", lambda: segment_starts(plan.segments, window), window)
+    for seg in segments:
+        segment_attention_merge_triton(q, seg.rows, k_cache, v_cache, seg.slots, scale, out, lse, starts=seg.starts)
     return out.to(q.dtype)

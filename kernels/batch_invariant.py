@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .attention import AttentionPlan, AttentionWindow, Segment
 from .logprob import VOCAB_TILE, LogProbs, target_logprobs_ref
 
 ROW_TILE = {"cpu": 64, "cuda": 256}  # rows per GEMM call, per device type (a GPU wants larger GEMMs)
@@ -67,15 +68,16 @@ def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     return out.first(N)
 
 
-def chunk_segments(cu_seqlens: list[int], positions: torch.Tensor, write_slots: torch.Tensor,
-                   segments: list[tuple[torch.Tensor, torch.Tensor]], chunk: int = KV_CHUNK):
+def chunk_segments(plan: AttentionPlan, chunk: int = KV_CHUNK) -> list[Segment]:
     """The keys of every row of a step cut at fixed absolute positions, from the step's cascade description.
 
     Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1], at positions[cu_seqlens[b]] onwards; its cached keys are
     the slots of the segments holding its rows, in list order (ancestors root first, as engine/step.py builds
-    them), and its new keys are write_slots of its rows. Returns [(rows, slots, limits or None, c0)] in ascending
-    chunk order: the rows attend to the slots, each row up to its limit (an index into slots); slot i of a chunk
-    holds the key at absolute position c0 + i."""
+    them), and its new keys are write_slots of its rows. Returns the chunks as Segments in ascending chunk order:
+    the rows attend to the slots, each row up to its limit (an index into slots; none where every row sees the
+    whole chunk); slot i of a chunk holds the key at absolute position `position` + i."""
+    cu_seqlens, positions, write_slots = plan.cu_seqlens, plan.positions, plan.write_slots
+    segments = [(seg.rows, seg.slots) for seg in plan.segments]
     dev = positions.device
     B = len(cu_seqlens) - 1
     cu_t = torch.tensor(cu_seqlens, device=dev)
@@ -117,45 +119,38 @@ def chunk_segments(cu_seqlens: list[int], positions: torch.Tensor, write_slots: 
     out = [(c0, torch.cat(rows), torch.cat(parts), None) for (c0, *_), (rows, parts) in shared.items()]
     out += own
     out.sort(key=lambda e: e[0])  # stable: ascending chunk order per row is all that matters
-    return [(rows, slots, limits, c0) for c0, rows, slots, limits in out]
+    return [Segment(rows, slots, limits=limits, position=c0) for c0, rows, slots, limits in out]
 
 
-def windowed_chunks(chunks, window):
-    """The chunks under a sliding window (attention.AttentionWindow) as (rows, slots, limits, starts): a row at
-    position p sees the chunk's keys from position p - window.size + 1 on (starts: indices into slots); rows that
-    see none of a chunk leave it, and chunks left without rows. Only the row's own position decides, so the mode
-    stays batch-invariant."""
+def windowed_chunks(chunks: list[Segment], window: AttentionWindow) -> list[Segment]:
+    """The chunks under a sliding window: a row at position p sees the chunk's keys from position
+    p - window.size + 1 on (starts: indices into slots); rows that see none of a chunk leave it, and chunks left
+    without rows. Only the row's own position decides, so the mode stays batch-invariant."""
     out = []
-    for rows, slots, limits, c0 in chunks:
-        starts = (window.positions[rows] - (window.size - 1) - c0).clamp_(min=0)
+    for chunk in chunks:
+        rows, slots, limits = chunk.rows, chunk.slots, chunk.limits
+        starts = (window.positions[rows] - (window.size - 1) - chunk.position).clamp_(min=0)
         last = limits if limits is not None else torch.full_like(starts, slots.numel() - 1)
         seen = starts <= last
         if not bool(seen.all()):
             rows, starts = rows[seen], starts[seen]
             limits = limits[seen] if limits is not None else None
         if rows.numel():
-            out.append((rows, slots, limits, starts))
+            out.append(Segment(rows, slots, starts, limits, chunk.position))
     return out
 
 
-_window_memo: tuple = (None, None, None)  # (chunks, window, windowed chunks): every local layer of a step
-
-
-def cascade_attention(q, k_cache, v_cache, chunks, scale, merge, window=None):
-    """Attention of every row over its chunks (chunk_segments), merged in order by `merge` (the dispatched
-    segment_attention_merge); with a sliding `window`, over the part of each chunk inside the row's window
-    (windowed_chunks). Returns out [T, H, D] in q's dtype."""
-    global _window_memo
+def cascade_attention(q, k_cache, v_cache, plan: AttentionPlan, scale, merge, window=None, chunk: int = KV_CHUNK):
+    """Attention of every row over the step's fixed key chunks of `chunk` keys (chunk_segments, built once per
+    step), merged in order by `merge` (the dispatched segment_attention_merge); with a sliding `window`, over the
+    part of each chunk inside the row's window (windowed_chunks). Returns out [T, H, D] in q's dtype."""
     q = q.contiguous()
     T, H, D = q.shape
     out = torch.zeros(T, H, D, dtype=torch.float32, device=q.device)
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
-    if window is None:
-        for rows, slots, limits, _ in chunks:
-            merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits)
-    else:
-        if _window_memo[0] is not chunks or _window_memo[1] is not window:
-            _window_memo = (chunks, window, windowed_chunks(chunks, window))
-        for rows, slots, limits, starts in _window_memo[2]:
-            merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits, starts)
+    chunks = plan.derived(f"kv chunks of {chunk}", lambda: chunk_segments(plan, chunk))
+    if window is not None:  # every local layer of the step: the same window
+        chunks = plan.derived(f"windowed kv chunks of {chunk}", lambda: windowed_chunks(chunks, window), window)
+    for c in chunks:
+        merge(q, c.rows, k_cache, v_cache, c.slots, scale, out, lse, c.limits, c.starts)
     return out.to(q.dtype)

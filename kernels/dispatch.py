@@ -30,6 +30,7 @@ import os
 import torch
 
 from . import batch_invariant, linear as _linear_forms, native_ops
+from .attention import AttentionPlan
 from .linear import Panels, linear as _packed_linear, prepack as _prepack
 
 log = logging.getLogger("kernels")
@@ -203,21 +204,14 @@ class StepKernels:
             return batch_invariant.linear(x, w, bias)
         return _packed_linear(x, w, bias)
 
-    def attention_plan(self, cu_seqlens, positions, write_slots, segments):
-        """What `attention` needs beyond the step's cascade description, computed once per step (the
-        deterministic mode's fixed KV chunks; None in the fast mode)."""
-        if self.deterministic:
-            return batch_invariant.chunk_segments(cu_seqlens, positions, write_slots, segments)
-        return None
-
-    def attention(self, q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, plan, window=None):
-        """One layer's attention of the step (the new K/V are already in the cache). Returns [T, H, D].
-        A sliding `window` (attention.AttentionWindow, Gemma-3's local layers) masks keys by absolute position
-        in every backend and mode."""
+    def attention(self, q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
+        """One layer's attention of the step (the new K/V are already in the cache), from the step's
+        AttentionPlan. Returns [T, H, D]. A sliding `window` (attention.AttentionWindow, Gemma-3's local layers)
+        masks keys by absolute position in every backend and mode."""
         if self.deterministic:  # every key from the cache, in fixed absolute chunks
             return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge,
                                                      window)
-        return cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window)
+        return cascade_attention(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
         """Full-vocabulary logits of a few rows in the model's dtype, `head` as `weight` returned it."""
@@ -248,9 +242,9 @@ def silu_and_mul(gate_up):
     return resolve("silu_and_mul", gate_up.device)(gate_up)
 
 
-def cascade_attention(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
-    return resolve("cascade_attention", q.device)(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale,
-                                                   window)
+def cascade_attention(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
+    """The step's attention (attention.cascade_attention_ref): new tokens causally, then the cached segments."""
+    return resolve("cascade_attention", q.device)(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
 
 
 def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .attention import segment_starts
+from .attention import AttentionPlan, Segment, segment_starts
 from .logprob import LogProbs
 
 log = logging.getLogger(__name__)
@@ -53,26 +54,17 @@ def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_c
                                           int(page_size), float(scale), int(window))
 
 
-_step_memo: dict[str, tuple] = {}  # name -> (the step's objects it was built from, the value)
-
-
-def _per_step(name: str, keys: tuple, build):
-    """`build()`, memoised while `keys` are the same objects: every layer of a step passes the step's own lists
-    (cu_seqlens, segments), so what is derived from them alone is built once per step (the memo holds the keys,
-    so their identities cannot be reused meanwhile)."""
-    hit = _step_memo.get(name)
-    if hit is None or any(a is not b for a, b in zip(hit[0], keys)):
-        hit = _step_memo[name] = (keys, build())
-    return hit[1]
-
-
-def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: int = 0):
+def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: int = 0, plan=None):
     """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32). A sequence's new
-    tokens hold consecutive positions, so a sliding window is a distance in rows."""
+    tokens hold consecutive positions, so a sliding window is a distance in rows. With the step's AttentionPlan,
+    the index tensors are built once per step."""
     nseq = len(cu_seqlens) - 1
-    cu, none, zero = _per_step("self", (cu_seqlens,), lambda: (
-        torch.as_tensor(cu_seqlens, dtype=torch.long), torch.zeros(nseq, 0, dtype=torch.long),
-        torch.zeros(nseq, dtype=torch.long)))
+
+    def index():
+        return (torch.as_tensor(cu_seqlens, dtype=torch.long), torch.zeros(nseq, 0, dtype=torch.long),
+                torch.zeros(nseq, dtype=torch.long))
+
+    cu, none, zero = index() if plan is None else plan.derived("native self part", index)
     k, v = k.contiguous(), v.contiguous()
     return _ops().paged_prefill_attention(q.contiguous(), k, v, cu, k, v, none, zero, 1, float(scale), int(window))
 
@@ -86,14 +78,14 @@ def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out,
 FOLD_BELOW = 32  # keys in a tile of the native kernel
 
 
-def fold_short_segments(segments, min_slots: int = FOLD_BELOW) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) -> list[Segment]:
     """The segments with each one shorter than `min_slots` keys prepended to the segments right below it, where
     that is exact: every row of the short segment has a next segment, and every row of those next segments has
     the short one just before it. A row then sweeps the same keys in fewer, longer segments (a 4-key root shared
     by 1,000 rows otherwise costs each row a whole key tile and one more merge)."""
-    segs = [[rows, slots] for rows, slots in segments if rows.numel() and slots.numel()]
+    segs = [[s.rows, s.slots] for s in segments if s.rows.numel() and s.slots.numel()]
     if not any(slots.numel() < min_slots for _, slots in segs):
-        return [(rows, slots) for rows, slots in segs]
+        return [Segment(rows, slots) for rows, slots in segs]
     chain: dict[int, list[int]] = {}  # row -> its segments, in merge order
     rows_of = [rows.tolist() for rows, _ in segs]
     for i, rows in enumerate(rows_of):
@@ -117,18 +109,29 @@ def fold_short_segments(segments, min_slots: int = FOLD_BELOW) -> list[tuple[tor
                 for r in rows_of[i]:
                     chain[r].remove(i)
                 alive[i] = False
-    return [(rows, slots) for (rows, slots), keep in zip(segs, alive) if keep]
+    return [Segment(rows, slots) for (rows, slots), keep in zip(segs, alive) if keep]
 
 
-def segment_waves(segments, n_rows: int) -> list[tuple[torch.Tensor, ...]]:
-    """Groups the segments ((rows, slots) or (rows, slots, starts)) into waves in which no two share a query row,
-    keeping each row's segments in list order (segment i goes to the wave after the last one holding any of its
-    rows). A wave is (rows_cat, row_off, slots_cat, slot_off, starts_cat or None), one native call: a decode step
-    of 32 sequences has ~65 small segments per layer but 4 waves (benchmarks/bench_generation.py, profiled)."""
+@dataclass(frozen=True, slots=True)
+class Wave:
+    """Segments that share no query row, concatenated for one native call: segment i is rows[row_offsets[i]:
+    row_offsets[i + 1]] over slots[slot_offsets[i]:slot_offsets[i + 1]], each row from its entry of starts."""
+    rows: torch.Tensor
+    row_offsets: torch.Tensor
+    slots: torch.Tensor
+    slot_offsets: torch.Tensor
+    starts: torch.Tensor | None
+
+
+def segment_waves(segments: list[Segment], n_rows: int) -> list[Wave]:
+    """Groups the segments into waves in which no two share a query row, keeping each row's segments in list
+    order (segment i goes to the wave after the last one holding any of its rows): one native call a wave. A
+    decode step of 32 sequences has ~65 small segments per layer but 4 waves (benchmarks/bench_generation.py,
+    profiled)."""
     level = [0] * n_rows  # per row: the wave after its latest segment's
-    waves: list[list] = []
+    waves: list[list[Segment]] = []
     for seg in segments:
-        rows, slots = seg[0], seg[1]
+        rows, slots = seg.rows, seg.slots
         if rows.numel() == 0 or slots.numel() == 0:
             continue
         rows_list = rows.tolist()
@@ -140,28 +143,32 @@ def segment_waves(segments, n_rows: int) -> list[tuple[torch.Tensor, ...]]:
         waves[w].append(seg)
     out = []
     for wave in waves:
-        offsets = [torch.tensor([0] + [len(x[i]) for x in wave]).cumsum(0) for i in (0, 1)]
-        starts = torch.cat([x[2] for x in wave]) if len(wave[0]) > 2 else None
-        out.append((torch.cat([x[0] for x in wave]), offsets[0], torch.cat([x[1] for x in wave]), offsets[1], starts))
+        row_off, slot_off = (torch.tensor([0] + [len(x) for x in xs]).cumsum(0)
+                             for xs in ([s.rows for s in wave], [s.slots for s in wave]))
+        starts = torch.cat([s.starts for s in wave]) if wave[0].starts is not None else None
+        out.append(Wave(torch.cat([s.rows for s in wave]), row_off, torch.cat([s.slots for s in wave]), slot_off,
+                        starts))
     return out
 
 
-def cascade_attention_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
+def cascade_attention_native(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
     """Same contract as attention.cascade_attention_ref; segment K/V are read from the cache in place, the
-    segments of a wave (segment_waves) in one parallel call. `window` (attention.AttentionWindow): keys at
-    window.size or more positions before the query are masked, by absolute position."""
+    segments of a wave (segment_waves) in one parallel call, the waves built once per step. `window`
+    (attention.AttentionWindow): keys at window.size or more positions before the query are masked, by absolute
+    position."""
     q = q.contiguous()
-    out, lse = varlen_causal_attention_native(q, k_new, v_new, cu_seqlens, scale, 0 if window is None else window.size)
+    out, lse = varlen_causal_attention_native(q, k_new, v_new, plan.cu_seqlens, scale,
+                                              0 if window is None else window.size, plan)
 
     def waves():
-        segs = fold_short_segments(segments)
+        segs = fold_short_segments(plan.segments)
         return segment_waves(segs if window is None else segment_starts(segs, window), q.shape[0])
 
     # a model with local and global layers (Gemma-3) keeps the waves of both kinds for the step
-    for rows, row_off, slots, slot_off, starts in _per_step("waves" if window is None else "windowed waves",
-                                                           (segments, window), waves):
-        _ops().segments_attention_merge_(q, rows, row_off, k_cache, v_cache, slots, slot_off, float(scale), out, lse,
-                                         starts)
+    name = "native waves" if window is None else "native windowed waves"
+    for w in plan.derived(name, waves, window):
+        _ops().segments_attention_merge_(q, w.rows, w.row_offsets, k_cache, v_cache, w.slots, w.slot_offsets,
+                                         float(scale), out, lse, w.starts)
     return out.to(q.dtype)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionWindow
+from .attention import AttentionPlan, AttentionWindow, Segment
 
 
 def _packed(seq_lens, H, Hkv, D, dtype, gen):
@@ -42,23 +42,28 @@ def cascade_problem(seq_lens, shared_len, own_lens, H, Hkv, D, dtype=torch.float
     slots = torch.randperm(num_slots, generator=gen)
     segments, used = [], 0
     if shared_len:
-        segments.append((torch.arange(cu[-1]), slots[:shared_len]))
+        segments.append(Segment(torch.arange(cu[-1]), slots[:shared_len]))
         used = shared_len
     for b, n in enumerate(own_lens):
         if n:
-            segments.append((torch.arange(cu[b], cu[b + 1]), slots[used:used + n]))
+            segments.append(Segment(torch.arange(cu[b], cu[b + 1]), slots[used:used + n]))
             used += n
-    return dict(q=q, k_new=k, v_new=v, cu_seqlens=cu, k_cache=rand(num_slots, Hkv, D),
-                v_cache=rand(num_slots, Hkv, D), segments=segments, scale=D ** -0.5)
+    return dict(q=q, k_new=k, v_new=v, k_cache=rand(num_slots, Hkv, D), v_cache=rand(num_slots, Hkv, D),
+                plan=AttentionPlan(cu, segments), scale=D ** -0.5)
+
+
+def with_segments(problem: dict, segments: list[Segment]) -> dict:
+    """A cascade problem with other segments over the same sequences (a fresh plan)."""
+    return dict(problem, plan=AttentionPlan(problem["plan"].cu_seqlens, segments))
 
 
 def upcast(problem: dict) -> dict:
-    """The same problem in fp32 (to compare a bf16 kernel with the fp32 reference)."""
+    """The same problem in fp32 (to compare a bf16 kernel with the fp32 reference), with a fresh plan."""
     def f(x):
         return x.float() if torch.is_tensor(x) and x.is_floating_point() else x
     out = {k: f(x) for k, x in problem.items()}
-    if "segments" in out:
-        out["segments"] = [(r, s) for r, s in problem["segments"]]
+    if "plan" in out:
+        out["plan"] = AttentionPlan(problem["plan"].cu_seqlens, list(problem["plan"].segments))
     return out
 
 
@@ -66,13 +71,13 @@ def cascade_window(p: dict, shared_len: int, own_lens: list[int], size: int):
     """The AttentionWindow of a cascade_problem: its shared segment at positions 0.., each sequence's own cached
     segment after it, then its new tokens."""
     slot_positions = torch.full((p["k_cache"].shape[0],), -10 ** 6, dtype=torch.long)
-    segs = iter(p["segments"])
+    segs = iter(p["plan"].segments)
     if shared_len:
-        slot_positions[next(segs)[1]] = torch.arange(shared_len)
+        slot_positions[next(segs).slots] = torch.arange(shared_len)
     positions = []
-    cu = p["cu_seqlens"]
+    cu = p["plan"].cu_seqlens
     for b, n in enumerate(own_lens):
         if n:
-            slot_positions[next(segs)[1]] = torch.arange(shared_len, shared_len + n)
+            slot_positions[next(segs).slots] = torch.arange(shared_len, shared_len + n)
         positions.append(torch.arange(cu[b + 1] - cu[b]) + shared_len + n)
     return AttentionWindow(size, torch.cat(positions), slot_positions)

@@ -17,7 +17,8 @@ from engine import Engine
 from engine.loader import load_model_files
 from kernels import StepKernels, batch_invariant, native_ops
 from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
-from kernels.problems import cascade_problem
+from kernels.attention import AttentionPlan, Segment
+from kernels.problems import cascade_problem, with_segments
 
 pytestmark = pytest.mark.skipif(not native_ops.load(), reason="the batch-invariant CPU attention is the native op")
 DTYPES = [torch.float32, torch.bfloat16]
@@ -202,13 +203,14 @@ def _chunked_attention(p, rows_of_interest, chunk):
     q, T, N = p["q"], p["q"].shape[0], p["k_cache"].shape[0]
     k_cache, v_cache = torch.cat([p["k_cache"], p["k_new"]]), torch.cat([p["v_cache"], p["v_new"]])
     write = torch.arange(N, N + T)  # the step's new K/V, stored in fresh slots before attention
-    cu = p["cu_seqlens"]
-    cached = [sum(s.numel() for r, s in p["segments"] if bool((r == cu[b]).any())) for b in range(len(cu) - 1)]
+    cu, segments = p["plan"].cu_seqlens, p["plan"].segments
+    cached = [sum(s.slots.numel() for s in segments if bool((s.rows == cu[b]).any())) for b in range(len(cu) - 1)]
     positions = torch.cat([torch.arange(cached[b], cached[b] + cu[b + 1] - cu[b]) for b in range(len(cu) - 1)])
-    chunks = batch_invariant.chunk_segments(cu, positions, write, p["segments"], chunk)
-    out = batch_invariant.cascade_attention(q, k_cache, v_cache, chunks, p["scale"],
-                                            native_ops.segment_attention_merge_native)
-    ref = batch_invariant.cascade_attention(q, k_cache, v_cache, chunks, p["scale"], segment_attention_merge_ref)
+    plan = AttentionPlan(cu, segments, positions, write)
+    out = batch_invariant.cascade_attention(q, k_cache, v_cache, plan, p["scale"],
+                                            native_ops.segment_attention_merge_native, chunk=chunk)
+    ref = batch_invariant.cascade_attention(q, k_cache, v_cache, plan, p["scale"], segment_attention_merge_ref,
+                                            chunk=chunk)
     return out[rows_of_interest], ref[rows_of_interest]
 
 
@@ -218,10 +220,10 @@ def test_chunked_attention_is_batch_invariant_and_exact(dtype):
     kw = dict(H=6, Hkv=2, D=32, dtype=dtype)
     # sequence 0 below a shared segment of 50 and its own cached 30: 80 cached keys, 25 new tokens
     base = cascade_problem([25], shared_len=50, own_lens=[30], seed=1, **kw)
-    slots = torch.cat([s for _, s in base["segments"]])
+    slots = torch.cat([s.slots for s in base["plan"].segments])
     variants = []
     for cut in (50, 17, 64, 79):  # the same 80 cached keys split into two segments at another boundary
-        p = dict(base, segments=[(torch.arange(25), slots[:cut]), (torch.arange(25), slots[cut:])])
+        p = with_segments(base, [Segment(torch.arange(25), slots[:cut]), Segment(torch.arange(25), slots[cut:])])
         variants.append(_chunked_attention(p, torch.arange(25), chunk=32)[0])
     more = cascade_problem([25, 9, 40], shared_len=50, own_lens=[30, 3, 70], seed=1, **kw)  # same first sequence
     for name in ("q", "k_new", "v_new"):
@@ -229,8 +231,8 @@ def test_chunked_attention_is_batch_invariant_and_exact(dtype):
     pad = torch.arange(base["k_cache"].shape[0], base["k_cache"].shape[0] + 73)  # the other sequences' caches
     more["k_cache"] = torch.cat([base["k_cache"], torch.randn(73, 2, 32).to(dtype)])
     more["v_cache"] = torch.cat([base["v_cache"], torch.randn(73, 2, 32).to(dtype)])
-    more["segments"] = [(torch.arange(74), slots[:50]), (torch.arange(25), slots[50:]),
-                        (torch.arange(25, 34), pad[:3]), (torch.arange(34, 74), pad[3:73])]
+    more = with_segments(more, [Segment(torch.arange(74), slots[:50]), Segment(torch.arange(25), slots[50:]),
+                                Segment(torch.arange(25, 34), pad[:3]), Segment(torch.arange(34, 74), pad[3:73])])
     got, ref = _chunked_attention(more, torch.arange(25), chunk=32)
     variants.append(got)
     for v in variants[1:]:

@@ -99,9 +99,9 @@ def test_gemma3_triton_window_matches_transformers(tiny_model_dirs, monkeypatch,
     windowed = {"cascade": 0, "merge": 0}
     cascade, merge = attention_triton.cascade_attention_triton, attention_triton.segment_attention_merge_triton
 
-    def cascade_spy(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window=None):
+    def cascade_spy(q, k_new, v_new, k_cache, v_cache, plan, scale, window=None):
         windowed["cascade"] += window is not None
-        return cascade(q, k_new, v_new, cu_seqlens, k_cache, v_cache, segments, scale, window)
+        return cascade(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
 
     def merge_spy(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
         windowed["merge"] += starts is not None

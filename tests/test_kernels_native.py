@@ -12,7 +12,8 @@ import torch
 from kernels import native_ops
 from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
 from kernels.paged_attention import paged_prefill_attention_lse_ref
-from kernels.problems import cascade_problem, cascade_window, paged_problem, upcast
+from kernels.attention import Segment
+from kernels.problems import cascade_problem, cascade_window, paged_problem, upcast, with_segments
 
 if os.environ.get("ICQS_NO_NATIVE") == "1":
     pytest.skip("ICQS_NO_NATIVE=1", allow_module_level=True)
@@ -58,7 +59,7 @@ def test_cascade_attention_decode_step(dtype):
                                **(TOL if dtype == torch.float32 else BF16_TOL))
     alone = cascade_problem([1, 1], shared_len=0, own_lens=[0, 0], H=4, Hkv=2, D=32, dtype=dtype)
     out, lse = native_ops.varlen_causal_attention_native(alone["q"], alone["k_new"], alone["v_new"],
-                                                         alone["cu_seqlens"], alone["scale"])
+                                                         alone["plan"].cu_seqlens, alone["scale"])
     assert torch.equal(out, alone["v_new"].float().repeat_interleave(2, dim=1))
     want = (alone["q"].float() * alone["k_new"].float().repeat_interleave(2, dim=1)).sum(-1) * alone["scale"]
     torch.testing.assert_close(lse, want, **TOL)
@@ -91,7 +92,7 @@ def test_segment_merge_reads_the_cache_in_place():
     k_before = p["k_cache"].clone()
     out = torch.zeros(12, 2, 16)
     lse = torch.full((12, 2), float("-inf"))
-    rows, slots = torch.arange(6, 12), p["segments"][0][1]
+    rows, slots = torch.arange(6, 12), p["plan"].segments[0].slots
     torch.ops.icqs_native.segment_attention_merge_(p["q"], rows, p["k_cache"], p["v_cache"], slots, p["scale"],
                                                    out, lse)
     assert torch.equal(p["k_cache"], k_before)
@@ -190,22 +191,23 @@ def test_segment_waves_match_reference(dtype):
     assert native_ops.load()
     p = cascade_problem([1, 1, 3, 1, 2, 1], shared_len=40, own_lens=[5, 0, 9, 1, 33, 2], H=6, Hkv=2, D=32,
                         dtype=dtype, seed=7)
-    root, own = p["segments"][0], p["segments"][1:]
-    branch = [(torch.arange(0, 4), torch.randperm(p["k_cache"].shape[0])[:11]),
-              (torch.arange(5, 9), torch.randperm(p["k_cache"].shape[0])[:17])]
+    root, own = p["plan"].segments[0], p["plan"].segments[1:]
+    branch = [Segment(torch.arange(0, 4), torch.randperm(p["k_cache"].shape[0])[:11]),
+              Segment(torch.arange(5, 9), torch.randperm(p["k_cache"].shape[0])[:17])]
     segments = [root] + branch + own
     waves = native_ops.segment_waves(segments, 9)
     assert len(waves) == 3
     seen = []  # per row, the waves of its segments, in segment order
-    for w, (rows, row_off, slots, slot_off, starts) in enumerate(waves):
-        assert starts is None
+    for w, wave in enumerate(waves):
+        rows, row_off, slots, slot_off = wave.rows, wave.row_offsets, wave.slots, wave.slot_offsets
+        assert wave.starts is None
         assert len(set(rows.tolist())) == rows.numel()  # no row twice in one wave
         assert row_off[-1] == rows.numel() and slot_off[-1] == slots.numel()
         seen += [(r, w) for r in rows.tolist()]
     for r in range(9):
         assert [w for row, w in seen if row == r] == sorted(w for row, w in seen if row == r)
-    got = native_ops.cascade_attention_native(**dict(p, segments=segments))
-    torch.testing.assert_close(got.float(), cascade_attention_ref(**upcast(dict(p, segments=segments))).float(),
+    got = native_ops.cascade_attention_native(**with_segments(p, segments))
+    torch.testing.assert_close(got.float(), cascade_attention_ref(**upcast(with_segments(p, segments))).float(),
                                **(TOL if dtype == torch.float32 else BF16_TOL))
 
 
@@ -233,7 +235,7 @@ def test_segment_merge_starts_and_limits(dtype):
     range keeps its running (out, lse)."""
     assert native_ops.load()
     p = cascade_problem([40], shared_len=70, own_lens=[0], H=6, Hkv=2, D=64, dtype=dtype, seed=3)
-    rows, slots = torch.arange(40), p["segments"][0][1]
+    rows, slots = torch.arange(40), p["plan"].segments[0].slots
     gen = torch.Generator().manual_seed(1)
     starts = torch.randint(0, 70, (40,), generator=gen)
     limits = torch.clamp(starts + torch.randint(-3, 70, (40,), generator=gen), max=69)
@@ -263,15 +265,17 @@ def test_short_segments_fold_into_the_segments_below(own_lens):
     results are the reference's either way."""
     assert native_ops.load()
     p = cascade_problem([3, 4, 2], shared_len=4, own_lens=own_lens, H=6, Hkv=2, D=32, seed=5)
-    folded = native_ops.fold_short_segments(p["segments"])
-    root_slots = p["segments"][0][1]
+    segments = p["plan"].segments
+    folded = native_ops.fold_short_segments(segments)
+    root_slots = segments[0].slots
     if 0 not in own_lens:
         assert len(folded) == 3
-        for (rows, slots), (rows0, slots0) in zip(folded, p["segments"][1:]):
+        for (rows, slots), (rows0, slots0) in (((a.rows, a.slots), (b.rows, b.slots))
+                                               for a, b in zip(folded, segments[1:])):
             assert torch.equal(rows, rows0) and torch.equal(slots, torch.cat([root_slots, slots0]))
     else:
-        assert len(folded) == len(p["segments"])
-        assert all(torch.equal(s, s0) for (_, s), (_, s0) in zip(folded, p["segments"]))
+        assert len(folded) == len(segments)
+        assert all(torch.equal(a.slots, b.slots) for a, b in zip(folded, segments))
     torch.testing.assert_close(native_ops.cascade_attention_native(**p), cascade_attention_ref(**p), **TOL)
 
 

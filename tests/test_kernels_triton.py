@@ -20,6 +20,7 @@ from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
 from kernels.logprob import target_logprobs_ref  # noqa: E402
 from kernels.logprob_triton import target_logprobs_triton  # noqa: E402
 from kernels.paged_attention import paged_prefill_attention_lse_ref  # noqa: E402
+from kernels.attention import AttentionPlan, Segment  # noqa: E402
 from kernels.problems import cascade_problem, cascade_window, paged_problem  # noqa: E402
 from kernels.rmsnorm import rms_norm_ref  # noqa: E402
 from kernels.rmsnorm_triton import rms_norm_triton  # noqa: E402
@@ -49,8 +50,8 @@ def problem_on(p: dict, dtype) -> dict:
     for k, x in p.items():
         if torch.is_tensor(x):
             out[k] = x.to(DEVICE, dtype) if x.is_floating_point() else x.to(DEVICE)
-        elif k == "segments":
-            out[k] = [(r.to(DEVICE), sl.to(DEVICE)) for r, sl in x]
+        elif k == "plan":
+            out[k] = AttentionPlan(x.cu_seqlens, [Segment(s.rows.to(DEVICE), s.slots.to(DEVICE)) for s in x.segments])
         else:
             out[k] = x
     return out
@@ -132,7 +133,7 @@ def test_cascade_attention(ratio, D, dtype):
 
 def test_cascade_attention_without_cache():
     p = problem_on(cascade_problem([4, 7], shared_len=0, own_lens=[0, 0], H=2, Hkv=2, D=16), torch.float32)
-    assert p["segments"] == []
+    assert p["plan"].segments == []
     close(AT.cascade_attention_triton(**p), cascade_attention_ref(**p), torch.float32)
 
 
@@ -156,7 +157,7 @@ def test_segment_merge_with_row_starts_and_limits():
     """The deterministic mode's merge under a window: each row sees the keys from its start to its limit; a row
     whose range is empty keeps its (out, lse)."""
     p = problem_on(cascade_problem([12], shared_len=40, own_lens=[0], H=4, Hkv=2, D=16), torch.float32)
-    rows, slots = p["segments"][0]
+    rows, slots = p["plan"].segments[0].rows, p["plan"].segments[0].slots
     limits = torch.tensor([0, 3, 39, 17, 31, 32, 33, 5, 16, 15, 38, 1], device=DEVICE)
     starts = torch.tensor([0, 2, 30, 17, 0, 33, 1, 6, 16, 9, 0, 1], device=DEVICE)
     outs = []
@@ -176,7 +177,7 @@ def test_segment_merge_with_row_starts_and_limits():
 def test_segment_merge_with_row_limits(dtype):
     """The deterministic mode's merge: each row sees the segment's keys up to its own limit."""
     p = problem_on(cascade_problem([12], shared_len=40, own_lens=[0], H=4, Hkv=2, D=16), dtype)
-    rows, slots = p["segments"][0]
+    rows, slots = p["plan"].segments[0].rows, p["plan"].segments[0].slots
     limits = torch.tensor([0, 3, 39, 17, 31, 32, 33, 5, 16, 15, 38, 1], device=DEVICE)
     outs = []
     for merge, args in ((AT.segment_attention_merge_triton, p), (segment_attention_merge_ref, fp32(p))):
