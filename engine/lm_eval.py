@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import sys
+from pathlib import Path
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models: get_model imports them only into an empty registry)
 import torch
@@ -235,9 +237,32 @@ class EngineLM(LM):
         return out
 
 
+def output_file(output_path: str, model: str | None, tasks) -> str:
+    """Where `--output_path DIR` puts a run's results: DIR/MODEL/TASKS.json, which lm-eval writes as
+    DIR/MODEL/TASKS_<date>.json with the samples (--log_samples) beside it, MODEL the model file's or folder's name
+    (the embedded model's without --model_args model=) and TASKS the tasks joined by '+'. lm-eval's own name for
+    the folder is the model argument's path with '/' as '__', or a random id without one. A path ending in .json
+    is kept as given."""
+    if output_path.endswith(".json"):
+        return output_path
+    from .loader import DEFAULT_GGUF
+
+    name = Path(str(model).rstrip("/\\")).name if model else DEFAULT_GGUF
+    name = re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE) or "model"
+    names = tasks.split(",") if isinstance(tasks, str) else list(tasks or [])
+    task = "+".join(t.strip() for t in names if t.strip()) or "tasks"
+    return str(Path(output_path) / _file_name(name) / f"{_file_name(task)}.json")
+
+
+def _file_name(text: str) -> str:
+    """`text` as one folder or file name: no separators, at most 120 characters."""
+    return re.sub(r"[^\w.+=-]+", "_", text)[:120]
+
+
 def main(argv: list[str] | None = None) -> int:
     """lm-eval's command line with `icqs-engine` registered. Its model_args are checked before lm-eval indexes its
-    tasks; a bad option or input is one line `error: ...`, exit status 2."""
+    tasks; a bad option or input is one line `error: ...`, exit status 2. `--output_path DIR` is named after the
+    model and the tasks (output_file)."""
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
@@ -251,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             check_model_args(model_args)
             if "device" in model_args:  # lm-eval passes its own --device beside the model_args: one of them
                 args.device = model_args.pop("device")
+            if getattr(args, "output_path", None):
+                args.output_path = output_file(args.output_path, model_args.get("model"), args.tasks)
         cli.execute(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

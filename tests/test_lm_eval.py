@@ -221,19 +221,24 @@ def test_model_args_checked(tiny_model_dir, caplog):
     assert lm.engine.tokenizer.add_bos is False and lm.engine.options.token_budget == 64
 
 
-def test_command_line(tiny_model_dir, tasks, tmp_path):
-    """`python -m engine.lm_eval` is lm-eval's CLI with icqs-engine registered; a bad model arg is one line."""
+def test_command_line(tiny_model_dir, tmp_path):
+    """`python -m engine.lm_eval` is lm-eval's CLI with icqs-engine registered, run as the README runs it: the local
+    task shipped in examples/lm_eval (no network), results named after the model and the task."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1"}
-    include = str(tasks.include_path if isinstance(tasks.include_path, str) else tasks.include_path[0])
+           "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "datasets_cache")}
     run = subprocess.run(
         [sys.executable, "-m", "engine.lm_eval", "run", "--model", "icqs-engine", "--model_args",
-         f"model={tiny_model_dir},dtype=float32,max_length={MAX_LENGTH}", "--tasks", "icqs_tiny_mc",
-         "--include_path", include, "--output_path", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=300)
+         f"model={tiny_model_dir},dtype=float32,max_length={MAX_LENGTH}", "--tasks", "icqs_capitals",
+         "--include_path", "examples/lm_eval", "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "icqs-engine loglikelihood" in run.stderr and "cache hits" in run.stderr
-    assert "icqs_tiny_mc" in run.stdout
+    assert "icqs_capitals" in run.stdout
+    written = [p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*.json")]
+    assert len(written) == 1 and written[0].parent == Path(tiny_model_dir.name), written  # named after the model
+    assert written[0].name.startswith("icqs_capitals_"), written  # and the task (lm-eval adds the date)
+    results = json.loads((tmp_path / "out" / written[0]).read_text())["results"]["icqs_capitals"]
+    assert 0.0 <= results["acc,none"] <= 1.0
 
 
 def test_command_line_bad_model_args(tiny_model_dir, tasks, capsys):
