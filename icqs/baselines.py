@@ -54,8 +54,8 @@ def compute_zeroshot(engine, task: Task, candidates: list[Candidate], writer: Re
     """log P(y | header + x part) per candidate; rows {id, loglik, tokens} (key: id). Candidates with the same
     (x, y) share one request; every request shares the header prefix."""
     todo = [c for c in candidates if not writer.done(c.id)]
-    for part in tqdm(_chunks(todo, CHUNK * 4), desc="zero-shot likelihood", unit="batch",
-                     disable=not progress or not todo):
+    for part in progress_bar(_chunks(todo, CHUNK * 4), desc="zero-shot likelihood", unit="batch",
+                             disable=not progress or not todo):
         requests = [zeroshot_request(task, c) for c in part]
         unique = list(dict.fromkeys(requests))
         results = dict(zip(unique, engine.score(unique, share_prefix=True, progress=progress)))
