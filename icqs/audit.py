@@ -64,6 +64,20 @@ def n_folds(task) -> int:
     return most
 
 
+def fold_note(task) -> str | None:
+    """What a reader must know when the folds' training parts are too small for the run's N to draw different demo
+    sets (each holds exactly N good or N bad examples: every demo set of a fold shows the same examples, in other
+    orders, while the run's N of the whole pool vary); None when they can vary."""
+    k = n_folds(task)
+    train = min(len(pool) - math.ceil(len(pool) / k) for pool in (task.good, task.bad))
+    if train > task.N:
+        return None
+    return (f"each fold trains on {train} good and {train} bad examples and N = {task.N}: every demo set of a fold "
+            f"shows the same examples (in other orders), where the run's sets draw {task.N} of "
+            f"{min(len(task.good), len(task.bad))}; the audit sees less demo variation than the leaderboard (more "
+            f"pool examples, or a smaller N, lift this)")
+
+
 def _split(examples, k: int, seed: int, stratify: bool) -> list[np.ndarray]:
     """The held-out indices of each of k folds."""
     index = np.arange(len(examples))
@@ -239,6 +253,8 @@ def audit_entries(task, per_method: dict, draws: int) -> list[dict]:
             t, sub = truths[keep], table[:, keep]
             entry = {"method": name, "measure": measure, "n": int(keep.sum()), "n_good": int((t == 1).sum()),
                      "n_bad": int((t == 0).sum()), "draws": len(used_draws), "folds": n_folds(task)}
+            if METHODS[name].demos and fold_note(task):
+                entry["fold_note"] = fold_note(task)
             if entry["n_good"] >= 2 and entry["n_bad"] >= 2:
                 per_draw = [auc(row, t) for row in sub]
                 value = auc(sub.mean(axis=0), t)  # the draws' mean score, as the leaderboard ranks by
@@ -356,6 +372,9 @@ def format_audit(entries: list[dict], task=None, stats: dict | None = None) -> s
                      + (" (follows the label)" if e.get("label_bias") else "") + mark)
     if any(e.get("label_bias") for e in entries):
         lines.append("  label_auc far from 0.5: that score tracks which label the answer is, not whether it is right")
+    note = next((e["fold_note"] for e in entries if e.get("fold_note")), None)
+    if note:
+        lines.append(f"  note: {note}")
     if truth:
         lines.append("  truth AUC: candidates' truth > 0.5 right, < 0.5 wrong; CI over the draws and the questions")
     if stats:

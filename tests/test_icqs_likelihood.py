@@ -218,3 +218,17 @@ def test_a_constant_score_is_called_constant():
     assert e["verdict"] == "constant" and e["auc"] == 0.5
     assert warnings([e])[0].startswith("warning: loglik score: constant: it gave every one of 6 pool answers")
     assert not math.isnan(e["ci"][0])
+
+
+def test_the_audit_says_when_a_folds_demo_sets_cannot_vary():
+    """Why: with 12 pool examples a side and N = 8 the audit's 3 folds train on exactly 8: every demo set of a fold
+    shows the same examples, unlike the run's (8 of 12); the audit says so in audit.json and its table."""
+    from icqs.audit import fold_note, format_audit
+
+    task, _, _ = _fixture()
+    note = fold_note(task)
+    assert note.startswith("each fold trains on 8 good and 8 bad examples and N = 8")
+    task.N = 5  # 2 folds train on 6
+    assert fold_note(task) is None
+    text = format_audit([_entry("fewshot", "score", 0.8, (0.7, 0.9), "reliable", fold_note=note)])
+    assert f"  note: {note}" in text
