@@ -76,6 +76,22 @@ def model_truth(rows: list[dict]) -> dict:
     return {m: float(np.mean(v)) for m, v in by_model.items()}
 
 
+def rank_shares(tables: dict) -> dict:
+    """Each candidate's score replaced by its rank share within its draw: the fraction of all candidates (every
+    model's) it scores above, ties half, in [0, 1]. A model's mean of it is the chance that one of its answers
+    outranks a random answer: the candidate-level ranking the audit's AUC checks, read per model, and not swayed
+    by a few answers' extreme log-likelihoods as a raw mean is."""
+    models = list(tables)
+    stacked = np.concatenate([tables[m] for m in models], axis=1)  # [draws, all candidates]
+    out = np.full(stacked.shape, np.nan)
+    for d, row in enumerate(stacked):
+        ok = ~np.isnan(row)
+        if ok.sum() > 1:
+            out[d, ok] = (stats.rankdata(row[ok]) - 1) / (ok.sum() - 1)
+    sizes = np.cumsum([0] + [tables[m].shape[1] for m in models])
+    return {m: out[:, a:b] for m, a, b in zip(models, sizes[:-1], sizes[1:])}
+
+
 def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     """One method's leaderboard: for each measure, per model n, mean, 95% CI, rank, and the correlations with the
     truth ranking; `unscored` counts the candidates whose measure is None; `distribution` holds MAE / CE when there
@@ -94,6 +110,8 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
         value = {(r.get("draw", 0), r["id"]): r.get(measure) for r in rows}
         tables = {m: np.array([[np.nan if value.get((d, i)) is None else value[(d, i)] for i in cid]
                                for d in draws], dtype=np.float64) for m, cid in ids.items()}
+        if METHODS[method].by_rank:
+            tables = rank_shares(tables)
         with np.errstate(all="ignore"):
             per_cand = {m: t.mean(axis=0) for m, t in tables.items()}  # NaN where some draw left it unscored
             draw_means = {m: [float(np.nanmean(row)) if not np.isnan(row).all() else math.nan for row in t]

@@ -41,6 +41,7 @@ class Method:
     demos: bool = True  # its scores depend on the demo draw (a run scores it once per draw)
     cost: int = 0  # its engine work, in order (0: one request per candidate): the headline's tie-break
     names: tuple[tuple[str, str], ...] = ()  # (measure, display name) where MEASURE_NAMES' is not the right one
+    by_rank: bool = False  # unbounded scores (log-likelihoods): the leaderboard averages rank shares, not raw values
 
 
 def _repeats(task, epistemic: bool) -> int:
@@ -128,13 +129,15 @@ def _judge_score(task, candidates, rows, sampler):
 EXPLAIN = {
     "loglik": ("The answer's log-likelihood after the header and the question, with no demos: log P(y | x), summed "
                "over its tokens (lm-evaluation-harness's acc, read as a score). It favours short answers; the "
-               "normalised form (loglik_norm) does not."),
+               "normalised form (loglik_norm) does not. The leaderboard shows each model's mean rank share: the "
+               "chance that one of its answers scores above a random answer of any model (0.5 = middling), which a "
+               "few extreme log-likelihoods cannot sway as they would a raw mean."),
     "loglik_norm": ("The zero-shot log-likelihood of the answer divided by its length: per token (score) and per "
                     "byte (per_byte, lm-evaluation-harness's acc_norm). Higher: the model finds the answer more "
-                    "natural for the question without any demos."),
+                    "natural for the question without any demos. Leaderboard: mean rank shares, as for loglik."),
     "fewshot": ("The answer's log-likelihood per token (score) and per byte (per_byte) after the all-good demo "
                 "sets (ratio r = 1, the very sets ICQS scores; mean over the L sets): few-shot likelihood, read "
-                "from the ICQS log at no extra engine work."),
+                "from the ICQS log at no extra engine work. Leaderboard: mean rank shares, as for loglik."),
     "icqs": ("Each answer is scored after demo sets whose share r of right answers runs from 0 to 1. score is the r "
              "whose demos make the answer most likely (the paper's argmax); E[r] is the mean of r under the posterior "
              "softmax(log-likelihoods), a smoother number. In the curves (mean log-likelihood against r, one line per "
@@ -156,24 +159,30 @@ ICQS_MEASURES = ("score", "expected", "score_cal", "expected_cal")  # calibrated
 ZEROSHOT_LOG, ZEROSHOT_KEY = "zeroshot.jsonl", "id"
 METHODS = {m.name: m for m in (
     Method("loglik", "zero-shot log-likelihood (sum over the answer's tokens, no demos)", ("score",), ZEROSHOT_LOG,
-           ZEROSHOT_KEY, _zeroshot_compute, _zeroshot_requests, _zeroshot_score(False), demos=False, cost=0),
+           ZEROSHOT_KEY, _zeroshot_compute, _zeroshot_requests, _zeroshot_score(False), demos=False, cost=0,
+           by_rank=True),
     Method("loglik_norm", "zero-shot log-likelihood per token (score) and per byte (acc_norm), no demos",
            ("score", "per_byte"), ZEROSHOT_LOG, ZEROSHOT_KEY, _zeroshot_compute, _zeroshot_requests,
-           _zeroshot_score(True), demos=False, cost=0, names=(("score", "per token"),)),
+           _zeroshot_score(True), demos=False, cost=0, names=(("score", "per token"),),
+           by_rank=True),
     Method("fewshot", "few-shot log-likelihood per token after the all-good demo sets (r = 1, mean over L)",
            ("score", "per_byte"), "loglik.jsonl", ("sampler", "l", "id"), _loglik_compute(True),
-           _loglik_requests(True), _fewshot_score, cost=1, names=(("score", "per token"),)),
+           _loglik_requests(True), _fewshot_score, cost=1, names=(("score", "per token"),),
+           by_rank=True),
     Method("icqs", "ICQS (argmax ratio; E[r] = posterior mean)", ICQS_MEASURES, "loglik.jsonl",
-           ("sampler", "l", "id"), _loglik_compute(False), _loglik_requests(False), _loglik_score(False), curves=True, cost=2),
+           ("sampler", "l", "id"), _loglik_compute(False), _loglik_requests(False), _loglik_score(False),
+           curves=True, cost=2),
     Method("epistemic", "ICQS-Epistemic (mean over L sets)", ICQS_MEASURES, "loglik.jsonl",
-           ("sampler", "l", "id"), _loglik_compute(True), _loglik_requests(True), _loglik_score(True), curves=True, cost=3),
+           ("sampler", "l", "id"), _loglik_compute(True), _loglik_requests(True), _loglik_score(True),
+           curves=True, cost=3),
     Method("icl", "plain ICL (agreement with the ICL label; p_label = its probability)", ("score", "p_label"),
            "icl.jsonl", "id", lambda engine, task, candidates, writer, sampler, progress: baselines.compute_icl(
                engine, task, candidates, writer, sampler, progress=progress), _icl_requests, _icl_score, cost=1),
     Method("judge", "verbalized judge (expected rating from rating-token log-probs; generated = parsed text)",
            ("score", "generated_score"), "judge.jsonl", "id",
            lambda engine, task, candidates, writer, sampler, progress: baselines.compute_judge(
-               engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score, demos=False, cost=4),
+               engine, task, candidates, writer, progress=progress), _judge_requests, _judge_score,
+           demos=False, cost=4),
 )}
 # What `icqs score` runs unless told otherwise: the likelihood baselines and ICQS (all from one set of demo sets and
 # one zero-shot request per candidate); the judge (a generation per answer) and plain ICL (label tasks) on request.

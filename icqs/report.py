@@ -351,8 +351,8 @@ def board_table(board: dict, flags: dict) -> str:
     for x in measures:
         if (board["method"], x) in flags:
             reason = flags[(board["method"], x)]
-            notes.append(f"<span class=warn>{mark[x].strip()} {html.escape(label[x])}: the audit found it {reason}; its "
-                         f"ranking is {'weak evidence at best' if mark[x] == ' ?' else 'not evidence'}</span>")
+            notes.append(f"<span class=warn>{mark[x].strip()} {html.escape(label[x])}: the audit found it {reason}; "
+                         f"its ranking is {'weak evidence at best' if mark[x] == ' ?' else 'not evidence'}</span>")
         s = board["measures"][x]
         if board["truth"]:
             notes.append(html.escape(f"{label[x]} vs the true ranking: Spearman {_fmt(s['spearman'])}, "

@@ -232,3 +232,21 @@ def test_the_audit_says_when_a_folds_demo_sets_cannot_vary():
     assert fold_note(task) is None
     text = format_audit([_entry("fewshot", "score", 0.8, (0.7, 0.9), "reliable", fold_note=note)])
     assert f"  note: {note}" in text
+
+
+def test_likelihood_leaderboards_average_rank_shares_not_raw_log_likelihoods():
+    """Why: on the QA fixture the per-token log-likelihood told right from wrong at candidate AUC 0.96-0.99, yet its
+    per-model mean ranked 8/12 above 11/12: one answer's extreme log-likelihood outweighed the rest. Rank shares
+    (the chance an answer outranks a random one) give the true order."""
+    rows = [{"method": "fewshot", "draw": 0, "model": "A", "id": f"A{q}", "truth": 1.0, "score": -1.0 - 0.01 * q}
+            for q in range(11)]
+    rows.append({"method": "fewshot", "draw": 0, "model": "A", "id": "A11", "truth": 0.0, "score": -40.0})
+    rows += [{"method": "fewshot", "draw": 0, "model": "B", "id": f"B{q}", "truth": float(q < 8),
+              "score": -1.5 - 0.01 * q if q < 8 else -3.0} for q in range(12)]
+    raw = np.mean([r["score"] for r in rows if r["model"] == "A"]) < np.mean([r["score"] for r in rows
+                                                                              if r["model"] == "B"])
+    board = leaderboards(rows)[0]
+    models = board["measures"]["score"]["models"]
+    assert raw and [m["model"] for m in models] == ["A", "B"]
+    a = models[0]
+    assert a["mean"] == pytest.approx(np.mean([(23 - q) / 23 for q in range(11)] + [0.0]))
