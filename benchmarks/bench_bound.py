@@ -102,6 +102,30 @@ def engine_stat(engine, name: str) -> int:
     return int(getattr(engine.last_stats, name))
 
 
+def job_flops(config, stats) -> tuple[float, float, float, float]:
+    """The matmul FLOPs of an engine job from its counters (EngineStats): (linears as run, linears counting whole
+    layers for every computed token, attention, LM head). The linears as run skip the last layer's o-projection
+    and MLP on the rows whose hidden state no request reads (the hidden_rows counter); attention is the scores
+    and P.V (a token at position p sees p + 1 keys, in every layer and query head); the LM head counts the rows
+    of the scored tokens."""
+    tokens = stats.tokens_computed
+    whole = 2.0 * tokens * linear_params(config)
+    linear = whole - 2.0 * (tokens - stats.hidden_rows) * trimmed_params(config)
+    attention = 4.0 * stats.attention_keys * config.num_heads * config.head_dim * config.num_layers
+    lm_head = 2.0 * stats.lm_head_rows * config.vocab_size * config.hidden_size
+    return linear, whole, attention, lm_head
+
+
+def naive_flops(config, lengths) -> float:
+    """The matmul FLOPs of a runner that feeds every request whole, one sequence each (transformers, as
+    lm-evaluation-harness runs it): every token through whole layers and the LM head, and causal attention
+    within each request (`lengths`: the tokens each request feeds)."""
+    tokens = sum(lengths)
+    keys = sum(n * (n + 1) // 2 for n in lengths)
+    return (2.0 * tokens * (linear_params(config) + config.vocab_size * config.hidden_size)
+            + 4.0 * keys * config.num_heads * config.head_dim * config.num_layers)
+
+
 def part_scoring(engine, config, requests, share: bool, rate: float) -> list:
     """One scoring job: [requests, tokens computed, seconds, tokens/s, linear GFLOP/s, its fraction of the bound,
     the matmul work's fraction (linears + attention + LM head rows), the linear fraction's ceiling, the fraction
@@ -111,12 +135,7 @@ def part_scoring(engine, config, requests, share: bool, rate: float) -> list:
     engine.score(requests, share_prefix=share)
     seconds = time.perf_counter() - t
     tokens = engine_stat(engine, "tokens_computed")
-    whole = 2.0 * tokens * linear_params(config)
-    linear = whole - 2.0 * (tokens - engine_stat(engine, "hidden_rows")) * trimmed_params(config)
-    # the other matmuls every step must do: attention's scores and P.V (a token at position p sees p + 1 keys, in
-    # every layer and query head) and the LM head's rows for the scored tokens
-    attention = 4.0 * engine_stat(engine, "attention_keys") * config.num_heads * config.head_dim * config.num_layers
-    lm_head = 2.0 * engine_stat(engine, "lm_head_rows") * config.vocab_size * config.hidden_size
+    linear, whole, attention, lm_head = job_flops(config, engine.last_stats)
     gflops = linear / seconds / 1e9
     matmul = linear + attention + lm_head
     return [len(requests), tokens, seconds, tokens / seconds, gflops, gflops / rate,

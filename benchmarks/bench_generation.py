@@ -66,7 +66,8 @@ def hf_generate(model, tok, ids, new_tokens) -> tuple[float, float, int, list[li
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
     eos = sorted(set(tok.eos_ids) | {tok.eos_id})
     with timed() as t, torch.inference_mode():
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+        out = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
+                             max_new_tokens=new_tokens, do_sample=False,
                              eos_token_id=eos, pad_token_id=pad)
     seqs = []
     for row in out[:, width:].tolist():

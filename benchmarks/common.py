@@ -110,12 +110,12 @@ def mib(n: float) -> str:
 
 
 # ---- baselines -----------------------------------------------------------------------------------------------
-def hf_model(config, weights, dtype: torch.dtype):
+def hf_model(config, weights, dtype: torch.dtype, device=None):
     """transformers' own Llama (AutoModelForCausalLM.from_config) holding our weights, with its default SDPA
-    attention, as lm-evaluation-harness loads it."""
+    attention, as lm-evaluation-harness loads it (on `device`, default the CPU)."""
     from hf_reference import hf_model_from_weights
 
-    model = hf_model_from_weights(config, weights, dtype=dtype)
+    model = hf_model_from_weights(config, weights, dtype=dtype, device=device)
     model.set_attn_implementation("sdpa")
     return model
 
@@ -126,6 +126,37 @@ def hf_naive(model, tokenizer, requests) -> list[float]:
     from hf_reference import hf_logprobs
 
     return [r.logprob for r in hf_logprobs(model, tokenizer, requests)]
+
+
+@torch.inference_mode()
+def hf_batched(model, tokenizer, requests, batch_size: int, seconds: float | None = None) -> list[float | None]:
+    """Continuation log-probs from transformers the way lm-evaluation-harness's hf backend computes them with
+    --batch_size N: the requests sorted longest first, each group of N right-padded into one forward, logits at
+    every position, log-softmax over the vocabulary (in the logits' dtype), gather. With `seconds`, no new group
+    is started once that much time has passed: the requests left out get None (a sample in random order stays a
+    random sample)."""
+    import torch.nn.functional as F
+
+    pairs = [encode_pair(tokenizer, c, y) for c, y in requests]
+    order = sorted(range(len(pairs)), key=lambda i: -sum(map(len, pairs[i])))
+    out: list[float | None] = [None] * len(pairs)
+    start = time.perf_counter()
+    for g in range(0, len(order), batch_size):
+        if seconds is not None and g and time.perf_counter() - start > seconds:
+            break
+        group = order[g:g + batch_size]
+        seqs = [(pairs[i][0] + pairs[i][1])[:-1] for i in group]
+        width = max(map(len, seqs))
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for r, s in enumerate(seqs):
+            ids[r, :len(s)], mask[r, :len(s)] = torch.tensor(s), 1
+        logp = F.log_softmax(model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits, -1)
+        for r, i in enumerate(group):
+            ctx, cont = pairs[i]
+            rows = logp[r, len(ctx) - 1:len(ctx) + len(cont) - 1]
+            out[i] = float(rows.gather(1, torch.tensor(cont, device=rows.device)[:, None]).float().sum())
+    return out
 
 
 def llama_cpp_available() -> str | None:

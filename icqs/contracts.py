@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jsonschema
 import yaml
 
 from engine.errors import UserError, did_you_mean
+
+if TYPE_CHECKING:  # imported where used: the engine's GPU check runs the job builders without jsonschema
+    import jsonschema
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 NAMES = ("task", "candidates", "judge", "pairwise", "allure", "allure-template")
@@ -51,6 +54,8 @@ def schema(name: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _validator(name: str) -> jsonschema.Draft202012Validator:
+    import jsonschema
+
     return jsonschema.Draft202012Validator(schema(name))
 
 
@@ -191,6 +196,8 @@ def check_yaml(name: str, data, root, path: str) -> None:
 def check_row(name: str, row, path, line: int | None, definition: str | None = None) -> None:
     """Validate one JSONL row against schema `name` (or its `$defs` entry `definition`: the task's pool files hold
     `example` rows); a violation is a UserError naming file:line."""
+    import jsonschema
+
     validator = _validator(name) if definition is None else \
         jsonschema.Draft202012Validator(schema(name)["$defs"][definition])
     error = jsonschema.exceptions.best_match(validator.iter_errors(row))

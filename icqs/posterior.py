@@ -26,7 +26,7 @@ def argmax_ratio(curve: np.ndarray, ratios) -> np.ndarray:
 
 def posterior(curve: np.ndarray) -> np.ndarray:
     """p(r_j | z) with a uniform prior: the softmax of the log-likelihoods over the ratios."""
-    from scipy.special import softmax  # here: `icqs --help` and argument errors do not wait for scipy
+    from scipy.special import softmax  # here: `icqs --help` and the GPU check's job builders do not need scipy
 
     return softmax(np.asarray(curve, dtype=np.float64), axis=-1)
 

@@ -16,15 +16,18 @@ class RefScore(NamedTuple):
     num_tokens: int
 
 
-def hf_model_from_weights(config: ModelConfig, weights: dict[str, torch.Tensor], dtype=torch.float32):
+def hf_model_from_weights(config: ModelConfig, weights: dict[str, torch.Tensor], dtype=torch.float32, device=None):
     """`AutoModelForCausalLM.from_config(config.to_hf())` with our HF-named weights loaded strictly (every
-    parameter set, nothing left over; with tied embeddings lm_head is the embedding matrix)."""
+    parameter set, nothing left over; with tied embeddings lm_head is the embedding matrix). `device`: where the
+    model is built and held (default: the CPU), e.g. "cuda": its parameters are made there, not copied over."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf = dict(config.to_hf())
     hf_config = AutoConfig.for_model(hf.pop("model_type"), **hf)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation="eager")
-    state = {k: v.to(dtype) for k, v in weights.items()}
+    with torch.device(device or "cpu"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation="eager")
+    model.to(device or "cpu")
+    state = {k: v.to(dtype=dtype, device=device or "cpu") for k, v in weights.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     allowed_missing = {"lm_head.weight"} if config.tie_embeddings else set()
     if set(missing) - allowed_missing or unexpected:
@@ -44,10 +47,10 @@ def hf_logprobs(model, tokenizer, requests: Sequence[tuple]) -> list[RefScore]:
     out = []
     for context, continuation in requests:
         context, continuation = encode_pair(tokenizer, context, continuation)
-        ids = torch.tensor([context + continuation])
+        ids = torch.tensor([context + continuation], device=model.device)
         logits = model(input_ids=ids).logits[0, len(context) - 1:-1].double()
         logp = torch.log_softmax(logits, dim=-1)
-        target = torch.tensor(continuation)
+        target = torch.tensor(continuation, device=model.device)
         token_lp = logp.gather(1, target[:, None])[:, 0]
         greedy = bool((logp.argmax(dim=-1) == target).all())
         out.append(RefScore(float(token_lp.sum()), token_lp.tolist(), greedy, len(continuation)))

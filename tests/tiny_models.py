@@ -80,15 +80,17 @@ def hf_config(arch: str = "llama", **overrides) -> dict:
     return cfg
 
 
-def random_weights(cfg: dict, seed: int = 0, std: float = 0.05) -> dict[str, torch.Tensor]:
-    """HF-named float32 weights; norms are 1 + noise so a wrong norm weight shows in the outputs."""
-    gen = torch.Generator().manual_seed(seed)
+def random_weights(cfg: dict, seed: int = 0, std: float = 0.05, device=None,
+                   dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """HF-named weights (float32 on the CPU unless told: real model shapes are drawn on the GPU in bf16, as the
+    GPU check does); norms are 1 + noise so a wrong norm weight shows in the outputs."""
+    gen = torch.Generator(device=device or "cpu").manual_seed(seed)
     h, v, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
     hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
 
     def normal(*shape, scale=std):
-        return torch.randn(*shape, generator=gen) * scale
+        return torch.randn(*shape, generator=gen, device=device or "cpu", dtype=dtype) * scale
 
     w = {"model.embed_tokens.weight": normal(v, h, scale=2 * std), "model.norm.weight": 1 + normal(h, scale=0.1)}
     for i in range(cfg["num_hidden_layers"]):
@@ -121,8 +123,9 @@ def random_weights(cfg: dict, seed: int = 0, std: float = 0.05) -> dict[str, tor
     return w
 
 
-def train_tokenizer(vocab_size: int):
-    """A byte-level BPE with exactly `vocab_size` tokens, trained on TEXT (deterministic)."""
+def train_tokenizer(vocab_size: int, text: str = TEXT, exact: bool = True):
+    """A byte-level BPE with exactly `vocab_size` tokens (at most that many when not `exact`), trained on `text`
+    (deterministic)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -130,8 +133,8 @@ def train_tokenizer(vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXT.splitlines(keepends=True), trainer)
-    if tok.get_vocab_size() != vocab_size:
+    tok.train_from_iterator(text.splitlines(keepends=True), trainer)
+    if exact and tok.get_vocab_size() != vocab_size:
         raise ValueError(f"the tiny tokenizer text only yields {tok.get_vocab_size()} tokens, not {vocab_size}")
     # As for Llama, HF's own tokenizer adds BOS; engine.tokenizer.Tokenizer.encode never does.
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
