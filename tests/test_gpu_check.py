@@ -48,6 +48,9 @@ def test_bad_arguments_are_refused(gpu_image_env, tmp_path):
     assert out.returncode == 2 and "error: --cap 'nosuch=3'" in out.stderr
     out = run(["--out", str(tmp_path / "b"), "--smoke", "--sections", "bounds,speed"], gpu_image_env, 120)
     assert out.returncode == 2 and "unknown section 'speed'" in out.stderr
+    (tmp_path / "file").write_text("x")
+    out = run(["--out", str(tmp_path / "file"), "--smoke"], gpu_image_env, 120)
+    assert out.returncode == 2 and "exists and is not a folder" in out.stderr
     if not _cuda():
         out = run(["--out", str(tmp_path / "c")], gpu_image_env, 120)
         assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr
