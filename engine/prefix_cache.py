@@ -164,8 +164,9 @@ class PrefixCache:
             if child is None:
                 return
             m = _common_prefix(child._tokens, seq[pos:])
+            partial = m < len(child)  # decided before the yield: match_insert cuts `child` there on a partial match
             yield child, m
-            if m < len(child):
+            if partial:
                 return
             node, pos = child, pos + m
 

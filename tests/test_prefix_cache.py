@@ -38,6 +38,27 @@ def no_walk(*_):
     raise AssertionError("walked the whole tree")
 
 
+def assert_path_holds(cache: PrefixCache, path, seq: list[int]):
+    """An insert's path holds the sequence: each node starts where its parent ends, with the sequence's tokens."""
+    pos = 0
+    for node in path:
+        span = cache.span(node)
+        assert span.start == pos and cache.chunk_source(node, 0, span.length).tokens == seq[pos:pos + span.length]
+        pos += span.length
+    assert pos == len(seq)
+
+
+def test_an_insert_that_cuts_a_node_past_its_middle_stops_at_the_cut():
+    """The cut leaves the node's tail shorter than the match; the walk must still end there, not go on into the
+    tail's children (whose keys may equal the sequence's next token): a node would start at the wrong position
+    and attend to keys it does not have."""
+    cache = new_cache(pages=16)
+    cache.match_insert(list(range(1, 11)))
+    cache.match_insert(list(range(1, 11)) + [20, 21])
+    seq = list(range(1, 8)) + [20, 22]
+    assert_path_holds(cache, cache.match_insert(seq).path, seq)
+
+
 seqs = st.lists(st.integers(0, 3), min_size=1, max_size=14)
 ops = st.lists(st.one_of(
     st.tuples(st.just("insert"), seqs),
@@ -58,6 +79,7 @@ def test_refcounts_and_indexes_stay_exact(ops, keep):
     for op, arg in ops:
         if op == "insert":
             path = cache.match_insert(arg).path
+            assert_path_holds(cache, path, arg)
             cache.lock(path[-1])
             locked.append(path[-1])
         elif op == "private":
