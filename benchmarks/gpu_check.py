@@ -135,6 +135,11 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines + ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows])
 
 
+def _gib(v: dict, who: str) -> str:
+    peak, work = v.get(f"{who}_peak_gib"), v.get(f"{who}_work_gib")
+    return "-" if peak is None else f"{peak:.1f} ({work:.2f})" if work is not None else f"{peak:.1f}"
+
+
 def markdown(r: dict) -> str:
     """The report as markdown tables, one block per section that has results."""
     out = [f"# GPU check: {r.get('device', '?')}{' (smoke run: tiny sizes, CPU)' if r.get('smoke') else ''}", "",
@@ -192,11 +197,12 @@ def markdown(r: dict) -> str:
     if s:
         out += ["", "## Speed (bf16)", "", md_table(
             ["job", "shape", "requests", "engine s", "engine tokens computed", "engine tok/s", "engine req/s",
-             "engine MFU", "engine peak GiB", "transformers req/s", "transformers MFU", "transformers peak GiB",
-             "vs transformers (req/s)", "max abs diff"],
+             "engine MFU", "engine peak GiB (run's own)", "transformers req/s", "transformers MFU",
+             "transformers peak GiB (run's own)", "vs transformers (req/s)", "max abs diff"],
             [[name, v.get("shape"), v.get("requests"), v.get("engine_s"), v.get("tokens_computed"),
-              v.get("engine_tokens_per_s"), v.get("engine_requests_per_s"), v.get("mfu"), v.get("engine_peak_gib"),
-              v.get("hf_requests_per_s"), v.get("hf_mfu"), v.get("hf_peak_gib"), v.get("vs_hf"), v.get("max_abs")]
+              v.get("engine_tokens_per_s"), v.get("engine_requests_per_s"), v.get("mfu"),
+              _gib(v, "engine"), v.get("hf_requests_per_s"), v.get("hf_mfu"), _gib(v, "hf"), v.get("vs_hf"),
+              v.get("max_abs")]
              for name, v in s.items()])]
         notes = [f"{name}: {v['note']}" for name, v in s.items() if v.get("note")]
         out += [""] + notes if notes else []
@@ -689,20 +695,29 @@ def speed_config(which: str, smoke: bool) -> dict:
 
 
 class Peak:
-    """Peak memory of what runs inside: GPU memory allocated (torch's caching allocator), or RSS on the CPU."""
+    """Peak memory while what runs inside runs: GPU memory allocated (torch's caching allocator; everything held,
+    both models included), or RSS on the CPU; `work_gib` is the peak above what was held before (the run's own
+    activations, logits and cache growth)."""
 
     def __init__(self, ctx: Context):
-        self.ctx, self.gib = ctx, None
+        self.ctx, self.gib, self.work_gib = ctx, None, None
+
+    def _now(self) -> int:
+        import torch
+        from common import current_rss
+
+        return torch.cuda.memory_allocated() if self.ctx.cuda else current_rss()
 
     def __enter__(self):
         import torch
         from common import reset_peak_rss
 
+        self.ctx.sync()
         if self.ctx.cuda:
-            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         else:
             reset_peak_rss()
+        self.before = self._now()
         return self
 
     def __exit__(self, *exc):
@@ -710,7 +725,8 @@ class Peak:
         from common import peak_rss
 
         self.ctx.sync()
-        self.gib = (torch.cuda.max_memory_allocated() if self.ctx.cuda else peak_rss()) / 2 ** 30
+        peak = torch.cuda.max_memory_allocated() if self.ctx.cuda else peak_rss()
+        self.gib, self.work_gib = peak / 2 ** 30, (peak - self.before) / 2 ** 30
 
 
 def speed_scoring(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf, tok, ids: list, share: bool,
@@ -725,13 +741,17 @@ def speed_scoring(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf,
     with Peak(ctx) as peak, _timer(ctx) as t:
         got = engine.score(ids, share_prefix=share)
     stats = engine.last_stats
+    steps = list(engine.step_seconds)[-stats.forward_steps:] if stats.forward_steps else []
     linear, _, attention, lm_head = job_flops(config, stats)
     res = {**rec.get("speed", key, default={}), "shape": shape, "requests": len(ids), "engine_s": t.s,
            "tokens_requested": stats.tokens_requested,
            "tokens_computed": stats.tokens_computed, "forward_steps": stats.forward_steps,
            "engine_tokens_per_s": stats.tokens_computed / t.s, "engine_requests_per_s": len(ids) / t.s,
            "engine_tflops": (linear + attention + lm_head) / t.s / 1e12, "engine_peak_gib": peak.gib,
-           "tokens_per_request": stats.tokens_requested / len(ids)}
+           "engine_work_gib": peak.work_gib,
+           "tokens_per_request": stats.tokens_requested / len(ids),
+           # the loop's steps (plan, forward, LM head, record) against the whole call (adding, tokenizing checks)
+           "engine_step_ms": sum(steps) / max(len(steps), 1) * 1e3, "engine_in_steps": sum(steps) / t.s}
     res["mfu"] = res["engine_tflops"] / rate
     rec.put("speed", key, value=res)
     picked = random.Random(0).sample(range(len(ids)), min(sample, len(ids)))
@@ -741,6 +761,7 @@ def speed_scoring(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf,
     done = [(i, s) for i, s in zip(picked, scores) if s is not None]
     lengths = request_tokens(tok, [ids[i] for i, _ in done])
     res.update(hf_requests_timed=len(done), hf_s=t.s, hf_batch=batch, hf_peak_gib=peak.gib,
+               hf_work_gib=peak.work_gib,
                hf_requests_per_s=len(done) / t.s, hf_tokens_per_s=sum(lengths) / t.s,
                hf_job_s=t.s / len(done) * len(ids), hf_tflops=naive_flops(config, lengths) / t.s / 1e12,
                max_abs=max(abs(got[i].logprob - s) for i, s in done))
@@ -762,7 +783,7 @@ def speed_decode(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf, 
     hf_generate(hf, tok, ids[:2], 2)
     with Peak(ctx) as peak:
         e_s, _, e_tokens, e_seqs = engine_generate(engine, ids, new_tokens)
-    engine_peak = peak.gib
+    engine_peak, engine_work = peak.gib, peak.work_gib
     with Peak(ctx) as peak:
         h_s, _, h_tokens, h_seqs = hf_generate(hf, tok, ids, new_tokens)
     config = engine.config
@@ -770,8 +791,9 @@ def speed_decode(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf, 
     weight_bytes = engine_weight_bytes(engine)
     res = {"shape": shape, "requests": n, "new_tokens": new_tokens, "engine_s": e_s, "tokens_computed": e_tokens,
            "engine_tokens_per_s": e_tokens / e_s, "engine_requests_per_s": n / e_s, "engine_peak_gib": engine_peak,
+           "engine_work_gib": engine_work,
            "hf_s": h_s, "hf_tokens": h_tokens, "hf_tokens_per_s": h_tokens / h_s, "hf_requests_per_s": n / h_s,
-           "hf_peak_gib": peak.gib, "engine_ms_per_step": e_s / max(steps, 1) * 1e3,
+           "hf_peak_gib": peak.gib, "hf_work_gib": peak.work_gib, "engine_ms_per_step": e_s / max(steps, 1) * 1e3,
            "sequences_equal": f"{sum(a == b for a, b in zip(e_seqs, h_seqs))}/{n}"}
     flops = 2.0 * e_tokens * (linear_params(config) + config.vocab_size * config.hidden_size)
     res["mfu"] = flops / e_s / 1e12 / rate
