@@ -218,6 +218,8 @@ def read_run_file(path, fix: str = "run the command again to rewrite it") -> obj
     """A run directory's JSON file (one of RUN_FILES, by its name), checked against its schema; None when it does
     not exist. Anything else wrong (unreadable, too large, not strict JSON, a field of the wrong type or range) is a
     one-line UserError naming the file and the field, ending with `fix`."""
+    import jsonschema
+
     from commands.jsonl import check_regular_file, parse_line
 
     path = Path(path)

@@ -3,6 +3,7 @@ against the truth beside the pool audit, verdicts the label cannot fool, and the
 Hand-checked numbers against a table-driven engine; no model is loaded."""
 import json
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ class KnowingEngine:
             tokens = max(1, len(y.split()))
             good = sum(self.right.get(q) == a for q, a in _demos(ctx))
             right = self.right.get(question) == y
-            jitter = (hash((ctx, cont)) % 1000) / 1000 * 0.2
+            jitter = (zlib.crc32((ctx + "|" + cont).encode()) % 1000) / 1000 * 0.2  # the same in every process
             lp = -0.5 * tokens + (2.0 if right else 0.0) + self.demo_effect * good * (1 if right else -1) + jitter
             out.append(Result(lp - 8.0, tokens))
         return out
