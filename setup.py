@@ -61,7 +61,8 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-xdist", "pytest-benchmark", "transformers", "accelerate", "triton", "hypothesis",
                  "openai", "httpx", "schemathesis", "ruff"],
-        "serve": ["fastapi", "uvicorn", "prometheus-client"],
+        "serve": ["fastapi", "uvicorn", "prometheus-client",
+                  "fastapi-offline==1.7.7"],  # Swagger UI 5 for /docs, served without a CDN
         "lm-eval": ["lm-eval[api]==0.4.13"],  # [api]: tenacity, aiohttp for its local-completions model
         "ray": ["ray[data]", "pyarrow"],
         "triton": ["triton"],

@@ -187,4 +187,4 @@ def test_openapi_says_400_with_the_error_object_and_docs_work_offline(url):
                 assert op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     docs = httpx.get(url + "/docs")
-    assert docs.status_code == 200 and "/openapi.json" in docs.text and "<script" not in docs.text.lower()
+    assert docs.status_code == 200 and "/openapi.json" in docs.text and "https://" not in docs.text  # offline

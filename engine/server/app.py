@@ -8,20 +8,24 @@ Before a body is read: the API key (a wrong one is a 401 without reading a byte 
 (over MAX_BODY_BYTES: 413). Bodies are parsed as standard JSON (no NaN / Infinity; an integer of more than
 MAX_INT_DIGITS digits is refused naming its field). A bug in a handler is a 500 with the error object, and the
 kept-alive connection stays open. The OpenAPI schema (/openapi.json) says what the server does: every rejection is a
-400 with the error object (never 422), and the rejections the schema language can express are in it. /docs points
-to /openapi.json (the Swagger UI page would load its scripts from a CDN, blank offline)."""
+400 with the error object (never 422), and the rejections the schema language can express are in it. /docs shows
+it offline: Swagger UI served from the `fastapi-offline` package's copy of it (its script and style at /docs/ASSET,
+no CDN), or, without that package, a plain page listing every endpoint with its request and response schemas."""
 from __future__ import annotations
 
+import html
 import json
 import logging
 import secrets
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -39,7 +43,10 @@ log = logging.getLogger("engine.server")
 
 MAX_BODY_BYTES = 64 << 20  # a call of 256 pairs of a 32k-token context each is about 32 MiB of JSON
 MAX_INT_DIGITS = 40  # no field takes an integer longer than this (2**128 has 39 digits)
-PUBLIC = ("/health", "/metrics", "/openapi.json", "/docs")  # answered without the API key
+DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
+               "favicon.png": "image/png"}  # the files of the fastapi-offline package that /docs loads
+PUBLIC = ("/health", "/metrics", "/openapi.json", "/docs") + tuple(f"/docs/{name}" for name in DOCS_ASSETS)
+# answered without the API key
 
 
 def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
@@ -68,9 +75,18 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
     @app.get("/docs", include_in_schema=False)
     async def docs():
-        return HTMLResponse("<!doctype html><title>icqs-engine API</title><p>The API is described by its OpenAPI "
-                            "schema: <a href='/openapi.json'>/openapi.json</a> (open it in any OpenAPI viewer; the "
-                            "interactive page is off, as it loads its scripts from a CDN).</p>")
+        if swagger_ui_dir() is None:
+            return HTMLResponse(endpoints_page(app.openapi()))
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} API",
+                                   swagger_js_url="/docs/swagger-ui-bundle.js", swagger_css_url="/docs/swagger-ui.css",
+                                   swagger_favicon_url="/docs/favicon.png")
+
+    @app.get("/docs/{name}", include_in_schema=False)
+    async def docs_asset(name: str):
+        folder = swagger_ui_dir()
+        if folder is None or name not in DOCS_ASSETS:  # only the named files: nothing else of the disk
+            raise StarletteHTTPException(404, "Not Found")
+        return FileResponse(folder / name, media_type=DOCS_ASSETS[name])
 
     api = APIRouter(route_class=StrictJSONRoute)
 
@@ -124,6 +140,44 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         return Response(body, media_type=content_type)
 
     return app
+
+
+def swagger_ui_dir() -> Path | None:
+    """The folder of Swagger UI's files (5.x: it renders OpenAPI 3.1) in the `fastapi-offline` package, found
+    without importing it; None when it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("fastapi_offline")
+    folder = Path(spec.origin).parent / "static" if spec is not None and spec.origin else None
+    return folder if folder is not None and all((folder / name).is_file() for name in DOCS_ASSETS) else None
+
+
+def endpoints_page(schema: dict) -> str:
+    """/docs without Swagger UI: every endpoint (method, path, summary) with its request and response schemas, from
+    the OpenAPI schema, on one static page (no scripts)."""
+    esc = html.escape
+    parts = [f"<h1>{esc(schema['info']['title'])} API</h1><p>The machine-readable schema: "
+             "<a href='/openapi.json'>/openapi.json</a>. (Install the <code>fastapi-offline</code> package for "
+             "the interactive page.)</p>"]
+    for path, ops in schema.get("paths", {}).items():
+        for method, op in ops.items():
+            parts.append(f"<h2>{esc(method.upper())} {esc(path)}</h2><p>{esc(op.get('summary', ''))}</p>")
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            if body:
+                parts.append(f"<h3>request</h3><pre>{esc(json.dumps(body, indent=1))}</pre>")
+            for code, response in op.get("responses", {}).items():
+                media = response.get("content", {})
+                shown = {kind: m.get("schema", {}) for kind, m in media.items()}
+                parts.append(f"<h3>{esc(code)}: {esc(response.get('description', ''))}</h3>"
+                             + (f"<pre>{esc(json.dumps(shown, indent=1))}</pre>" if shown else ""))
+    components = schema.get("components", {}).get("schemas", {})
+    if components:
+        parts.append("<h2>schemas</h2>" + "".join(f"<h3 id='{esc(name)}'>{esc(name)}</h3><pre>"
+                                                  f"{esc(json.dumps(s, indent=1))}</pre>"
+                                                  for name, s in components.items()))
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>" + esc(schema["info"]["title"])
+            + " API</title><style>body{font-family:sans-serif;max-width:1100px;margin:auto}pre{background:#f4f4f4;"
+            "padding:6px;overflow-x:auto;font-size:12px}</style></head><body>" + "".join(parts) + "</body></html>")
 
 
 async def _respond(request: Request, work):
