@@ -2,10 +2,11 @@
 
 Each launcher (`*_triton.py`) is run as the engine runs it, on meta tensors with a model's widths, while its
 kernels are replaced by recorders: that yields exactly the launches a GPU step makes (grid, arguments, tile
-constexprs, num_warps). The launchers pick their tiles with `gpu_tiles(tensor)`, which `forced_gpu_tiles()` turns
-on for CPU tensors, so the recorded tiles are the ones a GPU gets. Each launch is then specialised as Triton's
-JIT would specialise it (argument types, 16-divisibility) and compiled by `triton.compile` for the target down to
-PTX and a cubin; the compiled metadata gives the shared memory each kernel needs.
+constexprs, num_warps). The launchers pick their tiles with `tiles.gpu_tiles(tensor)` (kernels/tiles.py), which
+`tiles.forced_gpu_tiles()` turns on for CPU tensors, so the recorded tiles are the ones a GPU gets. Each launch is
+then specialised as Triton's JIT would specialise it (argument types, 16-divisibility) and compiled by
+`triton.compile` for the target down to PTX and a cubin; the compiled metadata gives the shared memory each kernel
+needs.
 
 `python -m kernels.aot` prints the table for sm_80 (A100) and sm_90 (H100) (`--json`: one record a line);
 tests/test_kernels_aot.py runs it in a subprocess (Triton's interpreter, which the other kernel tests use on a
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from .tiles import forced_gpu_tiles
+
 # target name -> (compute capability, shared memory a block may use, bytes: the opt-in maximum per block)
 TARGETS = {"sm_80": (80, 163 * 1024), "sm_90": (90, 227 * 1024)}
 
@@ -35,22 +38,6 @@ MODEL_SHAPES = {
 }
 
 KERNEL_MODULES = ("rmsnorm_triton", "rope_triton", "swiglu_triton", "attention_triton", "logprob_triton")
-
-_force = {"gpu": False}
-
-
-def gpu_tiles(t: torch.Tensor) -> bool:
-    """Whether a launcher picks its GPU tile sizes for tensors like `t`: on CUDA, or inside forced_gpu_tiles()."""
-    return t.is_cuda or _force["gpu"]
-
-
-@contextlib.contextmanager
-def forced_gpu_tiles():
-    _force["gpu"] = True
-    try:
-        yield
-    finally:
-        _force["gpu"] = False
 
 
 def compiled_module(name: str):

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from . import flash_attention
 from .attention import AttentionPlan, segment_starts
-from .aot import gpu_tiles
+from .tiles import gpu_tiles
 
 LOG2E = 1.4426950408889634
 

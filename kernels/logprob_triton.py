@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .aot import gpu_tiles
+from .tiles import gpu_tiles
 from .logprob import LogProbs
 
 
