@@ -242,7 +242,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_report)
     p = add("demo", "Score four simulated models (right on 100%, 80%, 60%, 40% of 20 generated movie reviews) "
                     "with every method of `icqs score` on the embedded model, audit each method, and print the "
-                    "leaderboard beside the true ranking; writes a run directory with its HTML report. About 3 "
+                    "leaderboard beside the true ranking; writes a run directory with its HTML report. About 2-3 "
                     "minutes on 2 CPU cores.")
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--quiet", action="store_true", help="no banner and no progress")

@@ -74,10 +74,10 @@ def task_yaml(task: Task) -> str:
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True, width=120)
 
 
-# Wall time of `icqs demo` (3 draws) on a 2-core AMD EPYC (Zen4, avx512_bf16): 240 s measured with the machine
-# shared (load average 10-12), half of the engine's time in the audit; a machine of its own takes less. The banner
-# scales these seconds, with the audit and without it, by the draws.
-DEMO_SECONDS = {"audit": 180, "no_audit": 90}
+# Wall time of `icqs demo` (3 draws, every method) on a 2-core AMD EPYC (Zen4, avx512_bf16) shared with other jobs
+# (load average 5-6): 138 s, of which the audit took 65% of the engine's 108 s; without the audit about 70 s. The
+# banner scales these seconds by the draws.
+DEMO_SECONDS = {"audit": 140, "no_audit": 70}
 
 
 def banner(args, draws: int, audit: bool) -> str:
