@@ -89,6 +89,11 @@ def test_free_text_run_gets_the_right_ground_truth(tmp_path, tiny_model_dir, cap
     assert "    wrong  Japan: 'I think the answer is Kyoto.' -> read 'kyoto' != expected 'tokyo'" in head
     assert sum(line.startswith("    right") for line in head.splitlines()) == 3  # three examples of each
     assert sum(line.startswith("    wrong") for line in head.splitlines()) == 2
+    truth = json.loads((out / "summary.json").read_text())["ground_truth"]  # and the report keeps it
+    assert [(g["kind"], g["named"], g["right"], g["wrong"]) for g in truth] == [("exact", "text", 4, 2)]
+    assert truth[0]["examples"]["wrong"][0] == dict(id="Japan", response="I think the answer is Kyoto.",
+                                                    read="kyoto", expected="tokyo")
+    assert "<h2>Ground truth</h2>" in (out / "report.html").read_text()
 
 
 def test_ground_truth_groups_by_kind_and_warns_when_constant(tmp_path):
@@ -134,3 +139,20 @@ def test_evaluator_warnings():
     assert "all 3 items 0 (wrong)" in evaluator_warnings(rows([1, 0, 1], [0, 0, 0]))[0]
     assert "F1 is 0.00" in evaluator_warnings(rows([1, 0, 1], [0, 1, 0]))[0]
     assert evaluator_warnings([]) == []
+
+
+def test_rows_without_ids_are_found_again_however_the_path_is_spelled(tmp_path, tiny_model_dir, monkeypatch,
+                                                                      capsys):
+    """Why: the default id was the path as given ("items.jsonl:1"), and `icqs audit | report DIR` re-read the items
+    by their absolute path ("/tmp/.../items.jsonl:1"): no row matched, "no completed round yet"."""
+    items, template = _city_items(tmp_path)
+    items.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "id"}) + "\n"
+                             for line in items.read_text().splitlines()))
+    monkeypatch.chdir(tmp_path)
+    assert main(["allure", "run", "items.jsonl", "--out", "run", "--model", str(tiny_model_dir), "--dtype", "float32",
+                 "--template", "t.yaml", "--rounds", "1", "--quiet"]) == 0
+    monkeypatch.chdir(tmp_path.parent)
+    capsys.readouterr()
+    assert main(["audit", str(tmp_path / "run"), "--json"]) == 0
+    rounds = json.loads(capsys.readouterr().out)["rounds"]
+    assert [r["round"] for r in rounds] == [1] and rounds[0]["all"]["n"] == len(CITIES)

@@ -26,8 +26,12 @@ def load_modes(run: AuditRun) -> dict | None:
 
 
 def summary(run: AuditRun, memory: Memory) -> dict:
+    from .tasks import ground_truth
+    from .template import template_from_dict
+
     modes = load_modes(run)
-    return dict(settings=run.settings, rounds=round_table(run, memory), sweep=sweep_rows(run),
+    truth = ground_truth(run.items, template_from_dict(run.settings["template"], "run.json"))
+    return dict(settings=run.settings, ground_truth=truth, rounds=round_table(run, memory), sweep=sweep_rows(run),
                 ablation=ablation_rows(run, modes), failure_modes=modes, memory=memory.counts())
 
 
@@ -87,6 +91,16 @@ def render_html(s: dict, examples: list, questions: dict | None = None) -> str:
     parts = [f"<h1>ALLURE audit of the evaluator</h1><p>items: {html.escape(str(st.get('tasks')))}, model: "
              f"{html.escape(str(st.get('model')))}, template: {html.escape(str(st.get('template', {}).get('name')))}"
              f", holdout fraction: {_fmt(st.get('holdout'))}, memory: {html.escape(json.dumps(s['memory']))}</p>"]
+    if s.get("ground_truth"):
+        parts.append("<h2>Ground truth</h2><p>Whether each response is right, by its match rule (or its human "
+                     "label), before any round: the evaluator's labels are checked against this.</p>")
+        parts.append(_table(["rule", "right", "wrong", "how", "examples (read from the response / expected)"],
+                            [[g["kind"] if g["kind"] == g["named"] else f"{g['kind']} (for {g['named']})",
+                              g["right"], g["wrong"], g["rule"],
+                              "\n".join(f"{v}: {e['response'][:80]!r}" + ("" if g["kind"] == "label" else
+                                                                          f" -> {e['read']!r} / {e['expected']!r}")
+                                        for v, rows in g["examples"].items() for e in rows)]
+                             for g in s["ground_truth"]]))
     parts.append("<h2>Rounds</h2><p>Round r shows the evaluator every accepted ICL example; its errors on audit "
                  "items become new examples. Holdout items are never turned into examples.</p>")
     parts.append(_table(*_split_columns(s["rounds"], ["round", "n_icl", "new_examples", "new_accepted"])))

@@ -2,11 +2,13 @@
 
 Fields (`icqs schema allure`): "response" (the generated response), "answer" (the task's correct answer: a number,
 an option letter, or text) or "label" (a human 1/0 label; a row with a label and no answer is matched by kind
-"label" whatever the template's match), optional "id" (default: file:line), "match" (a match spec overriding the template's),
+"label" whatever the template's match), optional "id" (default: the file's name:line), "match" (a match spec overriding the template's),
 "split" ("audit": its errors grow the memory, "holdout": only measured), "group" (a problem type for error counts),
 and any further fields the template's user turn names ({question}, {source}, ...).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -34,7 +36,7 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
         check_row("allure", row, path, number)
         if "answer" not in row and "match" not in row:
             row["match"] = "label"  # a label-only row carries its own truth
-        row.setdefault("id", f"{path}:{number}")
+        row.setdefault("id", f"{Path(path).name}:{number}")  # the same however the path is spelled (a rerun)
         row["id"] = str(row["id"])
         if row["id"] in seen:
             raise UserError(f"duplicate id {row['id']!r} (first at line {seen[row['id']]})", *where)
@@ -86,26 +88,40 @@ def _short(text: str, width: int = 70) -> str:
     return repr(text if len(text) <= width else text[:width - 3] + "...")
 
 
-def ground_truth_text(items: list[dict], template: Template) -> str:
-    """What the audit will take as the truth, before any work: per match kind its rule, how many responses it
-    counts right and wrong, and up to three examples of each with what the rule read."""
-    by_kind: dict[tuple, list] = {}
+def ground_truth(items: list[dict], template: Template) -> list[dict]:
+    """What the audit takes as the truth, per match rule applied: its kind (and the kind the spec named, when the
+    rule is another: "text" -> exact, "number" on a text answer -> exact), the rule, the counts right and wrong, and
+    up to three examples of each: {id, response, read, expected}."""
+    groups: dict[tuple, list] = {}
     for item in items:
-        said = spec_of(item, template.match).kind
-        by_kind.setdefault((judge_item(item, template.match).kind, said), []).append(item)
-    right_total = sum(it["truth"] for it in items)
+        m = judge_item(item, template.match)
+        groups.setdefault((m.kind, spec_of(item, template.match).kind), []).append((item, m))
+    out = []
+    for (kind, said), group in groups.items():
+        examples = {verdict: [dict(id=it["id"], response=str(it["response"]), read=m.read, expected=m.expected)
+                              for it, m in group if bool(it["truth"]) == (verdict == "right")][:EXAMPLES]
+                    for verdict in ("right", "wrong")}
+        right = sum(int(it["truth"]) for it, _ in group)
+        out.append(dict(kind=kind, named=said, rule=RULES[kind], right=right, wrong=len(group) - right,
+                        examples=examples))
+    return out
+
+
+def ground_truth_text(items: list[dict], template: Template) -> str:
+    """The ground truth as `icqs allure run` prints it before any round, with a warning when every response counts
+    the same."""
+    right_total = sum(int(it["truth"]) for it in items)
     lines = [f"ground truth: {right_total} of {len(items)} responses right (`icqs schema allure` states each rule)"]
-    for (kind, said), group in by_kind.items():
-        right = [it for it in group if it["truth"]]
-        name = kind if kind == said else f"{kind} (for match {said!r}" + (
-            ", answers without a number)" if said == "number" else ")")
-        lines.append(f"  {name}: {len(right)} right, {len(group) - len(right)} wrong of {len(group)}; {RULES[kind]}")
-        for verdict, rows in (("right", right), ("wrong", [it for it in group if not it["truth"]])):
-            for it in rows[:EXAMPLES]:
-                m = judge_item(it, template.match)
-                read = "" if kind == "label" else \
-                    f" -> read {m.read!r}" + (" = " if m.right else " != ") + f"expected {m.expected!r}"
-                lines.append(f"    {verdict}  {it['id']}: {_short(it['response'])}{read}")
+    for g in ground_truth(items, template):
+        name = g["kind"] if g["kind"] == g["named"] else f"{g['kind']} (for match {g['named']!r}" + (
+            ", answers without a number)" if g["named"] == "number" else ")")
+        lines.append(f"  {name}: {g['right']} right, {g['wrong']} wrong of {g['right'] + g['wrong']}; {g['rule']}")
+        for verdict, rows in g["examples"].items():
+            for e in rows:
+                read = "" if g["kind"] == "label" else \
+                    f" -> read {e['read']!r}" + (" = " if verdict == "right" else " != ") + \
+                    f"expected {e['expected']!r}"
+                lines.append(f"    {verdict}  {e['id']}: {_short(e['response'])}{read}")
     if right_total in (0, len(items)):
         lines.append(f"warning: every response counts as {'right' if right_total else 'wrong'}: the audit cannot "
                      "tell a good evaluator from one that always answers the same; check the match rule above "
