@@ -83,3 +83,25 @@ def test_help_imports_neither_the_engine_nor_numpy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
     assert "unknown command 'scroe' (did you mean 'score'?)" in done.stderr
+
+
+def test_every_command_and_option_has_help_without_paper_jargon():
+    """`--help` of every command says what it does and what each option means, with no figure or symbol of a paper
+    ("Fig. 3", "Z_g") in place of words."""
+    from icqs.cli import build_parser
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    assert sub.description, path + [name]
+                    yield from walk(sub, path + [name])
+            elif not isinstance(action, argparse._HelpAction):
+                yield path, action
+
+    seen = 0
+    for path, action in walk(build_parser(), ["icqs"]):
+        assert action.help, (path, action.option_strings or action.dest)
+        assert not re.search(r"Fig\.|Table \d|Z_[gb]|Prompt [AB]\b", action.help), (path, action.help)
+        seen += 1
+    assert seen > 80

@@ -32,7 +32,8 @@ def register(subparsers) -> None:
                         "model's own generated judgment) or unsupervised (the K demos as unsolved problems, then 4 "
                         "solved ones that fix the reply's format)")
     p.add_argument("--shots", default="0,1,2,4", help="comma-separated K values, or 'auto' (0, 1, 2, 4, ... up to "
-                   "what fits the model's context); K=0 is the zero-shot Prompt B")
+                   "what fits the model's context); K=0 is the zero-shot prompt (the instruction, the question and the "
+                   "response, no demos)")
     p.add_argument("--demos", help="JSONL pool of demo (question, response) rows; default: the input itself, the "
                    "graded item left out of its own demos")
     p.add_argument("--demo-tokens", type=positive_int, default=48, help="max tokens of a demo judgment's generated reason")
