@@ -73,7 +73,7 @@ def build_from_rows(name: str, prefix: str, template: str, rows: list[tuple[str,
     rows = [rows[i] for i in rng.permutation(len(rows))]
     wrong = lambda y, k: [lab for lab in labels if lab != y][k % (len(labels) - 1)]
     good, bad, test = pools(rows, labels)
-    task = {"name": f"bigbench-{name}", "header": prefix + "\n\n", "template": template, "labels": labels,
+    task = {"name": f"bigbench-{name}", "header": prefix, "template": template, "labels": labels,
             "good": [{"x": x, "y": y} for x, y in good], "bad": [{"x": x, "y": y} for x, y in bad]}
     cands = []
     for k, (model, n_right) in enumerate(RIGHT.items()):

@@ -45,8 +45,9 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 def zeroshot_request(task: Task, c: Candidate) -> tuple[str, str]:
-    """(context, continuation) of the zero-shot likelihood: the header and the x part, then the y part."""
-    return task.header + task.x_part(c.x), task.y_part(c.y)
+    """(context, continuation) of the zero-shot likelihood: the header joined by the separator as before the demos
+    (task.demo_text of no demos), the x part, then the y part."""
+    return task.demo_text([]) + task.x_part(c.x), task.y_part(c.y)
 
 
 def compute_zeroshot(engine, task: Task, candidates: list[Candidate], writer: ResultWriter,

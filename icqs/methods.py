@@ -84,7 +84,8 @@ def _zeroshot_requests(task, candidates, sampler):
     out = []
     for c in candidates:
         context, continuation = baselines.zeroshot_request(task, c)
-        out.append(PlannedRequest(c, task.header, context[len(task.header):], continuation))
+        head = task.demo_text([])
+        out.append(PlannedRequest(c, head, context[len(head):], continuation))
     return out
 
 

@@ -1,6 +1,7 @@
 """Issue 39: the likelihood baselines (zero-shot loglik / loglik_norm, few-shot at r = 1), the candidate-level AUC
 against the truth beside the pool audit, verdicts the label cannot fool, and the headline with its next steps.
 Hand-checked numbers against a table-driven engine; no model is loaded."""
+import dataclasses
 import json
 import math
 import zlib
@@ -11,7 +12,7 @@ import pytest
 
 from engine.stats import EngineStats
 from icqs.audit import add_truth, audit_entries, auc, two_level_ci, warnings
-from icqs.baselines import answer_bytes, compute_zeroshot
+from icqs.baselines import answer_bytes, compute_zeroshot, zeroshot_request
 from icqs.candidates import Candidate, read_candidates
 from icqs.headline import headline, primary
 from icqs.io import ResultWriter
@@ -86,7 +87,7 @@ def test_zero_shot_is_one_request_per_distinct_answer_sharing_the_header(tmp_pat
         rows = {r["id"]: r for r in w.rows}
     distinct = {(c.x, c.y) for c in candidates}
     assert engine.calls == 1 and len(engine.requests) == len(distinct) < len(candidates)
-    assert all(ctx.startswith(task.header) and ctx == task.header + task.x_part(x) for (ctx, _), x in
+    assert all(ctx == task.header + task.separator + task.x_part(x) for (ctx, _), x in
                zip(engine.requests, [r[0].split("Question: ")[1].split("\n")[0] for r in engine.requests]))
     score = {m: METHODS[m].score(task, candidates, list(rows.values()), "coupled") for m in ("loglik", "loglik_norm")}
     for c, s, n in zip(candidates, score["loglik"], score["loglik_norm"]):
@@ -94,6 +95,26 @@ def test_zero_shot_is_one_request_per_distinct_answer_sharing_the_header(tmp_pat
         assert s["score"] == lp and n["score"] == pytest.approx(lp / tokens)
         assert n["per_byte"] == pytest.approx(lp / len(task.y_part(c.y).encode()))
     assert answer_bytes(task, "é") == 2
+
+
+def test_zero_shot_prompt_is_the_few_shot_prompt_without_its_demos():
+    """The header is joined to what follows by the separator, before the demos and, with none, before the question:
+    a header without a trailing newline is not glued to the zero-shot question, and the length check plans the
+    request the engine gets."""
+    task, candidates, _ = _fixture()
+    assert not task.header.endswith("\n")
+    c = candidates[0]
+    few = task.demo_text(task.good[:2]) + task.x_part(c.x)
+    zero, continuation = zeroshot_request(task, c)
+    assert zero == task.header + task.separator + task.x_part(c.x)
+    assert few.startswith(task.header + task.separator) and few.endswith(task.separator + task.x_part(c.x))
+    assert zero == few.replace("".join(task.render(e) + task.separator for e in task.good[:2]), "")
+    for name in ("loglik", "loglik_norm"):
+        (planned,) = METHODS[name].requests(task, [c], "coupled")
+        assert (planned.shared, planned.context, planned.continuation) == (task.header + task.separator, zero,
+                                                                           continuation)
+    bare = dataclasses.replace(task, header="")
+    assert zeroshot_request(bare, c)[0] == task.x_part(c.x)
 
 
 def test_default_run_scores_the_likelihood_methods_without_extra_demo_work(tmp_path, monkeypatch):

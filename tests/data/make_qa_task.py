@@ -52,7 +52,7 @@ MODELS = {"model-A": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "model-B": [0, 1, 3, 4,
 
 
 def task() -> dict:
-    return {"name": "qa-free-text", "header": "Answer each question in a few words.\n\n",
+    return {"name": "qa-free-text", "header": "Answer each question in a few words.",
             "template": "Question: {x}\nAnswer: {y}",
             "good": [{"x": x, "y": y} for x, y in GOOD], "bad": [{"x": x, "y": y} for x, y in BAD]}
 
