@@ -77,6 +77,8 @@ class AsyncEngine:
             busy = self.engine.has_pending()
             if not busy:
                 self._publish()
+                if self._stopping:  # checked here, not only when the stop is read: it may come while work is
+                    return          # pending (the aborted requests of a client gone), which ends after it
             try:
                 job = self._inbox.get(block=not busy)
             except queue.Empty:
@@ -101,10 +103,6 @@ class AsyncEngine:
                         self._step_seconds.append(time.perf_counter() - t0)
                     if t0 - self._published > SNAPSHOT_SECONDS:
                         self._publish()
-            elif self._stopping:
-                self._answer()
-                self._publish()
-                return
             self._answer()
 
     def _publish(self):

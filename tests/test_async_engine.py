@@ -76,3 +76,42 @@ def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
     assert first.token_id is not None and stats["in_flight"] == 0
     assert stats["running"] == stats["waiting"] == 0 and not eng.has_pending()
     eng.check_pages()
+
+
+def test_shutdown_while_a_cancelled_call_is_still_in_the_engine_ends(eng, monkeypatch):
+    """A client leaves during a long step and the server is told to stop before that step ends: the abort and the
+    stop are both read after the step, the aborted requests leave the engine in the next one, and then the worker
+    ends (it used to wait for another command, so `serve` hung on SIGTERM until killed)."""
+    import threading
+
+    in_step, release = threading.Event(), threading.Event()
+    step = eng.step
+
+    def slow_step():
+        in_step.set()
+        release.wait(10)
+        return step()
+
+    async def main():
+        a = AsyncEngine(eng)
+        monkeypatch.setattr(eng, "step", slow_step)
+        task = asyncio.create_task(a.score([(f"Item {i}: the quick brown fox", " jumps") for i in range(8)]))
+        while not in_step.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()  # the abort is queued behind the running step
+        stop = asyncio.create_task(a.shutdown())
+        await asyncio.sleep(0.05)
+        release.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(stop), 10)
+        except TimeoutError:
+            a._inbox.put(lambda: None)  # wake the worker so that the test ends, then fail
+            await stop
+            pytest.fail("the engine's worker did not end after shutdown()")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return a.stats()
+
+    stats = run(main())
+    assert stats["in_flight"] == 0 and not eng.has_pending()
+    eng.check_pages()
