@@ -8,9 +8,11 @@ import socket
 from pathlib import Path
 
 from engine.errors import UserError
-from .factory import add_engine_args, positive_int
+from engine.server import DEFAULT_MAX_TOKENS
+from .factory import add_engine_args, int_in_range, positive_int
 
 DEFAULT_MAX_QUEUE = 4096
+MAX_DEFAULT_TOKENS = 1 << 20  # above any model's context; the context after the prompt bounds it anyway
 
 
 def add_serve_parser(sub) -> None:
@@ -18,7 +20,15 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     s.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
     s.add_argument("--api-key", default=None,
-                   help="ask every client for `Authorization: Bearer KEY` (default: $ENGINE_API_KEY, else none)")
+                   help="ask clients of the API (/v1/*, /tokenize, /detokenize, /tokenizer_info) for `Authorization: "
+                   "Bearer KEY` (default: $ENGINE_API_KEY, else none); /health, /metrics, /openapi.json and /docs "
+                   "stay open (they name the model and count requests) unless --api-key-all-endpoints")
+    s.add_argument("--api-key-all-endpoints", action="store_true",
+                   help="with --api-key: ask for the key on every endpoint, /health, /metrics, /openapi.json and "
+                   "/docs too (a Prometheus scraper or health check then sends it)")
+    s.add_argument("--default-max-tokens", type=int_in_range(1, MAX_DEFAULT_TOKENS, "tokens generated per choice"),
+                   default=DEFAULT_MAX_TOKENS, help="a chat request without max_tokens generates at most this many "
+                   f"tokens, and at most what the context holds after its prompt (default {DEFAULT_MAX_TOKENS})")
     s.add_argument("--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE,
                    help=f"engine requests waiting at most; more get 503 + Retry-After (default {DEFAULT_MAX_QUEUE})")
     s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: file name)")
@@ -46,11 +56,14 @@ def serve(args) -> int:
     from engine.loader import default_model_path
     from engine.server import create_app
 
+    api_key = args.api_key or os.environ.get("ENGINE_API_KEY")
+    if args.api_key_all_endpoints and not api_key:
+        raise UserError("--api-key-all-endpoints needs an API key (--api-key or $ENGINE_API_KEY)")
     sock = _listen(args.host, args.port)  # before loading: a busy port is a one-line error, not a minute later
     engine = engine_from_args(args, keep_cache=True)  # online mode: computed prefixes stay cached (LRU)
     name = args.served_model_name or Path(args.model or default_model_path()).name.removesuffix(".gguf")
-    app = create_app(engine, model_name=name, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
-                     max_queue=args.max_queue)
+    app = create_app(engine, model_name=name, api_key=api_key, max_queue=args.max_queue,
+                     default_max_tokens=args.default_max_tokens, api_key_all_endpoints=args.api_key_all_endpoints)
     host, port = sock.getsockname()[:2]
     logging.getLogger("engine.server").info("serving %s on http://%s:%d", name, host, port)
     server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_level="info", timeout_graceful_shutdown=30))

@@ -35,10 +35,20 @@ class Tokenizer:
         self.add_bos = bool(add_bos)
         self.chat_template = chat_template or None
         self._template = None
+        self._max_token_chars: int | None = None
 
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def max_text_chars(self, n_tokens: int) -> int:
+        """The most characters a text of `n_tokens` tokens can have, so that a longer one is refused without
+        tokenizing it: a token stands for at most as many characters as its vocabulary string holds (byte-level BPE
+        writes one character per byte, SentencePiece the text itself or `<0xNN>` for a byte); with a normalizer,
+        4x that (NFC joins up to three characters into one, as a Hangul syllable)."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
+        return n_tokens * self._max_token_chars * (1 if self.backend.normalizer is None else 4)
 
     def encode(self, text: str) -> list[int]:
         with rust_errors("cannot tokenize this text", self.source):

@@ -36,6 +36,7 @@ from . import native
 from .metrics import Metrics
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
                        ScoreRequest, TokenizeRequest)
+from . import DEFAULT_MAX_TOKENS
 from .state import ServerState, cancel_on_disconnect
 
 access_log = logging.getLogger("engine.server.access")
@@ -46,17 +47,22 @@ MAX_INT_DIGITS = 40  # no field takes an integer longer than this (2**128 has 39
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
                "favicon.png": "image/png"}  # the files of the fastapi-offline package that /docs loads
 PUBLIC = ("/health", "/metrics", "/openapi.json", "/docs") + tuple(f"/docs/{name}" for name in DOCS_ASSETS)
-# answered without the API key
+# answered without the API key, unless api_key_all_endpoints
 
 
 def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
-               max_queue: int | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_queue: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               default_max_tokens: int = DEFAULT_MAX_TOKENS, api_key_all_endpoints: bool = False) -> FastAPI:
     """A FastAPI app serving `engine` (an Engine or an AsyncEngine). `max_queue` bounds the engine requests in
     flight, queued or running (a call that does not fit gets 503 + Retry-After); `api_key` makes every /v1 and
-    tokenizer route ask for `Authorization: Bearer <key>`; a body over `max_body_bytes` is a 413."""
+    tokenizer route ask for `Authorization: Bearer <key>`, and every route (PUBLIC too: the health, metrics and
+    schema pages, which name the model and count requests) with `api_key_all_endpoints`; a body over
+    `max_body_bytes` is a 413; a chat request without max_tokens generates at most `default_max_tokens`."""
     owned = not isinstance(engine, AsyncEngine)
     aengine = AsyncEngine(engine) if owned else engine  # the bound is the server's: all of a call or none
-    state = ServerState(aengine, aengine.engine, model_name or "default", api_key=api_key, max_queue=max_queue)
+    state = ServerState(aengine, aengine.engine, model_name or "default", api_key=api_key, max_queue=max_queue,
+                        default_max_tokens=default_max_tokens)
+    public = () if api_key_all_endpoints and api_key is not None else PUBLIC
     metrics = Metrics(aengine.stats)
 
     @asynccontextmanager
@@ -68,10 +74,10 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     app = FastAPI(title="icqs-engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     # inside AccessLog, so that its 401s, 413s and 500s are logged and counted
-    app.add_middleware(Guard, api_key=state.api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(Guard, api_key=state.api_key, max_body_bytes=max_body_bytes, public=public)
     app.add_middleware(AccessLog, metrics=metrics)
     _install_error_handlers(app)
-    app.openapi = lambda: _openapi(app)
+    app.openapi = lambda: _openapi(app, public)
 
     @app.get("/docs", include_in_schema=False)
     async def docs():
@@ -315,14 +321,14 @@ class Guard:
     BodyTooLarge (413). And a handler's bug is answered 500 with the error object here, so the exception does not
     reach uvicorn, which would close the kept-alive connection; it is logged with its traceback."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, public=PUBLIC):
         self.app, self.expected = app, None if api_key is None else f"Bearer {api_key}".encode()
-        self.limit = max_body_bytes
+        self.limit, self.public = max_body_bytes, public
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.expected is not None and scope["path"] not in PUBLIC:
+        if self.expected is not None and scope["path"] not in self.public:
             header = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(header, self.expected):
                 error = APIError(401, "missing or wrong API key (send `Authorization: Bearer <key>`)",
@@ -418,7 +424,7 @@ ERRORS = {"400": "bad request: the error object names the field (`param`)", "401
           "500": "internal error (a bug or an engine failure)"}
 
 
-def _openapi(app: FastAPI) -> dict:
+def _openapi(app: FastAPI, public=PUBLIC) -> dict:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
@@ -434,7 +440,7 @@ def _openapi(app: FastAPI) -> dict:
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             codes = ERRORS if method == "post" else {k: v for k, v in ERRORS.items() if k in ("401", "500")}
-            if path in PUBLIC:
+            if path in public:
                 codes = {"500": ERRORS["500"]}
             for code, text in codes.items():
                 responses[code] = {"description": text, **ref}

@@ -93,7 +93,8 @@ def _completion_logprobs(state, echo: Scored | None, gen_scored: Scored | None) 
 
 async def completions(state: ServerState, req: CompletionRequest):
     state.check_model(req.model)
-    prompts = [state.encode_prompt(p, "prompt") for p in req.prompts()]
+    texts = req.prompts()
+    prompts = state.encode_prompts(texts, ["prompt"] * len(texts))
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     for ids in prompts:
         state.check_length(len(ids), 0, "prompt")
@@ -133,6 +134,7 @@ async def completions(state: ServerState, req: CompletionRequest):
 
 def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    state.check_text(sum(len(m["content"]) for m in messages), "messages")  # before the template renders them
     try:
         text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
     except UserError as e:
@@ -154,7 +156,9 @@ def _chat_logprobs(state, scored: Scored | None, top_logprobs: int) -> dict:
 async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     state.check_model(req.model)
     ids = _chat_prompt(state, req)
-    max_tokens = req.max_completion_tokens or req.max_tokens or state.max_len - len(ids)
+    # without max_tokens: what the context holds, at most the server's default (--default-max-tokens), as vLLM
+    max_tokens = req.max_completion_tokens or req.max_tokens or min(state.max_len - len(ids),
+                                                                     state.default_max_tokens)
     state.check_length(len(ids), 1, "messages")
     for key in ("max_completion_tokens", "max_tokens"):  # each one given must fit, the one used or not
         if getattr(req, key) is not None:

@@ -60,7 +60,7 @@ async def score(state: ServerState, req: ScoreRequest) -> dict:
 async def generate(state: ServerState, req: GenerateRequest) -> dict:
     """As Engine.generate: prompt i samples with seed + i."""
     state.check_model(req.model)
-    prompts = [state.encode_prompt(p, f"prompts[{i}]") for i, p in enumerate(req.prompts)]
+    prompts = state.encode_prompts(req.prompts, [f"prompts[{i}]" for i in range(len(req.prompts))])
     for i, ids in enumerate(prompts):
         state.check_length(len(ids), 1, f"prompts[{i}]")
         state.check_length(len(ids), req.max_tokens, "max_tokens")
@@ -104,6 +104,7 @@ def tokenize(state: ServerState, req: TokenizeRequest) -> dict:
 
 def detokenize(state: ServerState, req: DetokenizeRequest) -> dict:
     state.check_model(req.model)
+    state.check_text(len(req.tokens), "tokens")
     if req.tokens:
         state.check_ids(req.tokens, "tokens")
     return {"prompt": state.tokenizer.decode(req.tokens)}

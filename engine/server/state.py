@@ -10,16 +10,22 @@ import uuid
 
 from ..requests import encode_pairs, prompt_ids
 from ..requests import RequestError, check_generate_length, check_score_length, check_token_ids
+from . import DEFAULT_MAX_TOKENS
 from .protocol import APIError, bad_request
 
 
 class ServerState:
-    def __init__(self, aengine, engine, model_name: str, api_key: str | None = None, max_queue: int | None = None):
+    def __init__(self, aengine, engine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
         self.aengine, self.engine = aengine, engine
         self.tokenizer, self.config = engine.tokenizer, engine.config
         self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
+        self.default_max_tokens = default_max_tokens
         self.limits = engine.limits
         self.max_len = self.limits.max_request_tokens  # tokens a sequence may hold: the model's maximum or the KV cache
+        # the longest text a request can hold: a longer one is refused before it is tokenized (a 50 MB text took a
+        # minute and 7 GB to tokenize), and the token endpoints take no more characters or token ids than this
+        self.max_text_chars = self.tokenizer.max_text_chars(self.max_len)
         self.created = int(time.time())
         self.in_flight = 0  # engine requests admitted and not yet answered (the event loop's thread only)
         self._token_text: dict[int, str] = {}
@@ -45,11 +51,25 @@ class ServerState:
         except RequestError as e:
             raise bad_request(param, e.reason) from None
 
+    def check_text(self, n_chars: int, param: str) -> None:
+        """A text of n_chars characters (or that many token ids) is at most the longest a request can hold."""
+        if n_chars > self.max_text_chars:
+            raise bad_request(param, f"{n_chars:,} characters or token ids: longer than any request can be (at most "
+                                     f"{self.max_text_chars:,}: {self.max_len:,} tokens of at most "
+                                     f"{self.max_text_chars // self.max_len} characters each)")
+
+    def encode_prompts(self, prompts, params: list[str]) -> list[list[int]]:
+        """encode_prompt of each prompt (named by its param), every one's length checked before any is tokenized."""
+        for prompt, param in zip(prompts, params):
+            self.check_text(len(prompt), param)
+        return [self.encode_prompt(prompt, param) for prompt, param in zip(prompts, params)]
+
     def encode_prompt(self, prompt, param: str, add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids as the engine takes them (text: with BOS when the model asks for one, unless
         add_special_tokens is off, as for a chat template that writes its own); ids are checked."""
         if isinstance(prompt, str) and not prompt:
             raise bad_request(param, "empty prompt")
+        self.check_text(len(prompt), param)
         if isinstance(prompt, str) and not add_special_tokens:
             return self.tokenizer.encode(prompt)
         if not isinstance(prompt, str):
@@ -58,6 +78,8 @@ class ServerState:
 
     def encode_pairs(self, pairs, param: str) -> list[tuple[list[int], list[int]]]:
         """(context, continuation) requests as token ids, by the engine's own convention, each checked."""
+        for i, (ctx, cont) in enumerate(pairs):
+            self.check_text(len(ctx) + len(cont), f"{param}[{i}]")
         try:
             encoded = encode_pairs(self.tokenizer, pairs)
         except RequestError as e:
