@@ -26,8 +26,29 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def check_output_path(path, what: str | None = "the output") -> str:
+    """Every output path a user names (a file or a folder): not empty (`''` would write into the current folder
+    under no name the user gave) and not the file system's root. Returns it. `what` starts the message."""
+    text, head = os.fspath(path), f"{what}: " if what else ""
+    if not text.strip():
+        raise UserError(f"{head}an empty path; name the file or folder to write")
+    real = os.path.realpath(text)
+    if os.path.dirname(real) == real:
+        raise UserError(f"{head}{text!r} is the file system's root; name a file or folder under it")
+    return text
+
+
+def output_path(text: str) -> str:
+    """An argparse type for output options: check_output_path, as the option's error."""
+    try:
+        return check_output_path(text, None)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
     """A file the command may create or append to: not a folder, its folder exists and is writable, not an input."""
+    check_output_path(output)
     if os.path.isdir(output):
         raise UserError("is a directory; expected a file", output)
     if os.path.exists(output) and not os.path.isfile(output):

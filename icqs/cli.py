@@ -170,6 +170,7 @@ def cmd_init(args) -> None:
 
 def register(subparsers) -> None:
     """This module's own subcommands (their heavy imports happen inside the handlers)."""
+    from commands.cli_args import output_path
     from commands.factory import add_engine_args, draws_int, int_in_range
 
     from .contracts import FORMATS, NAMES
@@ -237,14 +238,14 @@ def register(subparsers) -> None:
     p = add("report", "Write the HTML report of " + runs + ": its settings and warnings, its tables with their "
                       "CIs, figures, and every item. No model is loaded.")
     p.add_argument("dir", help=runs)
-    p.add_argument("--output", default=None, help="HTML file (default: DIR/report.html)")
+    p.add_argument("--output", default=None, type=output_path, help="HTML file (default: DIR/report.html)")
     p.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     p.set_defaults(func=cmd_report)
     p = add("demo", "Score four simulated models (right on 100%, 80%, 60%, 40% of 20 generated movie reviews) "
                     "with every method of `icqs score` on the embedded model, audit each method, and print the "
                     "leaderboard beside the true ranking; writes a run directory with its HTML report. About 2-3 "
                     "minutes on 2 CPU cores.")
-    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--out", default="runs/demo", type=output_path, help="run directory (default: runs/demo)")
     p.add_argument("--quiet", action="store_true", help="no banner and no progress")
     p.add_argument("--draws", type=draws_int, default=3, help="independent demo draws (default: 3)")
     p.add_argument("--no-audit", action="store_true", help="skip the evaluator audit")
@@ -272,7 +273,7 @@ def register(subparsers) -> None:
     p = add("init", "Write a small working label task (DIR/task.yaml: 12 right and 12 wrong movie-review "
                     "sentiments) and the answers of three simulated models to 8 other reviews (DIR/candidates.jsonl, "
                     "with their true quality), then print the next commands. Never overwrites a file.")
-    p.add_argument("dir", help="the folder to write into (created if missing)")
+    p.add_argument("dir", type=output_path, help="the folder to write into (created if missing)")
     p.set_defaults(func=cmd_init)
 
 

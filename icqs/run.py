@@ -25,6 +25,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.stats import COUNTERS, EngineStats
+from commands.cli_args import check_output_path, output_path
 from commands.factory import seed_int
 
 from .io import TMP_SUFFIX, atomic_write, strict_json
@@ -67,7 +68,7 @@ def _load(path: Path) -> dict | None:
 
 def check_output_dir(out, flag: str = "--out") -> Path:
     """OUT may be created or written in: not a file, and its nearest existing folder writable. Nothing is made."""
-    out = Path(out)
+    out = Path(check_output_path(out, flag))
     if out.exists() and not out.is_dir():
         raise UserError(f"{flag} is a file, not a directory", str(out))
     parent = out
@@ -236,7 +237,7 @@ def format_stats(stats: dict) -> str:
 # ---- the options every run command shares ------------------------------------------------------------------------
 def add_run_args(p: argparse.ArgumentParser, seed_default: int | None = 0, seed_help: str = "sampling seed") -> None:
     """--out (the run directory), --seed and --quiet, as every run command takes them."""
-    p.add_argument("--out", required=True, help="run directory (a killed run resumes from it)")
+    p.add_argument("--out", required=True, type=output_path, help="run directory (a killed run resumes from it)")
     p.add_argument("--seed", type=seed_int, default=seed_default, help=seed_help)
     p.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors (no progress bars, "
                    "no tables: the results are in --out)")

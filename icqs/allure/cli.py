@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from commands.factory import add_engine_args, positive_int
-from commands.cli_args import check_output_file, check_report_output
+from commands.cli_args import check_output_file, check_report_output, output_path
 from icqs.run import add_run_args, deterministic_by_default
 from icqs.run_tables import add_json_arg
 
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
     r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file with system, "
                    "user (a format string over the items' fields), optional label_prefix, match "
                    "(`icqs schema allure-template`)")
-    r.add_argument("--memory", default=None, help="SQLite ICL memory (default: OUT/memory.sqlite)")
+    r.add_argument("--memory", default=None, type=output_path, help="SQLite ICL memory (default: OUT/memory.sqlite)")
     r.add_argument("--rounds", type=positive_int, default=3, help="rounds of the loop, at most (default: 3; it "
                    "stops early when a round adds no ICL example)")
     r.add_argument("--holdout", type=float, default=0.0, help="fraction of items only measured, never audited")
@@ -70,7 +70,7 @@ def register(subparsers) -> None:
                        description="Write RUN_DIR/summary.json and the HTML report (rounds, ICL-size sweep, failure "
                        "modes, memory) from a run's files; no model is loaded.")
     o.add_argument("run_dir", help="the run directory (`icqs allure run --out DIR`)")
-    o.add_argument("--out", default=None, help="HTML file (default: RUN_DIR/report.html)")
+    o.add_argument("--out", default=None, type=output_path, help="HTML file (default: RUN_DIR/report.html)")
     o.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     o.set_defaults(func=cmd_report)
 
