@@ -7,25 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine import Engine
 from engine.server import DEFAULT_MAX_TOKENS, create_app
 from live_server import live_server
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    return Engine.load(str(tiny_model_dir), dtype="float32", keep_cache=True)
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with live_server(create_app(engine, model_name="tiny")) as base:
-        yield base
-
-
-def error_of(r, status):
-    assert r.status_code == status, r.text[:500]
-    return r.json()["error"]
+from test_server_reliability import engine, error_of, url  # noqa: F401 - the fixtures: a tiny engine, its server
 
 
 def _longest(engine) -> int:
