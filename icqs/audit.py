@@ -110,6 +110,19 @@ def folds(task, draw: int) -> list[tuple]:
     return out
 
 
+def audit_skipped(task, sampler: str, draws: int) -> str | None:
+    """Why the audit cannot run on this task (a pool too small to cross-validate: every fold's demo sets are drawn
+    first, nothing is scored), or None. The one check of `icqs score` (the audit then records it) and `icqs
+    preview` (which says so)."""
+    try:
+        for draw in range(draws):
+            for train, _ in folds(task, draw):
+                demo_sets(train, sampler)
+    except UserError as e:
+        return f"the pool is too small to cross-validate: {e}"
+    return None
+
+
 def audit_log(method) -> str:
     return f"audit_{method.log}"
 
@@ -120,14 +133,10 @@ def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress
     engine's work to run.json (`audit_stats`), and return the audit entries; with the run's score `rows` and its
     `candidates`, each entry also holds the AUC against the candidates' truth (add_truth)."""
     per_method = {}
-    try:
-        for draw in range(draws):  # every fold's demo sets drawn before any work: a pool too small fails here
-            for train, _ in folds(task, draw):
-                demo_sets(train, sampler)
-    except UserError as e:
+    skipped = audit_skipped(task, sampler, draws)  # before any work
+    if skipped is not None:
         entries = [{"method": name, "measure": "-", "verdict": "skipped", "auc": None, "ci": [None, None],
-                    "draws": draws, "folds": n_folds(task), "note": f"the pool is too small to cross-validate: {e}"}
-                   for name in ordered(methods)]
+                    "draws": draws, "folds": n_folds(task), "note": skipped} for name in ordered(methods)]
         atomic_write(run.path / AUDIT_FILE, json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
         return entries
     parts = sum((draws if METHODS[name].demos else 1) * n_folds(task) for name in methods)

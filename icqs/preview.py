@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from .audit import folds
+from .audit import audit_skipped, folds
 from .candidates import Candidate
 from .methods import METHODS, ordered
 from .score_run import draw_task
@@ -71,11 +71,13 @@ def measure_rate(engine, requests, size: int = 48) -> float:
 
 def preview(engine, task, candidates: list[Candidate], methods, sampler: str, draws: int, audit: bool) -> str:
     tok = engine.tokenizer
-    plan = _requests(task, candidates, methods, sampler, draws, audit)
+    skipped = audit_skipped(task, sampler, draws) if audit else None  # as `icqs score` would skip it
+    plan = _requests(task, candidates, methods, sampler, draws, audit and skipped is None)
     all_requests = [r for run, aud in plan.values() for r in run + aud]
     rate = measure_rate(engine, all_requests) if all_requests else 0.0
     lines = [f"preview of task {task.name}: {len(candidates)} candidates, M = {task.M}, N = {task.N}, "
-             f"L = {task.L}, {sampler} demo sets, {draws} demo draw(s), audit {'on' if audit else 'off'}; "
+             f"L = {task.L}, {sampler} demo sets, {draws} demo draw(s), audit "
+             f"{'off' if not audit else f'skipped ({skipped})' if skipped else 'on'}; "
              f"measured rate on this machine: {rate:,.0f} tokens/s",
              "prompt layout: " + (f"the header {task.header!r}, then " if task.header else "")
              + f"the demos, each followed by the separator {task.separator!r}, then the candidate"]

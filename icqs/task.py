@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from engine.errors import UserError
+from engine.errors import UserError, did_you_mean
 
 from .contracts import check_row, check_yaml
 from .io import check_text, read_jsonl, read_yaml
@@ -141,19 +141,25 @@ def _key_lines(node) -> dict:
     return lines
 
 
-def _examples(value, key: str, path: str, lines: dict) -> list[Example]:
-    """The pool `key` (the schema has checked an inline list): a JSONL file's rows are checked here."""
+def _examples(value, key: str, path: str, lines: dict, labels: list | None) -> list[Example]:
+    """The pool `key` (the schema has checked an inline list): a JSONL file's rows are checked here. With the
+    task's `labels` given, every answer must be one of them (a typo would make a label task free text)."""
     if isinstance(value, str):
         pool_path = Path(path).parent / value
         numbered = read_jsonl(pool_path, required=("x", "y"), with_lines=True)
         for line, row in numbered:
             check_row("task", row, pool_path, line, definition="example")
-        rows = [row for _, row in numbered]
-        if not rows:
+        located = [(row, str(pool_path), line) for line, row in numbered]
+        if not located:
             raise UserError(f"{key!r} has no examples", path, lines.get(key))
     else:
-        rows = value
-    return [Example(row["x"], row["y"]) for row in rows]
+        located = [(row, path, lines.get((key, i))) for i, row in enumerate(value)]
+    known = None if labels is None else {str(v) for v in labels}
+    for row, where, line in located:
+        if known is not None and row["y"] not in known:
+            raise UserError(f"{key!r} example answer {row['y']!r} is not among the task's labels "
+                            f"({', '.join(map(repr, map(str, labels)))}){did_you_mean(row['y'], known)}", where, line)
+    return [Example(row["x"], row["y"]) for row, _, _ in located]
 
 
 def load_task(path, overrides: dict | None = None) -> Task:
@@ -176,9 +182,9 @@ def load_task(path, overrides: dict | None = None) -> Task:
     for key in ("M", "N", "L"):
         if values[key] > LIMITS[key]:
             raise UserError(f"{key!r} = {values[key]} is over the limit of {LIMITS[key]}", path, lines.get(key))
-    good = _examples(values["good"], "good", path, lines)
-    bad = _examples(values["bad"], "bad", path, lines)
     labels = values.get("labels")
+    good = _examples(values["good"], "good", path, lines, labels)
+    bad = _examples(values["bad"], "bad", path, lines, labels)
     if labels is None:
         labels = sorted({e.y for e in good + bad})
     judge_question = values.get("judge_question")
