@@ -22,6 +22,10 @@ Per (method, measure) audit.json holds
              and `label_bias` is true: such a measure is marked and never the headline.
   verdict    `constant` (every pool answer scored alike), `inverted` (the CI lies below 0.5), `at chance` (it
              includes 0.5), `reliable` (AUC >= 0.7), `weak`
+  family     the measures this audit scored (k), among which the headline picks the best one, and
+  ci_family  that AUC's two-level bootstrap CI at the level 1 - 0.05 / k (Bonferroni): the best of k measures at
+             chance has its 95% CI above 0.5 far more often than 1 time in 40 (with k = 11 about 1 in 4 when they
+             are independent); the headline needs this CI above 0.5 too. Absent when k = 1 (ci is then the same).
   truth_auc  where candidates carry `truth`: the same AUC on the candidates themselves (truth > 0.5 right,
   truth_ci   < 0.5 wrong), its CI resampling the draws and then the questions (answers to one question move
              together); absent when no candidate carries truth. `agrees`: whether the two CIs overlap.
@@ -242,7 +246,7 @@ def verdict(value: float, ci: tuple[float, float], constant: bool = False) -> st
 
 
 def audit_entries(task, per_method: dict, draws: int) -> list[dict]:
-    entries = []
+    entries, tables = [], []
     for name, scored in per_method.items():
         items = sorted({s[1] for s in scored})
         col = {it: i for i, it in enumerate(items)}
@@ -277,6 +281,12 @@ def audit_entries(task, per_method: dict, draws: int) -> list[dict]:
                          label_bias=lab is not None and not math.isnan(lab) and abs(lab - 0.5) >= LABEL_BIAS,
                          verdict=verdict(value, ci, constant))
             entries.append(entry)
+            tables.append((sub, t) if not math.isnan(value) else None)
+    family = sum(x is not None for x in tables)
+    if family > 1:  # the headline picks among them: its bound counts them (module docstring: ci_family)
+        for entry, x in zip(entries, tables):
+            if x is not None:
+                entry.update(family=family, ci_family=list(two_level_ci(*x, rounds=4000, level=1 - 0.05 / family)))
     return entries
 
 

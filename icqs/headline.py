@@ -1,14 +1,15 @@
 """A score run's headline: the one answer a researcher reads first, in the terminal, leaderboard.txt, the report and
 run.json (`headline`).
 
-The primary measure is the audited-reliable one (verdict `reliable`, its score not following the label) with the
-highest audit AUC on the task's own pool; ties (equal to two decimals) go to the cheaper method (Method.cost), then
-to the registry's order. The headline names it, the ranking it gives (models best first, each mean with its 95% CI)
-and the audit figure behind it; where candidates carry truth, also the candidate-level AUC and the ranking's
-Spearman against the truth. When no measure is reliable it says so, with what was measured, and lists next steps
-fitted to what the run saw: a larger model by name with an estimate of its time on this task (this run's measured
-engine time scaled by the parameter ratio), more or cleaner pool examples, a label task, the measures the truth
-supports.
+The primary measure is the audited-reliable one (verdict `reliable`, its score not following the label, and its
+audit CI above 0.5 still when it is widened for the k measures the headline picks from: audit.json `ci_family`)
+with the highest audit AUC on the task's own pool; ties (equal to two decimals) go to the cheaper method
+(Method.cost), then to the registry's order. The headline names it, the ranking it gives (models best first, each
+mean with its 95% CI) and the audit figure behind it; where candidates carry truth, also the candidate-level AUC
+and the ranking's Spearman against the truth. When no measure is reliable it says so, with what was measured, and
+lists next steps fitted to what the run saw: a larger model by name with an estimate of its time on this task (this
+run's measured engine time scaled by the parameter ratio), more or cleaner pool examples, a label task, the
+measures the truth supports.
 """
 from __future__ import annotations
 
@@ -43,12 +44,20 @@ def _usable(e: dict) -> bool:
     return e.get("verdict") not in (None, "skipped") and e.get("auc") is not None and not math.isnan(e["auc"])
 
 
+def _survives_family(e: dict) -> bool:
+    """Whether the measure's audit CI stays above 0.5 once the k measures compared are counted (ci_family; an
+    audit.json written before it existed, or one measure alone, has none: its 95% CI decides)."""
+    low = (e.get("ci_family") or [None])[0]
+    return low is None or low > 0.5
+
+
 def primary(entries: list[dict] | None, boards: list[dict]) -> dict | None:
-    """The audit entry of the headline's measure, or None when no measure is audited reliable."""
+    """The audit entry of the headline's measure, or None when no measure is audited reliable (with the measures
+    compared counted: _survives_family)."""
     shown = {(b["method"], x) for b in boards for x in b["measures"]}
     order = list(METHODS)
     reliable = [e for e in entries or [] if _usable(e) and e["verdict"] == "reliable" and not e.get("label_bias")
-                and (e["method"], e["measure"]) in shown]
+                and (e["method"], e["measure"]) in shown and _survives_family(e)]
     if not reliable:
         return None
     return min(reliable, key=lambda e: (-round(e["auc"], 2), METHODS[e["method"]].cost, order.index(e["method"]),
@@ -154,8 +163,10 @@ def headline(entries: list[dict] | None, boards: list[dict], task, meta: dict) -
         board = _board(boards, e["method"])
         ranking = _ranking(board, e["measure"])
         name = f"{e['method']} {measure_name(e['method'], e['measure'])}".replace(" score", "")
+        family = (f"; {_ci(e['ci_family'])} at {1 - 0.05 / e['family']:.1%} with the {e['family']} measures compared"
+                  if e.get("ci_family") else "")
         lines = [f"Best: {ranking[0]['model']} by {name} (audit reliable: AUC {_num(e['auc'])} {_ci(e['ci'])} on "
-                 f"{e.get('n', '?')} pool answers)",
+                 f"{e.get('n', '?')} pool answers{family})",
                  f"  ranking: {_ranking_text(ranking)}"]
         unsettled = _unsettled(ranking)
         if unsettled:
@@ -178,11 +189,19 @@ def headline(entries: list[dict] | None, boards: list[dict], task, meta: dict) -
         what = (f"the best, {best['method']} {measure_name(best['method'], best['measure'])}, has audit AUC "
                 f"{_num(best['auc'])} {_ci(best['ci'])} on {best.get('n', '?')} pool answers ({best['verdict']}"
                 + (", following the label" if best.get("label_bias") else "") + ")")
+        if best["verdict"] == "reliable" and not best.get("label_bias") and not _survives_family(best):
+            level = 1 - 0.05 / best["family"]
+            what += (f", but not once the {best['family']} measures compared are counted: its {level:.1%} CI "
+                     f"{_ci(best['ci_family'])} includes 0.5 (the best of {best['family']} measures at chance often "
+                     f"looks this good on {best.get('n', '?')} pool answers)")
     steps = next_steps(entries, task, meta)
     lines = [f"No reliable measure: none of the {len(usable)} audited measures tells right from wrong answers on "
              f"the task's own pool with this model; {what}. No ranking below is evidence.", "  next steps:"]
     lines += [f"  - {s}" for s in steps]
-    return {"method": None, "measure": None, "verdict": best["verdict"] if best else "unscored",
+    verdict = best["verdict"] if best else "unscored"
+    if best is not None and verdict == "reliable" and not _survives_family(best):
+        verdict = f"not reliable with {best['family']} measures compared"
+    return {"method": None, "measure": None, "verdict": verdict,
             "auc": best["auc"] if best else None, "ci": best["ci"] if best else None, "ranking": [], "means": [],
             "next_steps": steps, "lines": lines}
 

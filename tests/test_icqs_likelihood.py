@@ -272,3 +272,47 @@ def test_likelihood_leaderboards_average_rank_shares_not_raw_log_likelihoods():
     assert raw and [m["model"] for m in models] == ["A", "B"]
     a = models[0]
     assert a["mean"] == pytest.approx(np.mean([(23 - q) / 23 for q in range(11)] + [0.0]))
+
+
+def _null_audit(seed: int) -> list[dict]:
+    """The audit entries of 9 measures that know nothing (random scores, each answer's score moving a little between
+    3 draws) on a pool of 12 good and 12 bad answers."""
+    measures = {"loglik": ("score",), "loglik_norm": ("score", "per_byte"), "fewshot": ("score", "per_byte"),
+                "icqs": ("score", "expected"), "epistemic": ("score", "expected")}
+    task = Task("t", "Q: {x}\nA: {y}", [Example(f"g{i}", "y") for i in range(12)],
+                [Example(f"b{i}", "n") for i in range(12)])
+    rng = np.random.default_rng(seed)
+    per_method = {}
+    for method, names in measures.items():
+        base = {x: rng.normal(size=24) for x in names}
+        per_method[method] = [(d, f"i{i}", int(i < 12), "y", {x: base[x][i] + 0.3 * rng.normal() for x in names})
+                              for d in range(3) for i in range(24)]
+    return audit_entries(task, per_method, 3)
+
+
+def test_the_headline_counts_the_measures_it_picks_from():
+    """The best of 9 measures at chance has its 95% CI above 0.5 far more often than 1 time in 40: a headline taken
+    from them must widen the CI for the 9 (Bonferroni, ci_family), or it names a measure that knows nothing."""
+    boards = leaderboards(_rows(["A", "B", "C", "D"]))
+    named_95 = named_family = 0
+    for seed in range(6):  # 2 of these 6 null audits have a measure 'reliable' at 95%
+        entries = _null_audit(seed)
+        assert all(e["family"] == 9 and e["ci_family"][0] <= e["ci"][0] and e["ci_family"][1] >= e["ci"][1]
+                   for e in entries)
+        named_95 += any(e["verdict"] == "reliable" for e in entries)
+        named_family += primary(entries, boards) is not None
+    assert named_95 >= 2 and named_family == 0
+
+
+def test_a_measure_reliable_alone_but_not_among_those_compared_is_not_the_headline():
+    boards = leaderboards(_rows(["A", "B", "C", "D"]))
+    task = Task("t", "Q: {x}\nA: {y}", [Example("a", "x")], [Example("b", "y")])
+    lucky = _entry("epistemic", "score", 0.83, (0.53, 0.96), "reliable", family=11, ci_family=[0.40, 0.98])
+    h = headline([lucky, _entry("loglik", "score", 0.6, (0.4, 0.8), "at chance", family=11, ci_family=[0.3, 0.9])],
+                 boards, task, {})
+    assert h["method"] is None and h["verdict"] == "not reliable with 11 measures compared"
+    assert "but not once the 11 measures compared are counted: its 99.5% CI [0.40, 0.98] includes 0.5" in h["lines"][0]
+    sure = _entry("fewshot", "score", 0.80, (0.68, 0.92), "reliable", family=11, ci_family=[0.58, 0.97])
+    h = headline([lucky, sure], boards, task, {})
+    assert (h["method"], h["measure"]) == ("fewshot", "score")
+    assert h["lines"][0].endswith("on 24 pool answers; [0.58, 0.97] at 99.5% with the 11 measures compared)")
