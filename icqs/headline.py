@@ -108,6 +108,14 @@ def _larger_model(meta: dict) -> str | None:
             f"{params / 1e9:.2g}B parameters, is the largest here")
 
 
+def _labels_balanced(task, tolerance: float = 0.1) -> bool:
+    """Whether every label has the same share (within `tolerance`) of the good and of the bad pool examples."""
+    if not task.is_label_task or not task.good or not task.bad:
+        return False
+    shares = [[sum(e.y == lab for e in pool) / len(pool) for pool in (task.good, task.bad)] for lab in task.labels]
+    return all(abs(g - b) <= tolerance for g, b in shares)
+
+
 def next_steps(entries: list[dict] | None, task, meta: dict) -> list[str]:
     """What to try when no measure is reliable, fitted to what the audit saw."""
     usable = [e for e in entries or [] if _usable(e)]
@@ -131,8 +139,16 @@ def next_steps(entries: list[dict] | None, task, meta: dict) -> list[str]:
                          f"wide, too wide to call an AUC of 0.7 reliable; 2-3x more good and bad examples "
                          f"(`good`, `bad` in the task) narrow them by 1.4-1.7x")
     if any(e.get("label_bias") for e in usable):
-        steps.append("cleaner pool examples: some scores follow the answer's label (label_auc far from 0.5): give "
-                     "every label the same share among the good and the bad examples")
+        if _labels_balanced(task):
+            if not task.calibrate:
+                steps.append("calibration: some scores follow the answer's label (label_auc far from 0.5) although "
+                             "every label has the same share of the good and of the bad pool examples, so the model "
+                             "rates one label higher whatever the answer; --calibrate scores each answer against the "
+                             "same answer after a content-free input (the task's content_free), which takes that "
+                             "preference out of icqs and epistemic (their _cal measures)")
+        else:
+            steps.append("cleaner pool examples: some scores follow the answer's label (label_auc far from 0.5): "
+                         "give every label the same share among the good and the bad examples")
     if any(e.get("agrees") is False for e in usable):
         steps.append("a pool like the candidates: the pool audit and the candidates' truth disagree; take the "
                      "pool's wrong answers from the kind of mistakes the scored models make")

@@ -316,3 +316,19 @@ def test_a_measure_reliable_alone_but_not_among_those_compared_is_not_the_headli
     h = headline([lucky, sure], boards, task, {})
     assert (h["method"], h["measure"]) == ("fewshot", "score")
     assert h["lines"][0].endswith("on 24 pool answers; [0.58, 0.97] at 99.5% with the 11 measures compared)")
+
+
+def test_label_following_scores_on_a_label_balanced_pool_suggest_calibration_not_a_cleaner_pool():
+    """Where every label has the same share of the good and of the bad pool, a score that follows the label does so
+    because the model prefers a label, not because the pool's labels go with correctness: the step is --calibrate."""
+    boards = leaderboards(_rows(["A", "B", "C", "D"]))
+    biased = [_entry("fewshot", "score", 0.62, (0.37, 0.83), "at chance", label_auc=0.0, label_bias=True)]
+    balanced = Task("t", "Q: {x}\nA: {y}", [Example("a", "yes"), Example("b", "no")],
+                    [Example("c", "yes"), Example("d", "no")], labels=["no", "yes"])
+    steps = " | ".join(headline(biased, boards, balanced, {})["next_steps"])
+    assert "--calibrate" in steps and "cleaner pool" not in steps
+    skewed = dataclasses.replace(balanced, good=[Example("a", "yes"), Example("b", "yes")])
+    steps = " | ".join(headline(biased, boards, skewed, {})["next_steps"])
+    assert "cleaner pool examples" in steps and "--calibrate" not in steps
+    calibrated = dataclasses.replace(balanced, calibrate=True)
+    assert "--calibrate" not in " | ".join(headline(biased, boards, calibrated, {})["next_steps"])
