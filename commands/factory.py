@@ -49,8 +49,19 @@ MAX_SEED = 2 ** 63 - 1  # what every random generator here (numpy, torch, random
 MAX_THREADS = 1024  # above any machine's cores; the machine's own count is checked too (check_engine_args)
 MAX_WORKERS = 256  # Ray actors, each a whole engine
 MAX_DRAWS = 100  # independent demo draws: each repeats the work of every method that uses demos
+MAX_RUNS = 100  # judge runs: each repeats the judging of every item at every K
+MAX_ROUNDS = 100  # ALLURE rounds: each evaluates every item again
+MAX_BOOTSTRAP = 100_000  # resamples for a CI: each refits the leaderboard; 10,000 already give stable 95% bounds
+MAX_BATCH = 65_536  # items per engine call: held in memory together, and the unit of resumption
+MAX_CLUSTERS = 256  # k-means clusters: each is ablated with a full evaluation
+MAX_EXAMPLES = 65_536  # ICL examples in one prompt: no model's context holds more
+MAX_NEW_TOKENS = 1 << 20  # tokens to generate: above any model's context, which bounds them when the model is loaded
+MAX_TOKEN_BUDGET = 1 << 20  # new tokens in one forward step: their activations are held at once
+MAX_KV_TOKENS = 1 << 30  # the KV cache's tokens: the machine's memory is checked against it when the model loads
+MAX_QUEUE = 1 << 20  # engine requests a server holds at once, each with its tokens
 seed_int = int_in_range(0, MAX_SEED, "a 63-bit seed")
 draws_int = int_in_range(1, MAX_DRAWS, "each draw repeats the demo methods' work")
+new_tokens_int = int_in_range(1, MAX_NEW_TOKENS, "tokens to generate; the model's context bounds them too")
 
 
 def positive_int(text: str) -> int:
@@ -74,8 +85,10 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     g.add_argument("--threads", type=int_in_range(1, MAX_THREADS, "CPU threads"), default=None,
                    help="CPU threads for the model, at most this machine's cores (default: chosen by the engine)")
-    g.add_argument("--token-budget", type=positive_int, default=1024, help="new tokens per forward step")
-    g.add_argument("--kv-tokens", type=positive_int, default=65536, help="KV cache capacity in tokens")
+    g.add_argument("--token-budget", type=int_in_range(1, MAX_TOKEN_BUDGET, "tokens held in one step"), default=1024,
+                   help="new tokens per forward step")
+    g.add_argument("--kv-tokens", type=int_in_range(1, MAX_KV_TOKENS, "the memory is checked too"), default=65536,
+                   help="KV cache capacity in tokens")
     g.add_argument("--deterministic", action="store_true",
                    help="batch-invariant ops: each score bitwise the same whatever else is in the job")
     g = p.add_argument_group("Ray (engine.distributed)")

@@ -9,16 +9,16 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.server import DEFAULT_MAX_TOKENS
-from .factory import add_engine_args, int_in_range, positive_int
+from .factory import MAX_QUEUE, add_engine_args, int_in_range, new_tokens_int
 
 DEFAULT_MAX_QUEUE = 4096
-MAX_DEFAULT_TOKENS = 1 << 20  # above any model's context; the context after the prompt bounds it anyway
 
 
 def add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve the model over HTTP (OpenAI-compatible completions, chat, /v1/score)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    s.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    s.add_argument("--port", type=int_in_range(0, 65535, "a TCP port"), default=8000,
+                   help="default: 8000 (0: any free port)")
     s.add_argument("--api-key", default=None,
                    help="ask clients of the API (/v1/*, /tokenize, /detokenize, /tokenizer_info) for `Authorization: "
                    "Bearer KEY` (default: $ENGINE_API_KEY, else none); /health, /metrics, /openapi.json and /docs "
@@ -26,10 +26,10 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--api-key-all-endpoints", action="store_true",
                    help="with --api-key: ask for the key on every endpoint, /health, /metrics, /openapi.json and "
                    "/docs too (a Prometheus scraper or health check then sends it)")
-    s.add_argument("--default-max-tokens", type=int_in_range(1, MAX_DEFAULT_TOKENS, "tokens generated per choice"),
+    s.add_argument("--default-max-tokens", type=new_tokens_int,
                    default=DEFAULT_MAX_TOKENS, help="a chat request without max_tokens generates at most this many "
                    f"tokens, and at most what the context holds after its prompt (default {DEFAULT_MAX_TOKENS})")
-    s.add_argument("--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE,
+    s.add_argument("--max-queue", type=int_in_range(1, MAX_QUEUE, "requests held at once"), default=DEFAULT_MAX_QUEUE,
                    help=f"engine requests waiting at most; more get 503 + Retry-After (default {DEFAULT_MAX_QUEUE})")
     s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: file name)")
     add_engine_args(s, remote=False)
@@ -37,8 +37,6 @@ def add_serve_parser(sub) -> None:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    if not 0 <= port <= 65535:
-        raise UserError(f"--port {port}: expected 0..65535")
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # imported where used: the engine's GPU check runs the job bu
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 NAMES = ("task", "candidates", "judge", "pairwise", "allure", "allure-template")
-RUN_FILES = {"run.json": "run-meta", "audit.json": "run-audit", "leaderboard.json": "run-leaderboard"}
+RUN_FILES = {"run.json": "run-meta", "audit.json": "run-audit", "leaderboard.json": "run-leaderboard",
+             "failure_modes.json": "run-failure-modes"}
 MAX_RUN_FILE_BYTES = 64 << 20  # a run's JSON file: its largest, a leaderboard of 100k models, is a few MB
 FORMATS = {  # what each command reads, for its --help
     "score": "TASK: a task YAML (`icqs schema task`); CANDIDATES: a JSONL file of answers (`icqs schema candidates`)",

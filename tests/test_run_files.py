@@ -41,7 +41,7 @@ def _leaderboard(run, capsys, *extra) -> tuple[int, str, str]:
 
 
 def test_what_the_commands_write_passes_the_schemas(run):
-    for name in RUN_FILES:
+    for name in ("run.json", "audit.json", "leaderboard.json"):
         assert read_run_file(run / name) is not None, name
     assert json.loads((run / "run.json").read_text())["audit"] == "done"
     assert schema("run-audit")["items"]["properties"]["method"]["enum"] == list(METHODS)
@@ -139,3 +139,55 @@ def test_a_torn_log_names_the_method_and_refuses_the_leaderboard(run, capsys):
     boards = json.loads((run / "leaderboard.json").read_text())
     assert [b["method"] for b in boards] == ["icqs"] and all("PARTIAL" in b["partial"] for b in boards)
     assert read_run_file(run / "leaderboard.json") == boards
+
+
+@pytest.fixture
+def modes_run(tmp_path):
+    """An ALLURE run folder holding the failure_modes.json that the clustering writes (a stand-in embedding)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from icqs.allure.failure_modes import failure_modes
+    from icqs.allure.report import MODES_FILE
+    from icqs.io import strict_json
+
+    words = ["price wrong", "date wrong", "price off", "late date", "wrong price", "date late"]
+    kinds = ("false_positive", "false_negative")
+    examples = [SimpleNamespace(id=i + 1, user_text=w, response=w, error_kind=kinds[i % 2])
+                for i, w in enumerate(words)]
+    embed = lambda texts: np.array([[1.0, 0.0] if "price" in t else [0.0, 1.0] for t in texts])  # noqa: E731
+    modes = failure_modes(examples, embed, k=2, seed=0)
+    (tmp_path / MODES_FILE).write_text(json.dumps(strict_json(modes)))
+    return SimpleNamespace(path=tmp_path), modes
+
+
+def test_failure_modes_read_back_by_their_schema(modes_run):
+    from icqs.allure.report import load_modes
+
+    run, modes = modes_run
+    assert load_modes(run) == modes and "failure_modes.json" in RUN_FILES
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda m: {**m, "cluster": ["x"] + m["cluster"][1:]}, "field 'cluster[0]': 'x' is not of type 'integer'"),
+    (lambda m: {**m, "cluster": [10 ** 9] + m["cluster"][1:]}, "is greater than the maximum of 4095"),
+    (lambda m: {**m, "xy": [[0.0]] + m["xy"][1:]}, "field 'xy[0]': [0.0] is too short"),
+    (lambda m: {k: v for k, v in m.items() if k != "names"}, "'names' is a required property"),
+    (lambda m: {**m, "ids": m["ids"][:-1]}, "its lists ids, cluster, xy and error_kind differ in length"),
+    (lambda m: {**m, "names": {}}, "has no name in field 'names'"),
+    (lambda m: "[" * 100000 + "]" * 100000, "not valid JSON (nested too deeply)"),
+    (lambda m: json.dumps(m).replace("[", "[NaN, ", 1), "NaN is not standard JSON"),
+])
+def test_a_damaged_failure_modes_json_is_one_line(modes_run, damage, expected):
+    from engine.errors import UserError
+    from icqs.allure.report import MODES_FILE, load_modes
+
+    run, modes = modes_run
+    damaged = damage(modes)
+    (run.path / MODES_FILE).write_text(damaged if isinstance(damaged, str) else json.dumps(damaged))
+    with pytest.raises(UserError) as e:
+        load_modes(run)
+    message = str(e.value)
+    assert message.startswith(f"{run.path / MODES_FILE}: ") and "\n" not in message and expected in message, message
+    assert "run `icqs allure run --failure-modes` again" in message

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from engine.errors import UserError
-from commands.factory import add_engine_args, positive_int
+from commands.factory import MAX_CLUSTERS, MAX_EXAMPLES, MAX_ROUNDS, add_engine_args, int_in_range
 from commands.cli_args import check_output_file, check_report_output, output_path
 from icqs.run import add_run_args, deterministic_by_default
 from icqs.run_tables import add_json_arg
@@ -43,16 +43,18 @@ def register(subparsers) -> None:
                    "user (a format string over the items' fields), optional label_prefix, match "
                    "(`icqs schema allure-template`)")
     r.add_argument("--memory", default=None, type=output_path, help="SQLite ICL memory (default: OUT/memory.sqlite)")
-    r.add_argument("--rounds", type=positive_int, default=3, help="rounds of the loop, at most (default: 3; it "
-                   "stops early when a round adds no ICL example)")
+    r.add_argument("--rounds", type=int_in_range(1, MAX_ROUNDS, "each round evaluates every item again"), default=3,
+                   help="rounds of the loop, at most (default: 3; it stops early when a round adds no ICL example)")
     r.add_argument("--holdout", type=float, default=0.0, help="fraction of items only measured, never audited")
     r.add_argument("--review", action="store_true", help="new ICL examples wait for `icqs allure review`")
-    r.add_argument("--max-icl", type=positive_int, default=None, help="show at most the newest N examples")
+    r.add_argument("--max-icl", type=int_in_range(1, MAX_EXAMPLES, "ICL examples in one prompt"), default=None,
+                   help="show at most the newest N examples")
     r.add_argument("--sweep", default="", help="comma-separated ICL example counts, e.g. 0,4,8,16: the "
                    "evaluator re-run with that many of the memory's examples, for the F1/AUC vs examples plot")
     r.add_argument("--failure-modes", action="store_true",
                    help="cluster the memory's examples (MiniLM, k-means, t-SNE) and ablate each cluster")
-    r.add_argument("--clusters", type=positive_int, default=None, help="k for k-means (default: best silhouette)")
+    r.add_argument("--clusters", type=int_in_range(1, MAX_CLUSTERS, "each cluster is ablated with a full evaluation"),
+                   default=None, help="k for k-means (default: best silhouette)")
     r.set_defaults(func=cmd_run)
 
     v = sub.add_parser("review", help="human audit of pending ICL examples",
@@ -75,13 +77,20 @@ def register(subparsers) -> None:
     o.set_defaults(func=cmd_report)
 
 
-def _ints(text: str, what: str) -> list[int]:
+MAX_SWEEP = 64  # --sweep sizes: each is a full evaluation
+
+
+def _ints(text: str, what: str, most: int | None = None) -> list[int]:
+    """Comma-separated non-negative integers; with `most`, at most MAX_SWEEP of them, each at most `most`."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
     if any(v < 0 for v in values):
         raise UserError(f"{what} must not be negative, got {text!r}")
+    if most is not None and (len(values) > MAX_SWEEP or any(v > most for v in values)):
+        raise UserError(f"{what}: at most {MAX_SWEEP} values of at most {most:,} (each is a full evaluation with that "
+                        f"many ICL examples), got {len(values)} values up to {max(values):,}")
     return values
 
 
@@ -109,7 +118,7 @@ def cmd_run(args) -> int:
     from .tasks import ground_truth_text, load_items
     from .template import load_template
 
-    sizes = _ints(args.sweep, "--sweep")
+    sizes = _ints(args.sweep, "--sweep", MAX_EXAMPLES)
     template = load_template(args.template)
     items = load_items(args.items, template, args.holdout, args.seed)
     run = AuditRun(args.out, items, _settings(args, template, args.items),  # checked, nothing written

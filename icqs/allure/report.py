@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from engine.errors import UserError
 from icqs.io import atomic_write, strict_json
 from icqs.run_tables import Table, num
 
@@ -21,8 +22,20 @@ METRICS = ("accuracy", "f1", "auc", "errors", "false_positives", "false_negative
 
 
 def load_modes(run: AuditRun) -> dict | None:
+    """failure_modes.json checked against its schema (icqs.contracts.read_run_file) and its lists aligned, every
+    cluster named; None when there is none."""
+    from icqs.contracts import read_run_file
+
     path = run.path / MODES_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    fix = f"remove {MODES_FILE} and run `icqs allure run --failure-modes` again to recluster"
+    modes = read_run_file(path, fix=fix)
+    if modes is not None:
+        if len({len(modes[k]) for k in ("ids", "cluster", "xy", "error_kind")}) != 1:
+            raise UserError(f"its lists ids, cluster, xy and error_kind differ in length; {fix}", str(path))
+        unnamed = sorted({c for c in modes["cluster"] if str(c) not in modes["names"]})
+        if unnamed:
+            raise UserError(f"cluster {unnamed[0]} has no name in field 'names'; {fix}", str(path))
+    return modes
 
 
 def summary(run: AuditRun, memory: Memory) -> dict:

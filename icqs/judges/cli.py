@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
-from commands.factory import add_engine_args, engine_from_args, positive_int
+from commands.factory import (MAX_BATCH, MAX_BOOTSTRAP, MAX_RUNS, add_engine_args, engine_from_args, int_in_range,
+                              new_tokens_int)
 
 from ..contracts import FORMATS
 from ..run import MeteredEngine, RunDir, add_run_args, deterministic_by_default, format_stats
@@ -36,13 +37,15 @@ def register(subparsers) -> None:
                    "response, no demos)")
     p.add_argument("--demos", help="JSONL pool of demo (question, response) rows; default: the input itself, the "
                    "graded item left out of its own demos")
-    p.add_argument("--demo-tokens", type=positive_int, default=48, help="max tokens of a demo judgment's generated reason")
-    p.add_argument("--runs", type=positive_int, default=1, help="independent demo draws (seed, seed+1, ...); with 2 or more "
-                   "the summary has the consistency of runs 0 and 1 for every K")
+    p.add_argument("--demo-tokens", type=new_tokens_int, default=48,
+                   help="max tokens of a demo judgment's generated reason")
+    p.add_argument("--runs", type=int_in_range(1, MAX_RUNS, "each run judges every item again"), default=1,
+                   help="independent demo draws (seed, seed+1, ...); with 2 or more the summary has the consistency "
+                   "of runs 0 and 1 for every K")
     p.add_argument("--per-item-draws", action="store_true", help="draw demos for each item separately (the paper's "
                    "setting) instead of one draw shared by all items (whose prompts then share the demo block)")
     p.add_argument("--generate", action="store_true", help="also generate the judgment and parse its rating")
-    p.add_argument("--max-tokens", type=positive_int, default=64, help="max generated tokens with --generate")
+    p.add_argument("--max-tokens", type=new_tokens_int, default=64, help="max generated tokens with --generate")
     p.set_defaults(func=_run_judge)
 
     p = subparsers.add_parser("pairwise", help=COMMANDS["pairwise"].help,
@@ -53,12 +56,16 @@ def register(subparsers) -> None:
                               "the Bradley-Terry leaderboard when every row names its two models.")
     _common(p)
     p.add_argument("--generate", action="store_true", help="also generate each variant's judgment and parse it")
-    p.add_argument("--max-tokens", type=positive_int, default=256, help="max generated tokens with --generate")
-    p.add_argument("--bootstrap", type=positive_int, default=200, help="bootstrap rounds for the leaderboard's 95%% CIs")
+    p.add_argument("--max-tokens", type=new_tokens_int, default=256, help="max generated tokens with --generate")
+    p.add_argument("--bootstrap", type=int_in_range(1, MAX_BOOTSTRAP, "each resample refits the leaderboard"),
+                   default=200, help="bootstrap rounds for the leaderboard's 95%% CIs")
     p.add_argument("--no-tie", action="store_true", help="two-way verdicts: the judge must pick A or B (no [[C]])")
     p.add_argument("--rubric", default=None, metavar="FILE",
                    help="a text file with the criteria the judge should use (appended to its instruction)")
     p.set_defaults(func=_run_pairwise)
+
+
+MAX_SHOTS = 64  # K values of one judge run
 
 
 def _common(p) -> None:
@@ -69,7 +76,8 @@ def _common(p) -> None:
     add_json_arg(p)
     add_engine_args(p)
     deterministic_by_default(p)
-    p.add_argument("--batch", type=positive_int, default=16, help="items per engine call (the unit of resumption)")
+    p.add_argument("--batch", type=int_in_range(1, MAX_BATCH, "items held in memory together"), default=16,
+                   help="items per engine call (the unit of resumption)")
 
 
 def _items(path: str, fields: tuple[str, ...], schema: str) -> tuple[list[dict], dict[str, int]]:
@@ -147,6 +155,8 @@ def _run_judge(args) -> int:
         raise UserError(f"--shots must be comma-separated integers or 'auto', got {args.shots!r}") from None
     if ks is not None and min(ks) < 0:
         raise UserError("--shots must not be negative")
+    if ks is not None and len(ks) > MAX_SHOTS:
+        raise UserError(f"--shots: {len(ks)} K values; at most {MAX_SHOTS} (each K judges every item again)")
     need = 0 if auto else max(max(ks), 4 if args.method == "unsupervised" and max(ks) else 0)
     if need > len(pool) - (0 if args.demos else 1):  # a graded item is never its own demo
         raise UserError(f"{need} demos needed but the demo pool has {len(pool)} items"
