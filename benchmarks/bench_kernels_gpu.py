@@ -37,10 +37,10 @@ MODELS = {  # heads, kv heads, head dim, hidden, intermediate, vocab, sliding wi
     "gemma-3-270m": (4, 1, 256, 640, 2048, 262144, 512),
 }
 SMOKE_MODEL = (4, 2, 16, 32, 48, 100, 8)
-# kernels of the GPU path that the engine reaches inside another op (the cascade's self part runs the paged
-# prefill kernel with empty prefixes), checked and timed on their own beside dispatch.IMPLS
-EXTRA_IMPLS = {"paged_prefill_attention_lse": {"torch": "paged_attention:paged_prefill_attention_lse_ref",
-                                               "triton": "attention_triton:paged_prefill_attention_lse_triton"}}
+# kernels of the GPU path that the engine reaches inside another op (the cascade's self part), checked and timed
+# on their own beside dispatch.IMPLS
+EXTRA_IMPLS = {"varlen_causal_attention": {"torch": "attention:varlen_causal_attention_ref",
+                                           "triton": "attention_triton:varlen_causal_attention_triton"}}
 
 
 @dataclass
@@ -132,10 +132,10 @@ def sdpa_closure(p: dict, n_seq: int, new: int, shared: int):
 
 def cases(shape: tuple, dev, dtype, smoke: bool = False):
     """Every op of the GPU path at one model's shapes (MODELS): the cascade attention (a plain prefill, candidates
-    below a shared prefix, and under the model's sliding window), the paged prefill over cached prefixes, the
+    below a shared prefix, and under the model's sliding window), its causal self part on its own, the
     deterministic mode's segment merge with row limits, RMSNorm, RoPE + KV store, SwiGLU and the target log-prob
     over the vocabulary. Yields Case."""
-    from kernels.problems import cascade_problem, cascade_window, paged_problem
+    from kernels.problems import cascade_problem, cascade_window, varlen_problem
     from kernels.rope import rope_cos_sin
 
     H, Hkv, D, hidden, inter, vocab, window = shape
@@ -158,10 +158,11 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
         pairs = n_seq * new * min(window, shared + new)
         yield attention("cascade_attention", f"{n_seq} seqs x {new} tok, {shared} shared, window {window}",
                         to_device(p, dev), n_seq * new, pairs)
-    seq_lens, prefix_lens = ([5, 1, 0, 19], [0, 17, 3, 40]) if smoke else ([256] * 8, [1024, 0, 512, 2048] * 2)
-    pairs = sum(n * p_ + n * (n + 1) // 2 for n, p_ in zip(seq_lens, prefix_lens))
-    yield attention("paged_prefill_attention_lse", f"{len(seq_lens)} seqs, prefixes up to {max(prefix_lens)}",
-                    to_device(paged_problem(seq_lens, prefix_lens, H, Hkv, D, page_size=16, dtype=dtype), dev),
+    seq_lens = [5, 1, 0, 19] if smoke else [256, 1024, 512, 2048] * 2
+    pairs = sum(min(i + 1, window or i + 1) for n in seq_lens for i in range(n))
+    yield attention("varlen_causal_attention", f"{len(seq_lens)} seqs up to {max(seq_lens)} tok"
+                    + (f", window {window}" if window else ""),
+                    dict(to_device(varlen_problem(seq_lens, H, Hkv, D, dtype), dev), window=window),
                     sum(seq_lens), pairs)
     rows, shared = (12, 40) if smoke else (1024, 2048)
     p = to_device(cascade_problem([rows], shared, [0], H, Hkv, D, dtype), dev)

@@ -16,7 +16,7 @@ DIR/logs/NAME.log.
 1. bounds    GPU, driver, versions; the measured bf16 matmul rate (8192^3, best of several runs) and the
              device-to-device copy bandwidth.
 2. kernels   every Triton kernel against its torch reference at the engine's shapes (bench_kernels_gpu.cases: head
-             dim 64 / 128 / 256 with GQA, the cascade over a shared prefix, the sliding window, the paged prefill,
+             dim 64 / 128 / 256 with GQA, the cascade over a shared prefix, the sliding window, its causal self part,
              the deterministic merge, the target log-prob over 128k and 262k vocabularies), fp32 and bf16, with the
              test suite's tolerances; the bf16 times of each against its reference and torch SDPA's flash backend
              where SDPA computes the same attention; then the suite's own kernel tests on the device

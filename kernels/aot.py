@@ -101,7 +101,7 @@ def _meta(*shape, dtype=torch.float32):
 
 def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[Launch]:
     """Every kernel launch of one engine step for a model of these widths."""
-    from .problems import cascade_problem, cascade_window, paged_problem
+    from .problems import cascade_problem, cascade_window, varlen_problem
 
     H, Hkv, D = shape["heads"], shape["kv_heads"], shape["head_dim"]
     out: list[Launch] = []
@@ -125,13 +125,14 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         return {k: v.to("meta") if torch.is_tensor(v) and v.is_floating_point() else v for k, v in problem.items()}
 
     # small problems (the constexprs depend only on the widths); q, K/V and the cache on meta in the model dtype
-    paged = on_meta(paged_problem([5, 20], [0, 33], H=H, Hkv=Hkv, D=D, page_size=16, dtype=torch.float32))
+    varlen = on_meta(varlen_problem([5, 20], H=H, Hkv=Hkv, D=D))
     cascade = on_meta(cascade_problem([3, 18], shared_len=21, own_lens=[0, 5], H=H, Hkv=Hkv, D=D))
-    for p in (paged, cascade):
-        for k in ("q", "k_new", "v_new", "k_cache", "v_cache"):
-            p[k] = p[k].to(dtype)
+    for p in (varlen, cascade):
+        for k in ("q", "k", "v", "k_new", "v_new", "k_cache", "v_cache"):
+            if k in p:
+                p[k] = p[k].to(dtype)
     with recording(m["attention_triton"]) as rec:
-        m["attention_triton"].paged_prefill_attention_lse_triton(**paged)
+        m["attention_triton"].varlen_causal_attention_triton(**varlen)
         m["attention_triton"].cascade_attention_triton(**cascade)
         # sliding-window layers (Gemma-3): the window in the self part and a first key per row in the segments
         m["attention_triton"].cascade_attention_triton(**cascade, window=cascade_window(cascade, 21, [0, 5], 8))

@@ -132,11 +132,12 @@ def segment_starts(segments: list[Segment], window: AttentionWindow) -> list[Seg
     return out
 
 
-def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window=None):
+def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window: int = 0):
     """Self part: q [T, H, D], k/v [T, Hkv, D] hold the new tokens of sequences packed back to back, sequence b
     being rows cu_seqlens[b]:cu_seqlens[b+1]. Each token attends to itself and the earlier new tokens of its own
-    sequence. Computed in dense windows of whole sequences (block-diagonal causal mask). With `window` (an
-    AttentionWindow), keys window.size or more positions before the query are masked too."""
+    sequence. Computed in dense windows of whole sequences (block-diagonal causal mask). window > 0: keys `window`
+    or more positions before the query are masked too (a sequence's new tokens hold consecutive positions, so the
+    window is a distance in rows). Returns (out [T, H, D] fp32, lse [T, H] fp32)."""
     T, H, D = q.shape
     out = torch.empty(T, H, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
@@ -151,9 +152,8 @@ def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window=No
             torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(b, e)], device=q.device))
         idx = torch.arange(hi - lo, device=q.device)
         mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-        if window is not None:
-            pos = window.positions[lo:hi]
-            mask &= (pos[:, None] - pos[None, :]) < window.size
+        if window > 0:
+            mask &= (idx[:, None] - idx[None, :]) < window
         out[lo:hi], lse[lo:hi] = _attend(q[lo:hi], k[lo:hi], v[lo:hi], scale, mask)
         b = e
     return out, lse
@@ -173,7 +173,8 @@ def cascade_attention_ref(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan
     plan.segments' rows over its cached slots. Returns out [T, H, D] in q's dtype. With a sliding `window`, each
     cached segment's keys are masked by absolute position; a row whose keys in a segment are all outside the
     window takes nothing from it."""
-    out, lse = varlen_causal_attention_ref(q, k_new, v_new, plan.cu_seqlens, scale, window)
+    out, lse = varlen_causal_attention_ref(q, k_new, v_new, plan.cu_seqlens, scale,
+                                           0 if window is None else window.size)
     for seg in plan.segments:
         rows, slots = seg.rows, seg.slots
         if window is None:

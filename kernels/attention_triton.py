@@ -1,10 +1,11 @@
-"""Triton attention over the paged KV cache: paged prefix-prefill and the cascade form (see attention.py and
-paged_attention.py for the contracts and the torch references).
+"""Triton attention over the paged KV cache in the cascade form: the new tokens' causal self part (varlen) and
+the cached segments merged into it (see attention.py for the contracts and the torch references).
 
 Both kernels are flash-attention loops: one program owns the query rows of a few tokens times the G query heads
-of one KV head (GQA: K/V tiles are loaded once for the group), walks its keys in tiles of BLOCK_N with an online softmax in fp32 (log2 domain), and reads K/V rows straight from the cache through
-slot indices. The segment kernel starts its online softmax from the running (out, lse) of its rows, which is
-exactly the log-sum-exp merge of the cascade.
+of one KV head (GQA: K/V tiles are loaded once for the group), walks its keys in tiles of BLOCK_N with an online
+softmax in fp32 (log2 domain). The segment kernel reads K/V rows straight from the cache through slot indices
+and starts its online softmax from the running (out, lse) of its rows, which is exactly the log-sum-exp merge of
+the cascade.
 """
 from __future__ import annotations
 
@@ -33,10 +34,9 @@ def _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION: tl.conste
 
 
 @triton.jit
-def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cu_ptr, bt_ptr, plen_ptr,
-                          blk_seq_ptr, blk_start_ptr, bt_stride, page_size, qk_scale, H, Hkv, D, window,
-                          G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          PRECISION: tl.constexpr):
+def _varlen_causal_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, blk_seq_ptr, blk_start_ptr, qk_scale, H,
+                          Hkv, D, window, G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     # one program: BLOCK_R // G tokens x the G query heads of KV head kh, stacked as BLOCK_R query rows
     pid = tl.program_id(0)
     kh = tl.program_id(1)
@@ -44,7 +44,6 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
     start = tl.load(blk_start_ptr + pid)
     lo = tl.load(cu_ptr + b).to(tl.int64)
     n = tl.load(cu_ptr + b + 1) - lo
-    plen = tl.load(plen_ptr + b)
     offs_r = tl.arange(0, BLOCK_R)
     tok = start + offs_r // G  # token index within the sequence
     head = kh * G + offs_r % G
@@ -57,28 +56,16 @@ def _paged_prefill_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, out_ptr, lse_pt
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-    # a sliding window (window > 0): the query at position plen + tok sees keys at positions > plen + tok - window
-    # (prefix key j sits at position j, own key j at plen + j)
-    first = tl.where(window > 0, plen + tok - window + 1, 0)
-    for j0 in range(0, plen, BLOCK_N):  # the cached prefix, through the block table
-        offs_n = j0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < plen
-        page = tl.load(bt_ptr + b * bt_stride + offs_n // page_size, mask=n_mask, other=0).to(tl.int64)
-        slot = page * page_size + offs_n % page_size
-        kv_off = (slot[:, None] * Hkv + kh) * D + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
-        valid = n_mask[None, :] & (offs_n[None, :] >= first[:, None])
-        acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
+    # a sliding window (window > 0): the query at token tok sees keys at tokens > tok - window
+    first = tl.where(window > 0, tok - window + 1, 0)
     for j0 in range(0, tl.minimum(start + BLOCK_R // G, n), BLOCK_N):  # the sequence's own tokens, causal
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < n
         kv_off = ((lo + offs_n)[:, None] * Hkv + kh) * D + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(kn_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(vn_ptr + kv_off, mask=kv_mask, other=0.0)
-        valid = n_mask[None, :] & (offs_n[None, :] <= tok[:, None]) & (plen + offs_n[None, :] >= first[:, None])
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        valid = n_mask[None, :] & (offs_n[None, :] <= tok[:, None]) & (offs_n[None, :] >= first[:, None])
         acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(out_ptr + q_off, acc / l_safe[:, None], mask=q_mask)
@@ -142,12 +129,11 @@ def _blocks(q: torch.Tensor, group: int):
     return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32", warps
 
 
-def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                       page_size: int, scale: float, window: int = 0):
-    """Contract of paged_attention.paged_prefill_attention_lse_ref: (out fp32 [T, H, D], lse fp32 [T, H]).
-    window > 0: keys `window` or more positions before the query are masked (prefix key j at position j)."""
+def varlen_causal_attention_triton(q, k, v, cu_seqlens, scale: float, window: int = 0):
+    """Contract of attention.varlen_causal_attention_ref: (out fp32 [T, H, D], lse fp32 [T, H]).
+    window > 0: keys `window` or more rows before the query (in its sequence) are masked."""
     T, H, D = q.shape
-    Hkv = k_new.shape[1]
+    Hkv = k.shape[1]
     br, bn, bd, prec, warps = _blocks(q, H // Hkv)
     tokens = br // (H // Hkv)
     cu = [int(c) for c in cu_seqlens]
@@ -160,13 +146,11 @@ def paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_cache, v_c
     out = torch.empty(T, H, D, dtype=torch.float32, device=dev)
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if seq:
-        bt = torch.as_tensor(block_table, device=dev).contiguous()
-        _paged_prefill_kernel[(len(seq), Hkv)](
-            q.contiguous(), k_new.contiguous(), v_new.contiguous(), k_cache, v_cache, out, lse,
-            torch.tensor(cu, device=dev), bt, torch.as_tensor(prefix_lens, device=dev).contiguous(),
+        _varlen_causal_kernel[(len(seq), Hkv)](
+            q.contiguous(), k.contiguous(), v.contiguous(), out, lse, torch.tensor(cu, device=dev),
             torch.tensor(seq, device=dev, dtype=torch.int32), torch.tensor(start, device=dev, dtype=torch.int32),
-            bt.stride(0), page_size, scale * LOG2E, H, Hkv, D, int(window),
-            G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec, num_warps=warps)
+            scale * LOG2E, H, Hkv, D, int(window), G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec,
+            num_warps=warps)
     return out, lse
 
 
@@ -186,19 +170,16 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
 
 def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
     """Contract of attention.cascade_attention_ref. The self part runs on flash-attn when it is installed (CUDA,
-    fp16/bf16, no sliding window), else on the paged-prefill kernel with empty prefixes (a sequence's new tokens
-    hold consecutive positions, so the window is a distance in rows there). With `window`
+    fp16/bf16, no sliding window), else on the varlen causal kernel (a sequence's new tokens hold consecutive
+    positions, so the window is a distance in rows there). With `window`
     (attention.AttentionWindow), each segment's rows start at their first key inside the window."""
     q, cu_seqlens = q.contiguous(), plan.cu_seqlens
     if (window is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
             and flash_attention.available()):
         out, lse = flash_attention.varlen_causal_attention_flash(q, k_new, v_new, list(cu_seqlens), scale)
     else:
-        nseq = len(cu_seqlens) - 1
-        none = torch.zeros(nseq, 1, dtype=torch.int32, device=q.device)
-        out, lse = paged_prefill_attention_lse_triton(q, k_new, v_new, cu_seqlens, k_new, v_new, none,
-                                                      torch.zeros(nseq, dtype=torch.int32, device=q.device), 1,
-                                                      scale, 0 if window is None else window.size)
+        out, lse = varlen_causal_attention_triton(q, k_new, v_new, cu_seqlens, scale,
+                                                  0 if window is None else window.size)
     segments = plan.segments if window is None else \
         plan.derived("windowed segments", lambda: segment_starts(plan.segments, window), window)
     for seg in segments:

@@ -1,8 +1,8 @@
 """The native CPU ops (kernels/native/*.cpp, built by CMakeLists.txt into kernels/native/libicqs_native.so) as
-Python functions with the signatures of their torch references: cascade and paged-prefill attention reading the
-KV cache in place (attention.cpp), RMSNorm, RoPE with the KV-cache store, SwiGLU and greedy decoding's
-argmax (pointwise.cpp); fp32 and bf16 linear layers on packed weight panels, and the LM head fused with the log-softmax
-of each row's target (linear.cpp). `load()` is False when the library is absent."""
+Python functions with the signatures of their torch references: the cascade attention, its varlen causal self part
+and its segments read from the KV cache in place (attention.cpp); RMSNorm, RoPE with the KV-cache store, SwiGLU
+and greedy decoding's argmax (pointwise.cpp); fp32 and bf16 linear layers on packed weight panels, and the LM head
+fused with the log-softmax of each row's target (linear.cpp). `load()` is False when the library is absent."""
 from __future__ import annotations
 
 import functools
@@ -45,28 +45,15 @@ def simd() -> str:
     return _ops().simd() if load() else ""
 
 
-def paged_prefill_attention_lse_native(q, k_new, v_new, cu_seqlens, k_cache, v_cache, block_table, prefix_lens,
-                                       page_size: int, scale: float, window: int = 0):
-    """window > 0: keys `window` or more positions before the query are masked (prefix key j at position j)."""
-    cu = torch.as_tensor(cu_seqlens, dtype=torch.long)
-    return _ops().paged_prefill_attention(q.contiguous(), k_new.contiguous(), v_new.contiguous(), cu, k_cache,
-                                          v_cache, torch.as_tensor(block_table), torch.as_tensor(prefix_lens),
-                                          int(page_size), float(scale), int(window))
-
-
 def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: int = 0, plan=None):
-    """The cascade's self part: paged prefill with empty prefixes. Returns (out fp32, lse fp32). A sequence's new
-    tokens hold consecutive positions, so a sliding window is a distance in rows. With the step's AttentionPlan,
-    the index tensors are built once per step."""
-    nseq = len(cu_seqlens) - 1
-
+    """Contract of attention.varlen_causal_attention_ref (the cascade's self part). Returns (out fp32, lse fp32).
+    With the step's AttentionPlan, cu_seqlens' tensor is built once per step."""
     def index():
-        return (torch.as_tensor(cu_seqlens, dtype=torch.long), torch.zeros(nseq, 0, dtype=torch.long),
-                torch.zeros(nseq, dtype=torch.long))
+        return torch.as_tensor(cu_seqlens, dtype=torch.long)
 
-    cu, none, zero = index() if plan is None else plan.derived("native self part", index)
-    k, v = k.contiguous(), v.contiguous()
-    return _ops().paged_prefill_attention(q.contiguous(), k, v, cu, k, v, none, zero, 1, float(scale), int(window))
+    cu = index() if plan is None else plan.derived("native self part", index)
+    return _ops().varlen_causal_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, float(scale),
+                                          int(window))
 
 
 def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):

@@ -1,6 +1,6 @@
 """Random attention problems with the engine's layouts, shared by the kernel tests and benchmarks: packed new
-tokens of several sequences, a one-layer paged cache, and either block tables (paged prefill) or cascade
-segments (a prefix shared by all sequences, then a private cached segment per sequence)."""
+tokens of several sequences (the causal self part), and for the cascade a one-layer paged cache and its segments
+(a prefix shared by all sequences, then a private cached segment per sequence)."""
 from __future__ import annotations
 
 import torch
@@ -20,17 +20,10 @@ def _packed(seq_lens, H, Hkv, D, dtype, gen):
     return rand(T, H, D), rand(T, Hkv, D), rand(T, Hkv, D), cu, rand
 
 
-def paged_problem(seq_lens, prefix_lens, H, Hkv, D, page_size, dtype=torch.float32, seed=0):
-    """Arguments of paged_prefill_attention: each sequence's prefix on its own randomly chosen pages."""
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v, cu, rand = _packed(seq_lens, H, Hkv, D, dtype, gen)
-    pages_per_seq = max(1, max(-(-p // page_size) for p in prefix_lens))
-    num_pages = pages_per_seq * len(seq_lens) + 3
-    table = torch.randperm(num_pages, generator=gen)[:pages_per_seq * len(seq_lens)]
-    return dict(q=q, k_new=k, v_new=v, cu_seqlens=cu, k_cache=rand(num_pages * page_size, Hkv, D),
-                v_cache=rand(num_pages * page_size, Hkv, D),
-                block_table=table.reshape(len(seq_lens), pages_per_seq).to(torch.int32),
-                prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64), page_size=page_size, scale=D ** -0.5)
+def varlen_problem(seq_lens, H, Hkv, D, dtype=torch.float32, seed=0):
+    """Arguments of varlen_causal_attention: the new tokens of len(seq_lens) sequences packed back to back."""
+    q, k, v, cu, _ = _packed(seq_lens, H, Hkv, D, dtype, torch.Generator().manual_seed(seed))
+    return dict(q=q, k=k, v=v, cu_seqlens=cu, scale=D ** -0.5)
 
 
 def cascade_problem(seq_lens, shared_len, own_lens, H, Hkv, D, dtype=torch.float32, seed=0):

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # dtype).
 CASES = [("smollm2-135m", "bfloat16"), ("llama3-8b", "bfloat16"), ("llama3-8b", "float32"),
          ("gemma-3-270m", "bfloat16"), ("gemma-3-270m", "float32")]
-KERNELS = {"_rms_norm_kernel", "_rope_store_kv_kernel", "_silu_and_mul_kernel", "_paged_prefill_kernel",
+KERNELS = {"_rms_norm_kernel", "_rope_store_kv_kernel", "_silu_and_mul_kernel", "_varlen_causal_kernel",
            "_segment_merge_kernel", "_target_logprob_kernel"}
 
 

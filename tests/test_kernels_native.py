@@ -10,17 +10,16 @@ import pytest
 import torch
 
 from kernels import native_ops
-from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
-from kernels.paged_attention import paged_prefill_attention_lse_ref
+from kernels.attention import cascade_attention_ref, segment_attention_merge_ref, varlen_causal_attention_ref
 from kernels.attention import Segment
-from kernels.problems import cascade_problem, cascade_window, paged_problem, upcast, with_segments
+from kernels.problems import cascade_problem, cascade_window, upcast, varlen_problem, with_segments
 
 if os.environ.get("ICQS_NO_NATIVE") == "1":
     pytest.skip("ICQS_NO_NATIVE=1", allow_module_level=True)
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 BF16_TOL = dict(atol=2e-2, rtol=2e-2)
-SEQ_LENS, PREFIX_LENS = [5, 1, 0, 19, 70], [0, 17, 3, 40, 33]
+SEQ_LENS = [5, 1, 0, 19, 70, 300]  # a lone token, an empty sequence, several work items
 
 
 def test_library_is_built():
@@ -28,13 +27,13 @@ def test_library_is_built():
 
 
 @pytest.mark.parametrize("D", [20, 64, 256])
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("window", [0, 7])
 @pytest.mark.parametrize("ratio", [1, 3, 4])
-def test_paged_prefill_attention_fp32(ratio, page_size, D):
+def test_varlen_causal_attention_fp32(ratio, window, D):
     assert native_ops.load()
-    p = paged_problem(SEQ_LENS, PREFIX_LENS, H=2 * ratio, Hkv=2, D=D, page_size=page_size, seed=ratio)
-    out, lse = native_ops.paged_prefill_attention_lse_native(**p)
-    ref_out, ref_lse = paged_prefill_attention_lse_ref(**p)
+    p = varlen_problem(SEQ_LENS, H=2 * ratio, Hkv=2, D=D, seed=ratio)
+    out, lse = native_ops.varlen_causal_attention_native(**p, window=window)
+    ref_out, ref_lse = varlen_causal_attention_ref(**p, window=window)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
 
@@ -78,9 +77,9 @@ def test_bf16_against_fp32_reference(ratio):
     out = native_ops.cascade_attention_native(**p)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), cascade_attention_ref(**upcast(p)), **BF16_TOL)
-    pp = paged_problem(SEQ_LENS, PREFIX_LENS, H=3 * ratio, Hkv=3, D=64, page_size=16, dtype=torch.bfloat16)
-    out, lse = native_ops.paged_prefill_attention_lse_native(**pp)
-    ref_out, ref_lse = paged_prefill_attention_lse_ref(**upcast(pp))
+    pv = varlen_problem(SEQ_LENS, H=3 * ratio, Hkv=3, D=64, dtype=torch.bfloat16)
+    out, lse = native_ops.varlen_causal_attention_native(**pv)
+    ref_out, ref_lse = varlen_causal_attention_ref(**upcast(pv))
     torch.testing.assert_close(out, ref_out, **BF16_TOL)
     torch.testing.assert_close(lse, ref_lse, **BF16_TOL)
 

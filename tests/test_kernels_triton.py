@@ -16,12 +16,12 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from kernels import attention_triton as AT  # noqa: E402
-from kernels.attention import cascade_attention_ref, segment_attention_merge_ref  # noqa: E402
+from kernels.attention import (cascade_attention_ref, segment_attention_merge_ref,  # noqa: E402
+                               varlen_causal_attention_ref)
 from kernels.logprob import target_logprobs_ref  # noqa: E402
 from kernels.logprob_triton import target_logprobs_triton  # noqa: E402
-from kernels.paged_attention import paged_prefill_attention_lse_ref  # noqa: E402
 from kernels.attention import AttentionPlan, Segment  # noqa: E402
-from kernels.problems import cascade_problem, cascade_window, paged_problem  # noqa: E402
+from kernels.problems import cascade_problem, cascade_window, varlen_problem  # noqa: E402
 from kernels.rmsnorm import rms_norm_ref  # noqa: E402
 from kernels.rmsnorm_triton import rms_norm_triton  # noqa: E402
 from kernels.rope import rope_cos_sin, rope_store_kv_ref  # noqa: E402
@@ -107,18 +107,17 @@ def test_silu_and_mul(dtype):
     close(silu_and_mul_triton(gate_up), silu_and_mul_ref(gate_up), dtype)
 
 
-# odd lengths, an empty sequence, an empty prefix, prefixes shorter than, equal to and longer than a page
-SEQ_LENS, PREFIX_LENS = [5, 1, 0, 19], [0, 17, 3, 40]
+# odd lengths, a lone token, an empty sequence, a sequence over several key tiles
+SEQ_LENS = [5, 1, 0, 19, 40]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("window", [0, 6])
 @pytest.mark.parametrize("ratio", [1, 3, 4])
-def test_paged_prefill_attention(ratio, page_size, dtype):
-    p = problem_on(paged_problem(SEQ_LENS, PREFIX_LENS, H=ratio, Hkv=1, D=20, page_size=page_size, seed=ratio),
-                   dtype)
-    out, lse = AT.paged_prefill_attention_lse_triton(**p)
-    ref_out, ref_lse = paged_prefill_attention_lse_ref(**fp32(p))
+def test_varlen_causal_attention(ratio, window, dtype):
+    p = problem_on(varlen_problem(SEQ_LENS, H=ratio, Hkv=1, D=20, seed=ratio), dtype)
+    out, lse = AT.varlen_causal_attention_triton(**p, window=window)
+    ref_out, ref_lse = varlen_causal_attention_ref(**fp32(p), window=window)
     close(out, ref_out, dtype)
     close(lse, ref_lse, dtype)
 

@@ -1,7 +1,7 @@
 // Native CPU attention over the paged KV cache, registered as torch ops `icqs_native::*`.
 //
-// Keys and values are read in place, row by row, through slot indices (the block table resolved to slots):
-// no gathered copy of the cache is made. A work item is one KV head and a block of query tokens; its
+// Keys and values are read in place, row by row (through slot indices for the cache): no gathered copy of the
+// cache is made. A work item is one KV head and a block of query tokens; its
 // queries (tokens x the heads of the GQA group) sweep the keys in tiles of 32 with an online softmax in fp32,
 // in the log2 domain. Each tile is packed into a small buffer (K transposed), then a 6-query x 32-key
 // register-blocked micro-kernel computes the scores and the P.V update:
@@ -12,9 +12,8 @@
 // Every query vector sees a range of the keys [first, last] (causal limits, a sliding window's lower bound);
 // the keys it does not see contribute exact zeros. Work items run in parallel under OpenMP.
 //
-//   paged_prefill_attention: new tokens of many sequences attend causally to themselves and to their cached
-//       prefix read through the block table (the cascade's self part is the same op with empty prefixes);
-//       `window` > 0 masks keys `window` or more positions before the query.
+//   varlen_causal_attention: the new tokens of many sequences, packed back to back, attend causally to
+//       themselves (the cascade's self part); `window` > 0 masks keys `window` or more rows before the query.
 //   segment_attention_merge_: stacked queries of the sequences below one cached segment attend to it, merged
 //       in place into running (out, lse) by log-sum-exp (the online softmax started from that state).
 #include <ATen/ATen.h>
@@ -551,14 +550,11 @@ void add_items(std::vector<Item>& items, int64_t id, int64_t lo, int64_t hi, int
     for (int64_t kh = 0; kh < Hkv; ++kh) items.push_back({id, r0, std::min(hi, r0 + size), kh});
 }
 
-// window > 0: a query at position p sees keys at positions > p - window. A sequence's prefix key j is at
-// position j and its new token t (row t - cu[b] of its own) at prefix_len + t - cu[b].
+// window > 0: the new token t of sequence b (row t - cu[b] of its own) sees its own rows > t - cu[b] - window.
 template <typename T>
-void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, const at::Tensor& k_cache,
-                   const at::Tensor& v_cache, const int64_t* cup, const int64_t* pl, const std::vector<int64_t>& slots,
-                   const std::vector<int64_t>& slot_off, const std::vector<Item>& items, double scale,
-                   int64_t window, at::Tensor& out, at::Tensor& lse) {
-  const int64_t H = q.size(1), Hkv = k_new.size(1), D = q.size(2), g = H / Hkv;
+void varlen_items(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const int64_t* cup,
+                  const std::vector<Item>& items, double scale, int64_t window, at::Tensor& out, at::Tensor& lse) {
+  const int64_t H = q.size(1), Hkv = k.size(1), D = q.size(2), g = H / Hkv;
   const T* qp = q.data_ptr<T>();
   float* op = out.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
@@ -566,9 +562,9 @@ void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tenso
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t it = 0; it < int64_t(items.size()); ++it) {
     const auto [b, t0, t1, kh] = items[it];
-    if (pl[b] == 0 && cup[b + 1] - cup[b] == 1) {  // a lone token (a decode step's self part): its only key is
-      const T* kr = k_new.data_ptr<T>() + (t0 * Hkv + kh) * D;  // itself, so out = v and lse = its score
-      const T* vr = v_new.data_ptr<T>() + (t0 * Hkv + kh) * D;
+    if (cup[b + 1] - cup[b] == 1) {  // a lone token (a decode step's self part): its only key is itself, so
+      const T* kr = k.data_ptr<T>() + (t0 * Hkv + kh) * D;  // out = v and lse = its score
+      const T* vr = v.data_ptr<T>() + (t0 * Hkv + kh) * D;
       for (int64_t h = kh * g; h < (kh + 1) * g; ++h) {
         const T* qr = qp + (t0 * H + h) * D;
         float dot = 0.f;
@@ -579,23 +575,17 @@ void prefill_items(const at::Tensor& q, const at::Tensor& k_new, const at::Tenso
       continue;
     }
     thread_local State s;
-    thread_local std::vector<int64_t> own_first, own_last, prefix_first;
+    thread_local std::vector<int64_t> own_first, own_last;
     s.reset(int((t1 - t0) * g), int(D), bf16);
     own_last.resize(s.M);
     own_first.resize(window > 0 ? s.M : 0);
-    prefix_first.resize(window > 0 ? s.M : 0);
     for (int r = 0; r < s.M; ++r) {
       const int64_t t = t0 + r / g, h = kh * g + r % g;
       s.load_query(r, qp + (t * H + h) * D, float(scale));
       own_last[r] = t - cup[b];
-      if (window > 0) {
-        own_first[r] = t - cup[b] - window + 1;
-        prefix_first[r] = pl[b] + t - cup[b] - window + 1;
-      }
+      if (window > 0) own_first[r] = t - cup[b] - window + 1;
     }
-    const Keys<T> prefix{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), slots.data() + slot_off[b], 0, pl[b]};
-    sweep_any(s, prefix, Hkv * D, kh, Visible{window > 0 ? &prefix_first : nullptr, nullptr}, true);
-    const Keys<T> own{k_new.data_ptr<T>(), v_new.data_ptr<T>(), nullptr, cup[b], t1 - cup[b]};
+    const Keys<T> own{k.data_ptr<T>(), v.data_ptr<T>(), nullptr, cup[b], t1 - cup[b]};
     sweep_any(s, own, Hkv * D, kh, Visible{window > 0 ? &own_first : nullptr, &own_last}, true);
     for (int r = 0; r < s.M; ++r) {
       const int64_t t = t0 + r / g, h = kh * g + r % g;
@@ -653,41 +643,24 @@ void segments_items(const at::Tensor& q, const int64_t* rp, const int64_t* ro, c
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
-    const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, const at::Tensor& cu_seqlens,
-    const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
-    const at::Tensor& prefix_lens, int64_t page_size, double scale, int64_t window) {
-  check_qkv(q, k_new, v_new);
-  check_qkv(q, k_cache, v_cache);
-  const int64_t T = q.size(0), H = q.size(1), Hkv = k_new.size(1), D = q.size(2), g = H / Hkv;
-  TORCH_CHECK(k_cache.size(1) == Hkv, "cache and new keys have different KV heads");
+std::tuple<at::Tensor, at::Tensor> varlen_causal_attention(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const at::Tensor& cu_seqlens,
+                                                             double scale, int64_t window) {
+  check_qkv(q, k, v);
+  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), D = q.size(2), g = H / Hkv;
   TORCH_CHECK(window >= 0, "window must be >= 0 (0: none)");
   const auto cu = cu_seqlens.to(at::kLong).contiguous();
-  const auto plen = prefix_lens.to(at::kLong).contiguous();
-  const auto bt = block_table.to(at::kLong).contiguous();
   const int64_t B = cu.numel() - 1;
-  TORCH_CHECK(plen.numel() == B && bt.dim() == 2 && bt.size(0) == B, "block_table/prefix_lens do not match cu_seqlens");
-  TORCH_CHECK(page_size >= 1, "page_size must be positive");
   const int64_t* cup = cu.data_ptr<int64_t>();
-  const int64_t* pl = plen.data_ptr<int64_t>();
-  // the prefix of every sequence resolved to slots, once
-  std::vector<int64_t> slot_off(B + 1, 0);
-  for (int64_t b = 0; b < B; ++b) slot_off[b + 1] = slot_off[b] + pl[b];
-  std::vector<int64_t> slots(slot_off[B]);
-  const int64_t* btp = bt.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(pl[b] <= bt.size(1) * page_size, "prefix longer than its block table");
-    for (int64_t j = 0; j < pl[b]; ++j)
-      slots[slot_off[b] + j] = btp[b * bt.size(1) + j / page_size] * page_size + j % page_size;
-  }
+  TORCH_CHECK(B >= 0 && cup[0] == 0 && cup[B] == T && k.size(0) == T, "cu_seqlens must run from 0 to q's rows");
+  for (int64_t b = 0; b < B; ++b) TORCH_CHECK(cup[b] <= cup[b + 1], "cu_seqlens must not decrease");
   const int64_t tb = std::max<int64_t>(1, kRowsPerItem / g);
   std::vector<Item> items;
   for (int64_t b = 0; b < B; ++b) add_items(items, b, cup[b], cup[b + 1], tb, Hkv);
   auto out = at::empty({T, H, D}, q.options().dtype(at::kFloat));
   auto lse = at::empty({T, H}, q.options().dtype(at::kFloat));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
-    prefill_items<scalar_t>(q, k_new, v_new, k_cache, v_cache, cup, pl, slots, slot_off, items, scale, window,
-                            out, lse);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "varlen_causal_attention", [&] {
+    varlen_items<scalar_t>(q, k, v, cup, items, scale, window, out, lse);
   });
   return {out, lse};
 }
@@ -757,8 +730,7 @@ void segments_attention_merge_(const at::Tensor& q, const at::Tensor& rows_cat, 
 }  // namespace icqs
 
 TORCH_LIBRARY(icqs_native, m) {
-  m.def("paged_prefill_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor cu_seqlens, Tensor k_cache, "
-        "Tensor v_cache, Tensor block_table, Tensor prefix_lens, int page_size, float scale, int window=0) "
+  m.def("varlen_causal_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale, int window=0) "
         "-> (Tensor, Tensor)");
   m.def("segment_attention_merge_(Tensor q, Tensor rows, Tensor k_cache, Tensor v_cache, Tensor slots, "
         "float scale, Tensor(a!) out, Tensor(b!) lse, Tensor? limits=None, Tensor? starts=None) -> ()");
@@ -768,7 +740,7 @@ TORCH_LIBRARY(icqs_native, m) {
 }
 
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
-  m.impl("paged_prefill_attention", &icqs::paged_prefill_attention);
+  m.impl("varlen_causal_attention", &icqs::varlen_causal_attention);
   m.impl("segment_attention_merge_", &icqs::segment_attention_merge_);
   m.impl("segments_attention_merge_", &icqs::segments_attention_merge_);
 }
