@@ -19,10 +19,15 @@ log = logging.getLogger(__name__)
 LIB_DIR = Path(__file__).parent / "native"
 
 
+# every op this module calls: a library built from older sources lacks some (a renamed op)
+OPS = ("varlen_causal_attention", "segment_attention_merge_", "segments_attention_merge_", "rms_norm",
+       "rope_store_kv", "silu_and_mul", "greedy_logprobs", "linear_panels", "target_logprobs", "simd")
+
+
 @functools.cache
 def load() -> bool:
     """Loads the library once (the newest build: cmake's libicqs_native.so or setuptools'
-    libicqs_native.<abi>.so); True when the ops are registered."""
+    libicqs_native.<abi>.so); True when every op in OPS is registered."""
     libs = sorted(LIB_DIR.glob("libicqs_native*.so"), key=lambda p: p.stat().st_mtime)
     if not libs:
         return False
@@ -30,6 +35,11 @@ def load() -> bool:
         torch.ops.load_library(str(libs[-1]))
     except OSError as e:
         log.warning("native CPU ops present but not loadable (%s): using the torch references", e)
+        return False
+    missing = [op for op in OPS if not hasattr(_ops(), op)]
+    if missing:
+        log.warning("native CPU ops in %s were built from older sources (no %s): using the torch references; "
+                    "rebuild them (pip install -e . or cmake, CMakeLists.txt)", libs[-1], ", ".join(missing))
         return False
     return True
 
