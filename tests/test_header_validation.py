@@ -20,14 +20,14 @@ T = gguf.GGUFValueType
 
 
 def rewrite_gguf(src, dst, changes: dict | None = None, remove: tuple = ()):
-    """A copy of the GGUF file `src` at `dst` with metadata `changes` ({key: (value, GGUFValueType)}) and
-    without the keys in `remove` (the tensors copied as they are)."""
+    """A copy of the GGUF file `src` at `dst` with metadata `changes` ({key: (value, GGUFValueType)}, or (value,
+    ARRAY, the items' GGUFValueType)) and without the keys in `remove` (the tensors copied as they are)."""
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
     reader = gguf.GGUFReader(str(src))
     arch = reader.get_field("general.architecture").contents()
     writer = gguf.GGUFWriter(str(dst), arch=arch)
-    new = {k: MetadataDetails(t, v) for k, (v, t) in (changes or {}).items()}
+    new = {k: MetadataDetails(t, v, sub_type=sub[0] if sub else None) for k, (v, t, *sub) in (changes or {}).items()}
     copy_with_new_metadata(reader, writer, new, list(remove))
     return dst
 
