@@ -77,3 +77,11 @@ def test_preview_and_score_agree_on_a_pool_too_small_to_audit(tmp_path, candidat
                            tmp_path / "run", "--quiet"], capsys)
     assert status == 0, err
     assert json.loads((tmp_path / "run" / "run.json").read_text())["audit"] == f"skipped: {reason}"
+
+
+def test_a_task_seed_is_bounded_as_the_option_is(tmp_path, candidates, capsys):
+    task = tmp_path / "task.yaml"
+    task.write_text(TASK.format(typo="positive", bad=BAD) + f"seed: {2 ** 64}\n")
+    status, _, err = _run(["preview", task, candidates], capsys)
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {task}:11: 'seed': {2 ** 64} is greater than the maximum of {2 ** 63 - 1}"), err
