@@ -126,11 +126,11 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         return native.tokenizer_full(state)
 
     @api.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    def tokenize(body: TokenizeRequest):  # plain functions: FastAPI runs them in its thread pool, off the event loop
         return native.tokenize(state, body)
 
     @api.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
+    def detokenize(body: DetokenizeRequest):
         return native.detokenize(state, body)
 
     app.include_router(api)

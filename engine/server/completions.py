@@ -94,7 +94,7 @@ def _completion_logprobs(state, echo: Scored | None, gen_scored: Scored | None) 
 async def completions(state: ServerState, req: CompletionRequest):
     state.check_model(req.model)
     texts = req.prompts()
-    prompts = state.encode_prompts(texts, ["prompt"] * len(texts))
+    prompts = await asyncio.to_thread(state.encode_prompts, texts, ["prompt"] * len(texts))  # off the event loop
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     for ids in prompts:
         state.check_length(len(ids), 0, "prompt")
@@ -155,7 +155,7 @@ def _chat_logprobs(state, scored: Scored | None, top_logprobs: int) -> dict:
 
 async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     state.check_model(req.model)
-    ids = _chat_prompt(state, req)
+    ids = await asyncio.to_thread(_chat_prompt, state, req)  # the template and the tokenizer off the event loop
     # without max_tokens: what the context holds, at most the server's default (--default-max-tokens), as vLLM
     max_tokens = req.max_completion_tokens or req.max_tokens or min(state.max_len - len(ids),
                                                                      state.default_max_tokens)

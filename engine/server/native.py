@@ -1,7 +1,10 @@
 """The engine's own endpoints: /v1/score (many continuations of one query, or (context, continuation) pairs, or
 next-token label distributions), /v1/generate (the engine's `generate`), and the tokenizer endpoints that
 lm-evaluation-harness probes (/tokenizer_info, /tokenize, /detokenize) plus /v1/tokenizer, from which the
-client (engine/client.py) builds the very tokenizer the server uses."""
+client (engine/client.py) builds the very tokenizer the server uses.
+
+Texts are tokenized off the event loop (a worker thread; the tokenizer releases the GIL), so that a call of many
+long texts does not hold up the other clients, nor the server's view of a client that left or of a SIGTERM."""
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +26,10 @@ def _score_item(i: int, res, top_k: int) -> dict:
 async def score(state: ServerState, req: ScoreRequest) -> dict:
     state.check_model(req.model)
     if req.pairs is not None:
-        param, encoded = "pairs", state.encode_pairs([tuple(p) for p in req.pairs], "pairs")
+        param, pairs = "pairs", [tuple(p) for p in req.pairs]
     else:
-        param, encoded = "items", state.encode_pairs([(req.query, item) for item in req.items], "items")
+        param, pairs = "items", [(req.query, item) for item in req.items]
+    encoded = await asyncio.to_thread(state.encode_pairs, pairs, param)  # the event loop serves others meanwhile
     if req.label_token_ids is None:
         ticket = state.admit(len(encoded), param)
         try:
@@ -60,7 +64,8 @@ async def score(state: ServerState, req: ScoreRequest) -> dict:
 async def generate(state: ServerState, req: GenerateRequest) -> dict:
     """As Engine.generate: prompt i samples with seed + i."""
     state.check_model(req.model)
-    prompts = state.encode_prompts(req.prompts, [f"prompts[{i}]" for i in range(len(req.prompts))])
+    prompts = await asyncio.to_thread(state.encode_prompts, req.prompts,
+                                      [f"prompts[{i}]" for i in range(len(req.prompts))])
     for i, ids in enumerate(prompts):
         state.check_length(len(ids), 1, f"prompts[{i}]")
         state.check_length(len(ids), req.max_tokens, "max_tokens")
