@@ -215,8 +215,9 @@ def headline(entries: list[dict] | None, boards: list[dict], task, meta: dict) -
              f"the task's own pool with this model; {what}. No ranking below is evidence.", "  next steps:"]
     lines += [f"  - {s}" for s in steps]
     verdict = best["verdict"] if best else "unscored"
-    if best is not None and verdict == "reliable" and not _survives_family(best):
-        verdict = f"not reliable with {best['family']} measures compared"
+    if verdict == "reliable":  # yet not the headline's: it follows the label, or not once the family is counted
+        verdict = "label-following" if best.get("label_bias") else \
+            f"not reliable with {best['family']} measures compared"
     return {"method": None, "measure": None, "verdict": verdict,
             "auc": best["auc"] if best else None, "ci": best["ci"] if best else None, "ranking": [], "means": [],
             "next_steps": steps, "lines": lines}

@@ -327,6 +327,11 @@ def test_label_following_scores_on_a_label_balanced_pool_suggest_calibration_not
                     [Example("c", "yes"), Example("d", "no")], labels=["no", "yes"])
     steps = " | ".join(headline(biased, boards, balanced, {})["next_steps"])
     assert "--calibrate" in steps and "cleaner pool" not in steps
+    follows = [_entry("loglik", "score", 0.80, (0.60, 0.95), "reliable", label_auc=0.0, label_bias=True,
+                      family=11, ci_family=[0.45, 0.99])]
+    h = headline(follows, boards, balanced, {})
+    assert h["method"] is None and h["verdict"] == "label-following"
+    assert "(reliable, following the label)" in h["lines"][0] and "measures compared" not in h["lines"][0]
     skewed = dataclasses.replace(balanced, good=[Example("a", "yes"), Example("b", "yes")])
     steps = " | ".join(headline(biased, boards, skewed, {})["next_steps"])
     assert "cleaner pool examples" in steps and "--calibrate" not in steps
