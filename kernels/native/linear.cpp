@@ -1,4 +1,4 @@
-// Linear layers for AVX2 CPUs, registered as the torch ops `icqs_native::linear_panels` and (the LM head fused
+// Linear layers for AVX2 CPUs, the torch ops `icqs_native::linear_panels` and (the LM head fused
 // with the log-softmax of each row's target, below) `icqs_native::target_logprobs`.
 // linear_panels:
 // y[M, N] = x[M, K] . W[N, K]^T (+ bias), with W packed once at load into panels of kPanel output columns,
@@ -358,13 +358,10 @@ std::string simd() {
 }  // namespace
 }  // namespace icqs
 
-TORCH_LIBRARY_FRAGMENT(icqs_native, m) {
-  m.def("linear_panels(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
-  m.def("simd() -> str", &icqs::simd);
-  m.def("target_logprobs(Tensor hidden, Tensor weight, Tensor targets) -> (Tensor, Tensor)");
-}
-
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
   m.impl("linear_panels", &icqs::linear_panels);
   m.impl("target_logprobs", &icqs::target_logprobs);
 }
+
+// simd() has no tensor argument: its kernel serves every dispatch key
+TORCH_LIBRARY_IMPL(icqs_native, CompositeImplicitAutograd, m) { m.impl("simd", &icqs::simd); }

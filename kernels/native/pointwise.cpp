@@ -1,8 +1,9 @@
-// Native CPU row-wise ops of the Llama block, registered as torch ops `icqs_native::*`: RMSNorm fused with the
-// residual add, RoPE fused with the KV-cache store, SwiGLU, and greedy decoding's argmax with its log-prob. Each is one pass over its rows instead of the 2-9 ATen ops
-// (each with its own allocation and parallel region) of the torch reference, which dominate when a step holds
-// few tokens. Rounding follows the references: intermediate results are rounded to the tensor dtype where the
-// reference computes in that dtype, so bf16 outputs match the torch path.
+// Native CPU row-wise ops of the Llama block, the torch ops `icqs_native::*` (schemas in ops.cpp): RMSNorm
+// fused with the residual add, RoPE fused with the KV-cache store, SwiGLU, and greedy decoding's argmax with its
+// log-prob. Each is one pass over its rows instead of the 2-9 ATen ops (each with its own allocation and parallel
+// region) of the torch reference, which dominate when a step holds few tokens. Rounding follows the references:
+// intermediate results are rounded to the tensor dtype where the reference computes in that dtype, so bf16
+// outputs match the torch path.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -234,14 +235,6 @@ std::tuple<at::Tensor, at::Tensor> greedy_logprobs(const at::Tensor& logits) {
 
 }  // namespace
 }  // namespace icqs
-
-TORCH_LIBRARY_FRAGMENT(icqs_native, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor? residual) -> (Tensor, Tensor)");
-  m.def("rope_store_kv(Tensor qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
-        "Tensor(b!) v_cache, Tensor slots, int num_heads, int num_kv_heads) -> (Tensor, Tensor, Tensor)");
-  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
-  m.def("greedy_logprobs(Tensor logits) -> (Tensor, Tensor)");
-}
 
 TORCH_LIBRARY_IMPL(icqs_native, CPU, m) {
   m.impl("rms_norm", &icqs::rms_norm);
