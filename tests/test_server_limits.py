@@ -42,6 +42,17 @@ def test_a_text_longer_than_any_request_is_refused_before_it_is_tokenized(engine
     assert err["param"] == param and f"at most {_longest(engine):,}" in err["message"], err
 
 
+def test_the_openapi_schema_states_the_limit(engine, url):
+    schemas = httpx.get(url + "/openapi.json").json()["components"]["schemas"]
+    longest = _longest(engine)
+    assert schemas["TokenizeRequest"]["properties"]["prompt"]["maxLength"] == longest
+    assert schemas["DetokenizeRequest"]["properties"]["tokens"]["maxItems"] == longest
+    context, continuation = schemas["ScoreRequest"]["properties"]["pairs"]["anyOf"][0]["items"]["prefixItems"]
+    assert [m.get("maxLength", m.get("maxItems")) for m in context["anyOf"] + continuation["anyOf"]] == [longest] * 4
+    prompts = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]
+    assert prompts[1]["maxItems"] == 4096 and prompts[1]["items"]["maxLength"] == longest  # calls: not capped
+
+
 def test_a_50_mb_text_on_tokenize_is_a_400_naming_the_field(url):
     r = httpx.post(url + "/tokenize", json={"prompt": "The quick brown fox. " * (50_000_000 // 21)}, timeout=60)
     err = error_of(r, 400)

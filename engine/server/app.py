@@ -433,7 +433,7 @@ def _openapi(app: FastAPI, public=PUBLIC) -> dict:
         components.pop(name, None)
     components["Error"] = ERROR_SCHEMA
     state = app.state.server
-    _express_rejections(components, state.config.vocab_size, state.max_len, state.model_name)
+    _express_rejections(components, state.config.vocab_size, state.max_len, state.model_name, state.max_text_chars)
     ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
@@ -474,11 +474,30 @@ def _nonempty(node) -> dict:
     return node
 
 
-def _express_rejections(components: dict, vocab: int, max_len: int, model: str) -> None:
+def _capped(node, cap: int) -> None:
+    """Every text in a text-or-ids schema (or a list of them) at most `cap` characters, every token-id list at most
+    `cap` ids (ServerState.check_text: the longest a request can hold)."""
+    if isinstance(node, dict):
+        if node.get("type") == "string":
+            node["maxLength"] = cap
+        elif node.get("type") == "array" and isinstance(node.get("items"), dict) \
+                and node["items"].get("type") == "integer":
+            node["maxItems"] = cap
+        for key in ("anyOf", "prefixItems", "items"):
+            for child in (node.get(key) if isinstance(node.get(key), list) else [node.get(key)]):
+                _capped(child, cap)
+
+
+def _express_rejections(components: dict, vocab: int, max_len: int, model: str, max_text: int) -> None:
     """What the handlers refuse that JSON Schema can say: another model's name, token ids outside the vocabulary,
-    empty prompts and continuations, more new tokens than the context holds, and /v1/score's two shapes (pairs,
-    or query with items). (What depends on tokenizing, the prompt's length, and the server's queue cannot be.)"""
+    empty prompts and continuations, texts and token-id lists longer than any request can hold, more new tokens
+    than the context holds, and /v1/score's two shapes (pairs, or query with items). (What depends on tokenizing,
+    the prompt's length, and the server's queue cannot be.)"""
     _token_ids(components, vocab)
+    for name, field in (("CompletionRequest", "prompt"), ("ScoreRequest", "query"), ("ScoreRequest", "items"),
+                        ("ScoreRequest", "pairs"), ("GenerateRequest", "prompts"), ("TokenizeRequest", "prompt"),
+                        ("DetokenizeRequest", "tokens"), ("ChatMessage", "content"), ("ContentPart", "text")):
+        _capped(components[name]["properties"][field], max_text)
     for component in components.values():
         if "model" in component.get("properties", {}):
             component["properties"]["model"]["anyOf"] = [{"enum": [model]}, {"type": "null"}]
