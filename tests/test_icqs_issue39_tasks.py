@@ -61,3 +61,32 @@ def test_every_audit_fold_draws_label_balanced_demo_sets(tmp_path, seed):
 def test_too_few_rows_is_an_error():
     with pytest.raises(ValueError, match="too few examples"):
         tasks.pools(skewed_rows(30), LABELS)
+
+
+def test_the_table_reads_a_run_directory(tmp_path):
+    """benchmarks/icqs_issue39_table.py: the audit as the run wrote it, the truth AUC recomputed from scores.jsonl, the
+    leaderboard's Spearman, the headline's measure in bold and a reliable measure the family bound refuses said so."""
+    spec = importlib.util.spec_from_file_location("icqs_issue39_table", ROOT / "benchmarks" / "icqs_issue39_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    run = tmp_path / "run"
+    run.mkdir()
+    cands = [{"id": f"m{m}/q{q}", "model": f"m{m}", "x": f"q{q}", "y": "a", "truth": int(q < 2 - m)}
+             for m in range(2) for q in range(4)]
+    (run / "candidates.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cands))
+    (run / "scores.jsonl").write_text("".join(json.dumps({"method": "loglik", "draw": 0, "id": c["id"],
+                                                          "truth": c["truth"], "score": c["truth"] + 0.1 * k}) + "\n"
+                                              for k, c in enumerate(cands)))
+    audit = [{"method": "loglik", "measure": "score", "auc": 0.9, "ci": [0.7, 1.0], "verdict": "reliable",
+              "family": 5, "ci_family": [0.45, 1.0]},
+             {"method": "icqs", "measure": "score", "auc": 0.5, "ci": [0.3, 0.7], "verdict": "at chance"}]
+    (run / "audit.json").write_text(json.dumps(audit))
+    (run / "leaderboard.json").write_text(json.dumps([{"method": "loglik", "measures": {"score": {"spearman": 1.0}}}]))
+    (run / "run.json").write_text(json.dumps({"headline": {"method": "loglik", "measure": "score", "text": ["Best"]},
+                                              "audit_stats": {"loglik": {"tokens_computed": 70, "seconds": 1.0}},
+                                              "engine_stats": {"loglik": {"tokens_computed": 30, "seconds": 1.0}}}))
+    rows = table.rows_of(run)
+    assert rows[0].startswith("| | **loglik score (headline)** | 0.90 [0.70, 1.00] | 1.00 [")
+    assert rows[0].endswith("| +1.00 | reliable (not with the 5 compared) |")
+    assert rows[1].startswith("| | icqs score | 0.50 [0.30, 0.70] | - | - | at chance")
+    assert "audit 70% of 100 tokens computed" in rows[2] and rows[-1] == "  headline: Best"
