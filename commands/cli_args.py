@@ -46,6 +46,14 @@ def output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def input_path(text: str) -> str:
+    """An argparse type for the files and folders a command reads: not empty (`''` would read the current folder,
+    or, for an optional file, nothing at all)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; name the file or folder to read")
+    return text
+
+
 def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
     """A file the command may create or append to: not a folder, its folder exists and is writable, not an input."""
     check_output_path(output)

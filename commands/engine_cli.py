@@ -16,7 +16,7 @@ import logging
 import sys
 
 from . import tables
-from .cli_args import ArgumentParser, output_path, run_command
+from .cli_args import ArgumentParser, input_path, output_path, run_command
 from engine.errors import UserError
 from .factory import add_engine_args
 from engine.requests import encode_pairs
@@ -113,7 +113,7 @@ def cmd_score(args) -> int:
 
 def add_score_parser(sub) -> None:
     s = sub.add_parser("score", help="score (context, continuation) pairs from a JSONL file")
-    s.add_argument("--input", required=True, help="JSONL (or .parquet) rows with context and continuation (text)")
+    s.add_argument("--input", required=True, type=input_path, help="JSONL (or .parquet) rows with context and continuation (text)")
     s.add_argument("--output", required=True, type=output_path, help="JSONL (or .parquet: a folder of parts) results; a killed run "
                    "resumes from it")
     add_engine_args(s)

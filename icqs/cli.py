@@ -170,7 +170,7 @@ def cmd_init(args) -> None:
 
 def register(subparsers) -> None:
     """This module's own subcommands (their heavy imports happen inside the handlers)."""
-    from commands.cli_args import output_path
+    from commands.cli_args import input_path, output_path
     from commands.factory import add_engine_args, draws_int, int_in_range
 
     from .contracts import FORMATS, NAMES
@@ -192,9 +192,10 @@ def register(subparsers) -> None:
 
     p = add("score", "Score each candidate answer with the chosen methods, audit every method on the task's own "
                      "good/bad pool, and print the audit and the leaderboard. " + FORMATS["score"] + ".")
-    p.add_argument("task", help="task YAML: template, good and bad example pools, labels, M/N/L "
+    p.add_argument("task", type=input_path, help="task YAML: template, good and bad example pools, labels, M/N/L "
                                 "(`icqs schema task`; `icqs init DIR` writes an example)")
-    p.add_argument("candidates", help="candidates JSONL: id, model, x, y, optional truth / truth_dist "
+    p.add_argument("candidates", type=input_path, help="candidates JSONL: id, model, x, y, optional truth / "
+                   "truth_dist "
                                       "(`icqs schema candidates`)")
     add_run_args(p, seed_default=None, seed_help="sampling seed (default: the task's)")
     add_json_arg(p)
@@ -229,7 +230,7 @@ def register(subparsers) -> None:
              "grades per K and their agreement with the labels, a pairwise run's bias check (measured vs a judge "
              "without bias), an ALLURE run's evaluator per round. No model is loaded.")):
         p = add(name, description)
-        p.add_argument("dir", help=runs)
+        p.add_argument("dir", type=input_path, help=runs)
         if name == "leaderboard":
             p.add_argument("--partial", action="store_true", help="score runs: when some method lacks results, "
                            "rank the complete methods alone (marked PARTIAL) instead of refusing")
@@ -237,7 +238,7 @@ def register(subparsers) -> None:
         p.set_defaults(func=cmd_section, section=name)
     p = add("report", "Write the HTML report of " + runs + ": its settings and warnings, its tables with their "
                       "CIs, figures, and every item. No model is loaded.")
-    p.add_argument("dir", help=runs)
+    p.add_argument("dir", type=input_path, help=runs)
     p.add_argument("--output", default=None, type=output_path, help="HTML file (default: DIR/report.html)")
     p.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     p.set_defaults(func=cmd_report)
@@ -256,8 +257,9 @@ def register(subparsers) -> None:
                        "unique tokens the run (and its audit) would compute, and a time estimate from a short "
                        "measurement on this machine. " + FORMATS["score"] + " (optional: without it, a pool "
                        "example stands in).")
-    p.add_argument("task", help="task YAML (`icqs schema task`)")
-    p.add_argument("candidates", nargs="?", default=None, help="candidates JSONL (`icqs schema candidates`)")
+    p.add_argument("task", type=input_path, help="task YAML (`icqs schema task`)")
+    p.add_argument("candidates", nargs="?", default=None, type=input_path,
+                   help="candidates JSONL (`icqs schema candidates`)")
     p.add_argument("--method", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS), metavar="METHOD",
                    help=methods_help)
     p.add_argument("--sampler", choices=SAMPLERS, default="coupled", help=sampler_help)

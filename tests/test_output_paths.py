@@ -1,6 +1,8 @@
-"""An empty or root path is refused for every output (issue 40): `icqs init ''` wrote into the current folder and
-printed next steps for `/task.yaml`. One check (commands/cli_args.check_output_path) where outputs are validated:
-each output option's argparse type, and the file and folder checks under it. One line, exit 2, nothing written."""
+"""An empty or root path is refused for every output, and an empty one for every input (issue 40): `icqs init ''`
+wrote into the current folder and printed next steps for `/task.yaml`, and `icqs preview task.yaml ''` previewed
+without the candidates. One check (commands/cli_args.check_output_path) where outputs are validated: each output
+option's argparse type, and the file and folder checks under it; `input_path` for what a command reads. One line,
+exit 2, nothing written."""
 from __future__ import annotations
 
 import pytest
@@ -76,3 +78,29 @@ def test_the_current_folder_named_is_accepted(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     assert check_output_path(".") == "." and check_output_path("out/run") == "out/run"
+
+
+INPUTS = [  # the paths a command reads: '' read the current folder, or (preview's optional CANDIDATES) no file at all
+    ("icqs", ["preview", "task.yaml", ""], "argument candidates"),
+    ("icqs", ["preview", "", "c.jsonl"], "argument task"),
+    ("icqs", ["score", "task.yaml", "", "--out", "run"], "argument candidates"),
+    ("icqs", ["leaderboard", ""], "argument dir"),
+    ("icqs", ["report", ""], "argument dir"),
+    ("icqs", ["judge", "", "--out", "run"], "argument input"),
+    ("icqs", ["judge", "in.jsonl", "--out", "run", "--demos", ""], "argument --demos"),
+    ("icqs", ["pairwise", "in.jsonl", "--out", "run", "--rubric", ""], "argument --rubric"),
+    ("icqs", ["allure", "run", "", "--out", "run"], "argument items"),
+    ("icqs", ["allure", "run", "items.jsonl", "--out", "run", "--template", ""], "argument --template"),
+    ("icqs", ["allure", "report", ""], "argument run_dir"),
+    ("icqs", ["score", "task.yaml", "c.jsonl", "--out", "run", "--model", ""], "argument --model"),
+    ("engine", ["score", "--input", "", "--output", "o.jsonl"], "argument --input"),
+]
+
+
+@pytest.mark.parametrize("name, argv, option", INPUTS, ids=[f"{a[0]} {o}" for _, a, o in INPUTS])
+def test_an_empty_input_path_is_refused(name, argv, option, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        _parse(name, argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == f"error: {option}: an empty path; name the file or folder to read\n", err

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from commands.factory import MAX_CLUSTERS, MAX_EXAMPLES, MAX_ROUNDS, add_engine_args, int_in_range
-from commands.cli_args import check_output_file, check_report_output, output_path
+from commands.cli_args import check_output_file, check_report_output, input_path, output_path
 from icqs.run import add_run_args, deterministic_by_default
 from icqs.run_tables import add_json_arg
 
@@ -33,13 +33,13 @@ def register(subparsers) -> None:
                        "examples), then run rounds of evaluate -> check against the truth -> add the mistakes as "
                        "ICL examples; optionally the ICL-size sweep and the failure-mode clustering. A killed run "
                        "resumes from --out. Writes OUT/summary.json and OUT/report.html.")
-    r.add_argument("items", help="JSONL items: response, and answer (a number, option letter or text) or label "
+    r.add_argument("items", type=input_path, help="JSONL items: response, and answer (a number, option letter or text) or label "
                    "(1/0), optional id/match/split/group/... (`icqs schema allure`)")
     add_run_args(r)
     add_json_arg(r)
     add_engine_args(r)
     deterministic_by_default(r)
-    r.add_argument("--template", default="answer", help="built-in 'answer' or 'summary', or a YAML file with system, "
+    r.add_argument("--template", default="answer", type=input_path, help="built-in 'answer' or 'summary', or a YAML file with system, "
                    "user (a format string over the items' fields), optional label_prefix, match "
                    "(`icqs schema allure-template`)")
     r.add_argument("--memory", default=None, type=output_path, help="SQLite ICL memory (default: OUT/memory.sqlite)")
@@ -71,7 +71,7 @@ def register(subparsers) -> None:
     o = sub.add_parser("report", help="write summary.json and report.html of a run folder",
                        description="Write RUN_DIR/summary.json and the HTML report (rounds, ICL-size sweep, failure "
                        "modes, memory) from a run's files; no model is loaded.")
-    o.add_argument("run_dir", help="the run directory (`icqs allure run --out DIR`)")
+    o.add_argument("run_dir", type=input_path, help="the run directory (`icqs allure run --out DIR`)")
     o.add_argument("--out", default=None, type=output_path, help="HTML file (default: RUN_DIR/report.html)")
     o.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
     o.set_defaults(func=cmd_report)

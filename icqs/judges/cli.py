@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
+from commands.cli_args import input_path
 from commands.factory import (MAX_BATCH, MAX_BOOTSTRAP, MAX_RUNS, add_engine_args, engine_from_args, int_in_range,
                               new_tokens_int)
 
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--shots", default="0,1,2,4", help="comma-separated K values, or 'auto' (0, 1, 2, 4, ... up to "
                    "what fits the model's context); K=0 is the zero-shot prompt (the instruction, the question and the "
                    "response, no demos)")
-    p.add_argument("--demos", help="JSONL pool of demo (question, response) rows; default: the input itself, the "
+    p.add_argument("--demos", type=input_path, help="JSONL pool of demo (question, response) rows; default: the input itself, the "
                    "graded item left out of its own demos")
     p.add_argument("--demo-tokens", type=new_tokens_int, default=48,
                    help="max tokens of a demo judgment's generated reason")
@@ -60,7 +61,7 @@ def register(subparsers) -> None:
     p.add_argument("--bootstrap", type=int_in_range(1, MAX_BOOTSTRAP, "each resample refits the leaderboard"),
                    default=200, help="bootstrap rounds for the leaderboard's 95%% CIs")
     p.add_argument("--no-tie", action="store_true", help="two-way verdicts: the judge must pick A or B (no [[C]])")
-    p.add_argument("--rubric", default=None, metavar="FILE",
+    p.add_argument("--rubric", default=None, metavar="FILE", type=input_path,
                    help="a text file with the criteria the judge should use (appended to its instruction)")
     p.set_defaults(func=_run_pairwise)
 
@@ -71,7 +72,7 @@ MAX_SHOTS = 64  # K values of one judge run
 def _common(p) -> None:
     from ..run_tables import add_json_arg
 
-    p.add_argument("input", help=FORMATS[p.prog.split()[-1]])
+    p.add_argument("input", type=input_path, help=FORMATS[p.prog.split()[-1]])
     add_run_args(p)
     add_json_arg(p)
     add_engine_args(p)
