@@ -55,8 +55,8 @@ class ServerState:
         """A text of n_chars characters (or that many token ids) is at most the longest a request can hold."""
         if n_chars > self.max_text_chars:
             raise bad_request(param, f"{n_chars:,} characters or token ids: longer than any request can be (at most "
-                                     f"{self.max_text_chars:,}: {self.max_len:,} tokens of at most "
-                                     f"{self.max_text_chars // self.max_len} characters each)")
+                                     f"{self.max_text_chars:,}, what {self.max_len:,} tokens of this model's "
+                                     f"vocabulary can spell)")
 
     def encode_prompts(self, prompts, params: list[str]) -> list[list[int]]:
         """encode_prompt of each prompt (named by its param), every one's length checked before any is tokenized."""
