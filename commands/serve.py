@@ -47,6 +47,23 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def exposure_warning(host: str, api_key: str | None, all_endpoints: bool) -> str | None:
+    """What a server listening on `host` leaves open to other machines, or None (loopback only, or every endpoint
+    behind the key)."""
+    import ipaddress
+
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        local = False
+    if local or (api_key and all_endpoints):
+        return None
+    if api_key:
+        return (f"listening on {host}: /health, /metrics, /openapi.json and /docs answer without the API key "
+                "(they name the model and count requests); --api-key-all-endpoints guards them too")
+    return f"listening on {host} without --api-key: any client that can reach this port can use the model"
+
+
 def serve(args) -> int:
     import uvicorn
 
@@ -63,7 +80,10 @@ def serve(args) -> int:
     app = create_app(engine, model_name=name, api_key=api_key, max_queue=args.max_queue,
                      default_max_tokens=args.default_max_tokens, api_key_all_endpoints=args.api_key_all_endpoints)
     host, port = sock.getsockname()[:2]
-    logging.getLogger("engine.server").info("serving %s on http://%s:%d", name, host, port)
+    log = logging.getLogger("engine.server")
+    if (warning := exposure_warning(args.host, api_key, args.api_key_all_endpoints)) is not None:
+        log.warning("warning: %s", warning)
+    log.info("serving %s on http://%s:%d", name, host, port)
     server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_level="info", timeout_graceful_shutdown=30))
     server.run(sockets=[sock])
     return 0

@@ -139,3 +139,14 @@ def test_other_clients_are_served_while_a_call_is_tokenized(engine, monkeypatch)
             release.set()
             t.join(60)
     assert result["r"].status_code == 200
+
+
+def test_serve_warns_when_other_machines_can_reach_what_the_key_does_not_guard():
+    from commands.serve import exposure_warning
+
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert exposure_warning(host, None, False) is None
+    assert "without --api-key: any client" in exposure_warning("0.0.0.0", None, False)
+    assert "without --api-key" in exposure_warning("example.org", None, False)
+    assert "/health, /metrics, /openapi.json and /docs answer without" in exposure_warning("::", "k", False)
+    assert exposure_warning("0.0.0.0", "k", True) is None
