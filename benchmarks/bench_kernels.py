@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package; the kernel tests' problems
 
 import kernels  # noqa: E402
 from kernels import dispatch, native_ops  # noqa: E402
-from kernels.problems import cascade_problem  # noqa: E402
+from attention_problems import cascade_problem  # noqa: E402
 
 H, HKV, D, HIDDEN, INTER, VOCAB = 9, 3, 64, 576, 1536, 49152  # SmolLM2-135M
 

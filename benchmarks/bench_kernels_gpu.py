@@ -29,7 +29,8 @@ from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package; the kernel tests' problems
 
 MODELS = {  # heads, kv heads, head dim, hidden, intermediate, vocab, sliding window (0: none)
     "smollm2": (9, 3, 64, 576, 1536, 49152, 0),
@@ -79,7 +80,7 @@ def impl(op: str, backend: str):
 
 
 def to_device(p: dict, dev) -> dict:
-    """A kernels.problems problem with its tensors (and its plan's segments' and window's) on `dev`."""
+    """A tests/attention_problems.py problem with its tensors (and its plan's segments' and window's) on `dev`."""
     from kernels.attention import AttentionPlan, AttentionWindow, Segment
 
     out = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in p.items()}
@@ -135,7 +136,7 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
     below a shared prefix, and under the model's sliding window), its causal self part on its own, the
     deterministic mode's segment merge with row limits, RMSNorm, RoPE + KV store, SwiGLU and the target log-prob
     over the vocabulary. Yields Case."""
-    from kernels.problems import cascade_problem, cascade_window, varlen_problem
+    from attention_problems import cascade_problem, cascade_window, varlen_problem
     from kernels.rope import rope_cos_sin
 
     H, Hkv, D, hidden, inter, vocab, window = shape

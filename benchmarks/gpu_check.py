@@ -436,7 +436,7 @@ def check_case(c, dtype, tol: dict) -> dict:
     returned tensors and every tensor argument written in place (the KV cache, the merge's out / lse)."""
     import torch
     from bench_kernels_gpu import impl
-    from kernels.problems import upcast
+    from attention_problems import upcast
 
     a, b = _clone(c.kwargs), upcast(_clone(c.kwargs))
     got, want = impl(c.op, "triton")(**a), impl(c.op, "torch")(**b)

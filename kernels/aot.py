@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .attention import AttentionPlan, AttentionWindow, Segment
 from .tiles import forced_gpu_tiles
 
 # target name -> (compute capability, shared memory a block may use, bytes: the opt-in maximum per block)
@@ -101,8 +102,6 @@ def _meta(*shape, dtype=torch.float32):
 
 def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[Launch]:
     """Every kernel launch of one engine step for a model of these widths."""
-    from .problems import cascade_problem, cascade_window, varlen_problem
-
     H, Hkv, D = shape["heads"], shape["kv_heads"], shape["head_dim"]
     out: list[Launch] = []
     m = {name: compiled_module(name) for name in KERNEL_MODULES}
@@ -121,27 +120,25 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         m["swiglu_triton"].silu_and_mul_triton(_meta(tokens, 2 * shape["intermediate"], dtype=dtype))
     out += rec
 
-    def on_meta(problem):
-        return {k: v.to("meta") if torch.is_tensor(v) and v.is_floating_point() else v for k, v in problem.items()}
-
-    # small problems (the constexprs depend only on the widths); q, K/V and the cache on meta in the model dtype
-    varlen = on_meta(varlen_problem([5, 20], H=H, Hkv=Hkv, D=D))
-    cascade = on_meta(cascade_problem([3, 18], shared_len=21, own_lens=[0, 5], H=H, Hkv=Hkv, D=D))
-    for p in (varlen, cascade):
-        for k in ("q", "k", "v", "k_new", "v_new", "k_cache", "v_cache"):
-            if k in p:
-                p[k] = p[k].to(dtype)
-    with recording(m["attention_triton"]) as rec:
-        m["attention_triton"].varlen_causal_attention_triton(**varlen)
-        m["attention_triton"].cascade_attention_triton(**cascade)
-        # sliding-window layers (Gemma-3): the window in the self part and a first key per row in the segments
-        m["attention_triton"].cascade_attention_triton(**cascade, window=cascade_window(cascade, 21, [0, 5], 8))
-        first = cascade["plan"].segments[0]  # the deterministic mode's merge: a causal limit per row
-        rows, slots = first.rows, first.slots
-        for starts in (None, torch.zeros_like(rows)):  # and under a window, a first key too
-            m["attention_triton"].segment_attention_merge_triton(
-                cascade["q"], rows, cascade["k_cache"], cascade["v_cache"], slots, cascade["scale"],
-                _meta(*cascade["q"].shape), _meta(*cascade["q"].shape[:2]), torch.zeros_like(rows), starts)
+    # a small step (the constexprs depend only on the widths): sequences of 3 and 18 new tokens below a 21-token
+    # segment shared by both, the second with 5 cached tokens of its own; q, K/V and the cache on meta
+    T, cu, scale = 21, [0, 3, 21], D ** -0.5
+    q, kv, cache = _meta(T, H, D, dtype=dtype), _meta(T, Hkv, D, dtype=dtype), _meta(26, Hkv, D, dtype=dtype)
+    shared = Segment(torch.arange(T), torch.arange(21))
+    plan = AttentionPlan(cu, [shared, Segment(torch.arange(3, T), torch.arange(21, 26))])
+    # sliding-window layers (Gemma-3): slot i holds position i, the new tokens follow their cached ones
+    window = AttentionWindow(8, torch.cat([torch.arange(21, 24), torch.arange(26, 44)]), torch.arange(26))
+    attention = m["attention_triton"]
+    with recording(attention) as rec:
+        attention.varlen_causal_attention_triton(q, kv, kv, cu, scale)
+        attention.cascade_attention_triton(q, kv, kv, cache, cache, plan, scale)
+        # the window in the self part and a first key per row in the segments
+        attention.cascade_attention_triton(q, kv, kv, cache, cache, plan, scale, window=window)
+        # the deterministic mode's merge: a causal limit per row, and under a window a first key too
+        for starts in (None, torch.zeros_like(shared.rows)):
+            attention.segment_attention_merge_triton(
+                q, shared.rows, cache, cache, shared.slots, scale, _meta(T, H, D), _meta(T, H),
+                torch.zeros_like(shared.rows), starts)
     out += rec
     with recording(m["logprob_triton"]) as rec:
         for top_k in (0, 5):

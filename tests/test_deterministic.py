@@ -18,7 +18,7 @@ from engine.loader import load_model_files
 from kernels import StepKernels, batch_invariant, native_ops
 from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
 from kernels.attention import AttentionPlan, Segment
-from kernels.problems import cascade_problem, with_segments
+from attention_problems import cascade_problem, with_segments
 
 pytestmark = pytest.mark.skipif(not native_ops.load(), reason="the batch-invariant CPU attention is the native op")
 DTYPES = [torch.float32, torch.bfloat16]

@@ -12,7 +12,7 @@ import torch
 from kernels import native_ops
 from kernels.attention import cascade_attention_ref, segment_attention_merge_ref, varlen_causal_attention_ref
 from kernels.attention import Segment
-from kernels.problems import cascade_problem, cascade_window, upcast, varlen_problem, with_segments
+from attention_problems import cascade_problem, cascade_window, upcast, varlen_problem, with_segments
 
 if os.environ.get("ICQS_NO_NATIVE") == "1":
     pytest.skip("ICQS_NO_NATIVE=1", allow_module_level=True)

@@ -21,7 +21,7 @@ from kernels.attention import (cascade_attention_ref, segment_attention_merge_re
 from kernels.logprob import target_logprobs_ref  # noqa: E402
 from kernels.logprob_triton import target_logprobs_triton  # noqa: E402
 from kernels.attention import AttentionPlan, Segment  # noqa: E402
-from kernels.problems import cascade_problem, cascade_window, varlen_problem  # noqa: E402
+from attention_problems import cascade_problem, cascade_window, varlen_problem  # noqa: E402
 from kernels.rmsnorm import rms_norm_ref  # noqa: E402
 from kernels.rmsnorm_triton import rms_norm_triton  # noqa: E402
 from kernels.rope import rope_cos_sin, rope_store_kv_ref  # noqa: E402

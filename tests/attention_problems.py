@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionPlan, AttentionWindow, Segment
+from kernels.attention import AttentionPlan, AttentionWindow, Segment
 
 
 def _packed(seq_lens, H, Hkv, D, dtype, gen):
