@@ -2,21 +2,17 @@
 
 `F.linear` on bf16 CPU tensors hands oneDNN a plain [out, in] weight, which it reorders into its blocked layout
 on every call. `prepack` does that reorder once; `linear(x, w)` then runs the same oneDNN kernel on the blocked
-copy: the results are bitwise those of `F.linear` (tests/test_kernels_linear.py). Measured on SmolLM2's shapes
-(1 thread): at a decode step's 32 rows a layer's four linears take 11% less time and the LM head 15% less (one of
-the four, 576x960, took 8% more), at 1 row 1.7-2.6x faster; about the same for prefill chunks of hundreds of rows.
-fp32 weights are packed too: F.linear runs MKL's sgemm for them, which packs the weight on every call; on an
-AVX2 EPYC (1 thread) oneDNN's packed kernel ran the LM head's 32 decode rows 1.66x faster, the MLP's 1.38x and
-1024-row chunks ~10% faster, equal to F.linear to fp32 rounding (not bitwise: another summation order).
+copy: the results are bitwise those of `F.linear` (tests/test_kernels_linear.py), without the per-call reorder
+that dominates a decode step's few rows. fp32 weights are packed too: F.linear runs MKL's sgemm for them, which
+packs the weight on every call; oneDNN's packed kernel is equal to F.linear to fp32 rounding (not bitwise: another
+summation order). benchmarks/RESULTS.md has the measurements.
 
 `prepack(w, panels=True)` (what the engine asks for where the native library was built for AVX2, not AVX-512)
 packs an fp32 or bf16 weight for the native op instead (kernels/native/linear.cpp, `Panels`): panels of 24 output
-columns and a 4 x 24 register tile. fp32: on the AVX2 EPYC a decode step's 32 rows took 4-12% less time than with
-oneDNN's packed kernel at 1 thread and 7-25% less at 2, 1024-row chunks between 15% less and 2% more, and the
-engine's 32-sequence decode ran 8.6% (1 thread) and 9.7% (2 threads) faster. bf16: such a CPU has no bf16
-arithmetic (no avx512_bf16 or AMX) and torch's bf16 GEMM ran at 5-6 GFLOP/s there; the op widens each bf16 panel
-to fp32 (exact) and sums in fp32, rounding each output to bf16 once: 32-41 GFLOP/s at 32 and 1024 rows, and the
-ICQS-shaped job in bf16 took 5.8x less time (benchmarks/RESULTS.md). Each output is one FMA chain over the
+columns and a 4 x 24 register tile. fp32: on an AVX2 CPU it runs the decode step's rows faster than oneDNN's
+packed kernel. bf16: such a CPU has no bf16 arithmetic (no avx512_bf16 or AMX) and torch emulates its bf16 GEMM
+at a fraction of the fp32 rate; the op widens each bf16 panel to fp32 (exact) and sums in fp32, rounding each
+output to bf16 once, at the fp32 rate (benchmarks/RESULTS.md). Each output is one FMA chain over the
 inputs, so a row's result is the same whatever else the call holds and on any thread count: the deterministic
 mode uses the panels too (kernels/dispatch.StepKernels). Where AVX-512 is built, oneDNN keeps the weights (the
 panels were not measured there). Other dtypes and devices keep the plain weight: the reference `linear_ref`

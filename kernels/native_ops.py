@@ -122,9 +122,8 @@ class Wave:
 
 def segment_waves(segments: list[Segment], n_rows: int) -> list[Wave]:
     """Groups the segments into waves in which no two share a query row, keeping each row's segments in list
-    order (segment i goes to the wave after the last one holding any of its rows): one native call a wave. A
-    decode step of 32 sequences has ~65 small segments per layer but 4 waves (benchmarks/bench_generation.py,
-    profiled)."""
+    order (segment i goes to the wave after the last one holding any of its rows): one native call a wave (a
+    decode step's many small segments fall into a few waves)."""
     level = [0] * n_rows  # per row: the wave after its latest segment's
     waves: list[list[Segment]] = []
     for seg in segments:

@@ -5,14 +5,13 @@
 // [P, K, kPanel] (P = ceil(N / kPanel), the last panel zero-padded; kernels/linear.py packs it with torch).
 // fp32 or bf16 (x, W and the bias in one dtype); bf16 panels are widened to fp32 a panel at a time into a
 // buffer in L2 (x a block of rows at a time) and every product is summed in fp32, the output rounded to bf16
-// once as the tile is stored: on a CPU without avx512_bf16, torch's bf16 GEMM is emulated and ran at ~1/7 of
-// the fp32 rate (benchmarks/RESULTS.md).
+// once as the tile is stored: on a CPU without avx512_bf16, torch's bf16 GEMM is emulated, far below the fp32
+// rate (benchmarks/RESULTS.md).
 //
 // The micro-kernel keeps a 4-row x 24-column tile of y in 12 AVX2 registers and runs over K: per k, three
 // loads of the panel's row and four broadcasts of x feed 12 FMAs, so it is bound by the FMA unit. A panel is
-// used by every row of a row block while it sits in L2. On an AVX2 EPYC a decode step's 32 rows took 4-25% less
-// time than with oneDNN's packed kernel (what torch runs otherwise), 1024-row chunks between 15% less and 2%
-// more (benchmarks/RESULTS.md). Each output is one chain of FMAs over k = 0 .. K-1, whatever the row count, the
+// used by every row of a row block while it sits in L2 (against oneDNN's packed kernel, what torch runs
+// otherwise: benchmarks/RESULTS.md). Each output is one chain of FMAs over k = 0 .. K-1, whatever the row count, the
 // row's place or the thread count, so a row's result does not depend on the other rows of the call (the
 // engine's deterministic mode relies on it).
 #include <ATen/ATen.h>
@@ -42,8 +41,7 @@ constexpr int64_t kRowBlock = 256;  // rows of x per pass over the panels (a blo
 #if defined(__AVX2__) && defined(__FMA__)
 // y[0 .. MR)[0 .. 24) = x[0 .. MR) . panel (+ bias), x rows `ldx` apart, y rows `ldy` apart; `next` (optional):
 // a panel to prefetch meanwhile, `next_step` bytes per k (a decode step reads every weight from memory once:
-// prefetching the next panel while this one's first tile runs took a DRAM-resident MLP weight from 37-39 to
-// 40-41 GFLOP/s).
+// the next panel's loads overlap this one's first tile).
 // y is fp32 or bf16 (each output rounded once, from the register).
 // The accumulators are named variables: an array of them is spilled to the stack on every iteration by GCC.
 inline void store8(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
