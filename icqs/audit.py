@@ -334,7 +334,7 @@ def add_truth(entries: list[dict], rows: list[dict], candidates) -> list[dict]:
 def read_audit(out) -> list[dict] | None:
     """audit.json of a run directory, checked against its schema (icqs.contracts: a damaged or edited file is a
     one-line error naming the field); None when there is none."""
-    from .contracts import read_run_file
+    from .run_files import read_run_file
 
     return read_run_file(Path(out) / AUDIT_FILE, fix="run `icqs score` again to redo the audit")
 

@@ -18,32 +18,11 @@ import importlib
 import signal
 import sys
 import threading
-from typing import NamedTuple
 
 from commands.cli_args import ArgumentParser, run_command
 from engine.errors import UserError, did_you_mean
 
-
-class Command(NamedTuple):
-    module: str  # the module whose register(subparsers) adds it
-    help: str  # its line in `icqs --help`
-
-
-COMMANDS = {
-    "init": Command(__name__, "write a small working example (task.yaml, candidates.jsonl) into a folder: start here"),
-    "preview": Command(__name__, "show the prompts, requests, tokens and time a score run would take, scoring "
-                                 "nothing"),
-    "score": Command(__name__, "rank models by scoring their answers with ICQS and the baselines; audit and "
-                               "leaderboard"),
-    "leaderboard": Command(__name__, "print the leaderboard of a run directory (score, judge, pairwise)"),
-    "audit": Command(__name__, "print how far a run's evaluator can be trusted"),
-    "report": Command(__name__, "write the HTML report of a run directory (any kind)"),
-    "demo": Command(__name__, "a built-in example: score four simulated models of known accuracy with every method"),
-    "schema": Command(__name__, "print the JSON Schema of an input format (task, candidates, judge, ...)"),
-    "judge": Command("icqs.judges.cli", "grade answers 1-10 with zero-shot or many-shot ICL judge prompts"),
-    "pairwise": Command("icqs.judges.cli", "compare two answers under four prompts (position x symbol swap)"),
-    "allure": Command("icqs.allure.cli", "ALLURE: audit an evaluator LLM and improve it with iterative ICL"),
-}
+from .command_table import COMMANDS
 
 
 def _load_task(args, overrides: dict | None = None):

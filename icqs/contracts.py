@@ -3,9 +3,8 @@ one): the task YAML and candidates JSONL of `icqs score`, the inputs of `icqs ju
 `icqs allure run` and the ALLURE template. The readers validate every row or file against them with jsonschema
 and turn the first violation into one line `file:line: what is wrong` that says what the field holds.
 
-The files a run directory holds and later commands read back (run.json, audit.json, leaderboard.json) have their
-schemas here too (RUN_FILES); `read_run_file` reads one within bounds (a size cap, strict JSON: no NaN or Infinity,
-no nesting past Python's limit) and validates it, one line `file: field ...: what is wrong` otherwise.
+The files a run directory holds and later commands read back have their schemas here too; icqs.run_files reads
+them.
 
 Text must be text: YAML reads unquoted `no`, `yes`, `true`, `null`, `3` or `!!binary ...` as a boolean, null,
 number or bytes, which would reach the prompts as "False", "None" or "b'...'". Where a schema wants a string,
@@ -27,9 +26,6 @@ if TYPE_CHECKING:  # imported where used: the engine's GPU check runs the job bu
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 NAMES = ("task", "candidates", "judge", "pairwise", "allure", "allure-template")
-RUN_FILES = {"run.json": "run-meta", "audit.json": "run-audit", "leaderboard.json": "run-leaderboard",
-             "failure_modes.json": "run-failure-modes"}
-MAX_RUN_FILE_BYTES = 64 << 20  # a run's JSON file: its largest, a leaderboard of 100k models, is a few MB
 FORMATS = {  # what each command reads, for its --help
     "score": "TASK: a task YAML (`icqs schema task`); CANDIDATES: a JSONL file of answers (`icqs schema candidates`)",
     "judge": "INPUT: a JSONL file of question/response rows (`icqs schema judge`)",
@@ -39,18 +35,11 @@ FORMATS = {  # what each command reads, for its --help
 }
 
 
-METHODS_PLACEHOLDER = "<the methods of icqs.methods.METHODS>"  # in the run files' schemas: filled in when loaded
-
-
 @lru_cache(maxsize=None)
 def schema(name: str) -> dict:
-    if name not in NAMES and name not in RUN_FILES.values():
+    if name not in NAMES:
         raise UserError(f"no input format {name!r} (known: {', '.join(NAMES)})")
-    text = (SCHEMA_DIR / f"{name}.json").read_text(encoding="utf-8")
-    if METHODS_PLACEHOLDER in text:
-        from .methods import METHODS
-        text = text.replace(json.dumps(METHODS_PLACEHOLDER), ", ".join(json.dumps(m) for m in METHODS))
-    return json.loads(text)
+    return json.loads((SCHEMA_DIR / f"{name}.json").read_text(encoding="utf-8"))
 
 
 @lru_cache(maxsize=None)
@@ -208,39 +197,3 @@ def check_row(name: str, row, path, line: int | None, definition: str | None = N
 
 def print_schema(name: str) -> str:
     return json.dumps(schema(name), indent=2, ensure_ascii=False) + "\n"
-
-
-def _field(path) -> str:
-    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
-    return f"field {text!r}" if text else "the file"
-
-
-def read_run_file(path, fix: str = "run the command again to rewrite it") -> object | None:
-    """A run directory's JSON file (one of RUN_FILES, by its name), checked against its schema; None when it does
-    not exist. Anything else wrong (unreadable, too large, not strict JSON, a field of the wrong type or range) is a
-    one-line UserError naming the file and the field, ending with `fix`."""
-    import jsonschema
-
-    from commands.jsonl import check_regular_file, parse_line
-
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        return None
-    check_regular_file(str(path), "a JSON file")
-    if path.stat().st_size > MAX_RUN_FILE_BYTES:
-        raise UserError(f"larger than the {MAX_RUN_FILE_BYTES >> 20} MiB a run's {path.name} may hold; {fix}",
-                        str(path))
-    try:
-        value = parse_line(path.read_bytes())
-    except RecursionError:
-        raise UserError(f"not valid JSON (nested too deeply); {fix}", str(path)) from None
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        what = e.strerror if isinstance(e, OSError) else " ".join(str(e).split())[:200]
-        raise UserError(f"not valid JSON ({what}); {fix}", str(path)) from None
-    error = jsonschema.exceptions.best_match(_validator(RUN_FILES[path.name]).iter_errors(value))
-    if error is not None:
-        message = " ".join(error.message.split())
-        message = message if len(message) <= 160 else message[:157] + "..."
-        raise UserError(f"{_field(error.absolute_path)}: {message} (not what the command writes; {fix})",
-                        str(path))
-    return value

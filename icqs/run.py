@@ -61,7 +61,7 @@ def read_run_json(out, command: str | None = None) -> dict:
 def _load(path: Path) -> dict | None:
     """run.json checked against its schema (icqs.contracts: strict JSON, known fields of the right type and range);
     None when there is none."""
-    from .contracts import read_run_file
+    from .run_files import read_run_file
 
     return read_run_file(path, fix="corrupt run.json: remove the run directory to start over")
 

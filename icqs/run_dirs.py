@@ -81,7 +81,7 @@ class ScoreRun:
     def leaderboard_of(self, task, rows: list[dict], meta: dict, partial: str | None = None) -> Section:
         """The headline (icqs.headline), the audit, then the leaderboards of these score rows (a run that just
         computed them passes them on); leaderboard.txt and leaderboard.json are (re)written."""
-        from .contracts import read_run_file
+        from .run_files import read_run_file
         from .headline import format_headline
         from .score_run import run_headline, write_leaderboard
 
@@ -261,8 +261,7 @@ class AllureRun:
     def _open(self):
         """The run (icqs.allure.run_dir.AuditRun, not started), its items re-read as the run read them (the items
         file must be unchanged), and its ICL memory present."""
-        from .allure.cli import reread_items
-        from .allure.run_dir import AuditRun
+        from .allure.run_dir import AuditRun, reread_items
 
         run = AuditRun.load(self.path, reread_items)
         if not Path(run.settings.get("memory", "")).is_file():

@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from icqs.cli import main
-from icqs.contracts import RUN_FILES, read_run_file, schema
+from icqs.run_files import RUN_FILES, read_run_file
+from icqs.run_files import run_file_schema as schema
 from icqs.methods import METHODS
 from jsonl_files import write_label_task
 

@@ -20,7 +20,7 @@ from icqs.run_tables import add_json_arg
 
 
 def register(subparsers) -> None:
-    from icqs.cli import COMMANDS
+    from icqs.command_table import COMMANDS
 
     p = subparsers.add_parser("allure", help=COMMANDS["allure"].help, description="ALLURE audits an evaluator LLM: "
                               "it labels each (task, response) item right or wrong, its labels are checked against "
@@ -218,22 +218,6 @@ def _interactive(mem) -> None:
             break
         if answer in ("a", "r"):
             mem.review(e.id, "accepted" if answer == "a" else "rejected")
-
-
-def reread_items(settings: dict) -> list[dict]:
-    """The items of a run, re-read as the run read them (the file must not have changed)."""
-    from .run_dir import file_sha256
-    from .tasks import load_items
-    from .template import template_from_dict
-
-    try:
-        tasks, template, holdout, seed = (settings["tasks"], settings["template"], settings["holdout"],
-                                          settings["seed"])
-    except KeyError as e:
-        raise UserError(f"corrupt run.json (no {e})") from None
-    if not Path(tasks).is_file() or file_sha256(tasks) != settings.get("tasks_sha256"):
-        raise UserError("the run's items file is gone or has changed since the run", tasks)
-    return load_items(tasks, template_from_dict(template, "run.json"), holdout, seed)
 
 
 def cmd_report(args) -> int:

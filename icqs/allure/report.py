@@ -22,9 +22,9 @@ METRICS = ("accuracy", "f1", "auc", "errors", "false_positives", "false_negative
 
 
 def load_modes(run: AuditRun) -> dict | None:
-    """failure_modes.json checked against its schema (icqs.contracts.read_run_file) and its lists aligned, every
+    """failure_modes.json checked against its schema (icqs.run_files.read_run_file) and its lists aligned, every
     cluster named; None when there is none."""
-    from icqs.contracts import read_run_file
+    from icqs.run_files import read_run_file
 
     path = run.path / MODES_FILE
     fix = f"remove {MODES_FILE} and run `icqs allure run --failure-modes` again to recluster"

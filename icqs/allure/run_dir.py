@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from pathlib import Path
 
 
+from engine.errors import UserError
 from engine.progress import progress_bar
 from icqs.io import ResultWriter
 from icqs.logs import allure_eval_schema, allure_stage_schema, validator
@@ -132,3 +134,18 @@ class AuditRun(RunDir):
         if by_group:
             out["errors_by_group"] = by_group
         return out
+
+
+def reread_items(settings: dict) -> list[dict]:
+    """The items of a run, re-read as the run read them (the file must not have changed)."""
+    from .tasks import load_items
+    from .template import template_from_dict
+
+    try:
+        tasks, template, holdout, seed = (settings["tasks"], settings["template"], settings["holdout"],
+                                          settings["seed"])
+    except KeyError as e:
+        raise UserError(f"corrupt run.json (no {e})") from None
+    if not Path(tasks).is_file() or file_sha256(tasks) != settings.get("tasks_sha256"):
+        raise UserError("the run's items file is gone or has changed since the run", tasks)
+    return load_items(tasks, template_from_dict(template, "run.json"), holdout, seed)

@@ -21,7 +21,7 @@ from ..run import MeteredEngine, RunDir, add_run_args, deterministic_by_default,
 
 
 def register(subparsers) -> None:
-    from ..cli import COMMANDS
+    from ..command_table import COMMANDS
 
     p = subparsers.add_parser("judge", help=COMMANDS["judge"].help,
                               description="Input JSONL rows: question, response, optional id. OUT/grades.jsonl rows: "
