@@ -29,6 +29,7 @@ For each thread count (torch.set_num_threads, in this order, back to back):
   well above the caches, measured here) and its FLOPs over the GEMM rate; the line says which applies.
 The load average is printed before and after each part: on a shared machine read ratios, not absolute times.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,21 +37,25 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from common import engine_weight_bytes, hf_model, load_average, machine, table
 
 from engine import Engine
 from engine.engine import DTYPES
 from engine.loader import load_model_files
-from kernels.linear import Panels, linear as packed_linear, prepack
+from kernels.linear import Panels, prepack
+from kernels.linear import linear as packed_linear
 
 
 def layer_shapes(config) -> dict[str, tuple[int, int]]:
     """(out, in) of a layer's four linears, as the model fuses them."""
     c = config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    return {"qkv": (q + 2 * kv, c.hidden_size), "o": (c.hidden_size, q),
-            "gate_up": (2 * c.intermediate_size, c.hidden_size), "down": (c.hidden_size, c.intermediate_size)}
+    return {
+        "qkv": (q + 2 * kv, c.hidden_size),
+        "o": (c.hidden_size, q),
+        "gate_up": (2 * c.intermediate_size, c.hidden_size),
+        "down": (c.hidden_size, c.intermediate_size),
+    }
 
 
 def linear_params(config) -> int:
@@ -79,7 +84,7 @@ def gemm_bound(config, dtype, rows: int, repeat: int) -> tuple[float, list[list]
     gen = torch.Generator().manual_seed(0)
     total_flops, total_s, out = 0.0, 0.0, []
     for name, (o, i) in layer_shapes(config).items():
-        w = (torch.randn(o, i, generator=gen) * i ** -0.5).to(dtype)
+        w = (torch.randn(o, i, generator=gen) * i**-0.5).to(dtype)
         x = torch.randn(rows, i, generator=gen).to(dtype)
         packed, panels = prepack(w, rows), prepack(w, rows, panels=True)
         plain_s = best_seconds(lambda: F.linear(x, w), repeat)
@@ -87,14 +92,21 @@ def gemm_bound(config, dtype, rows: int, repeat: int) -> tuple[float, list[list]
         panels_s = best_seconds(lambda: packed_linear(x, panels), repeat) if isinstance(panels, Panels) else None
         flops = 2.0 * rows * o * i
         total_flops, total_s = total_flops + flops, total_s + min(plain_s, packed_s, panels_s or packed_s)
-        out.append([name, f"{o}x{i}", flops / plain_s / 1e9, flops / packed_s / 1e9,
-                    flops / panels_s / 1e9 if panels_s else "-"])
+        out.append(
+            [
+                name,
+                f"{o}x{i}",
+                flops / plain_s / 1e9,
+                flops / packed_s / 1e9,
+                flops / panels_s / 1e9 if panels_s else "-",
+            ]
+        )
     return total_flops / total_s / 1e9, out
 
 
 def memory_bandwidth(repeat: int, mib: int = 1024) -> float:
     """GB/s of a streamed read (a sum over a buffer far larger than the caches)."""
-    buf = torch.ones(mib * 2 ** 20 // 4, dtype=torch.float32)
+    buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     return buf.nbytes / best_seconds(lambda: buf.sum(), repeat) / 1e9
 
 
@@ -122,8 +134,10 @@ def naive_flops(config, lengths) -> float:
     within each request (`lengths`: the tokens each request feeds)."""
     tokens = sum(lengths)
     keys = sum(n * (n + 1) // 2 for n in lengths)
-    return (2.0 * tokens * (linear_params(config) + config.vocab_size * config.hidden_size)
-            + 4.0 * keys * config.num_heads * config.head_dim * config.num_layers)
+    return (
+        2.0 * tokens * (linear_params(config) + config.vocab_size * config.hidden_size)
+        + 4.0 * keys * config.num_heads * config.head_dim * config.num_layers
+    )
 
 
 def part_scoring(engine, config, requests, share: bool, rate: float) -> list:
@@ -138,13 +152,24 @@ def part_scoring(engine, config, requests, share: bool, rate: float) -> list:
     linear, whole, attention, lm_head = job_flops(config, engine.last_stats)
     gflops = linear / seconds / 1e9
     matmul = linear + attention + lm_head
-    return [len(requests), tokens, seconds, tokens / seconds, gflops, gflops / rate,
-            matmul / seconds / 1e9 / rate, linear / matmul, whole / seconds / 1e9 / rate]
+    return [
+        len(requests),
+        tokens,
+        seconds,
+        tokens / seconds,
+        gflops,
+        gflops / rate,
+        matmul / seconds / 1e9 / rate,
+        linear / matmul,
+        whole / seconds / 1e9 / rate,
+    ]
 
 
-def part_decode(engine, config, tok, weights, dtype, prompts: int, new_tokens: int, rate: float, bandwidth: float,
-                repeat: int) -> list:
-    from bench_generation import engine_generate, hf_generate, prompts as make_prompts
+def part_decode(
+    engine, config, tok, weights, dtype, prompts: int, new_tokens: int, rate: float, bandwidth: float, repeat: int
+) -> list:
+    from bench_generation import engine_generate, hf_generate
+    from bench_generation import prompts as make_prompts
 
     ids = make_prompts(tok, prompts)
     hf = hf_model(config, weights, dtype)
@@ -163,9 +188,18 @@ def part_decode(engine, config, tok, weights, dtype, prompts: int, new_tokens: i
     all_params = linear_params(config) + config.vocab_size * config.hidden_size  # layers + LM head
     compute_s = 2.0 * prompts * all_params / (rate * 1e9)
     bound_s = max(memory_s, compute_s)
-    return [prompts, new_tokens, mine[2] / mine[0], theirs[2] / theirs[0], (mine[2] / mine[0]) / (theirs[2] / theirs[0]),
-            step_s * 1e3, memory_s * 1e3, compute_s * 1e3, "memory" if memory_s >= compute_s else "GEMM",
-            bound_s / step_s]
+    return [
+        prompts,
+        new_tokens,
+        mine[2] / mine[0],
+        theirs[2] / theirs[0],
+        (mine[2] / mine[0]) / (theirs[2] / theirs[0]),
+        step_s * 1e3,
+        memory_s * 1e3,
+        compute_s * 1e3,
+        "memory" if memory_s >= compute_s else "GEMM",
+        bound_s / step_s,
+    ]
 
 
 def main(argv=None) -> dict:
@@ -191,18 +225,26 @@ def main(argv=None) -> dict:
         engine = Engine(config, weights, tok, dtype=dtype)
         rate, shape_rows = gemm_bound(config, dtype, args.rows, args.repeat)
         bandwidth = memory_bandwidth(args.repeat)
-        print(f"\n## {threads} thread(s): {args.rows}-row GEMM bound {rate:.1f} GFLOP/s, memory read "
-              f"{bandwidth:.1f} GB/s (load average {load_average()})\n")
-        print(table(["linear", "out x in", "F.linear GFLOP/s", "oneDNN prepacked GFLOP/s", "native panels GFLOP/s"],
-                    shape_rows))
+        print(
+            f"\n## {threads} thread(s): {args.rows}-row GEMM bound {rate:.1f} GFLOP/s, memory read "
+            f"{bandwidth:.1f} GB/s (load average {load_average()})\n"
+        )
+        print(
+            table(
+                ["linear", "out x in", "F.linear GFLOP/s", "oneDNN prepacked GFLOP/s", "native panels GFLOP/s"],
+                shape_rows,
+            )
+        )
         res = results[threads] = dict(gemm_gflops=rate, bandwidth_gbs=bandwidth)
         jobs = []
         if "icqs" in parts:
             from bench_icqs_workload import QUESTIONS, build_job
+
             _, _, requests = build_job(max(1, round(QUESTIONS * args.scale)), 11, 16, 4)
             jobs.append(("icqs", "ICQS-shaped (shared)", requests, True))
         if "plain" in parts:
             from bench_scoring import make_requests
+
             jobs.append(("plain", "plain (unshared)", make_requests(args.plain_requests), False))
         rows = [[label] + part_scoring(engine, config, requests, share, rate) for _, label, requests, share in jobs]
         if rows:
@@ -214,21 +256,52 @@ def main(argv=None) -> dict:
                 row[6] *= rate / best
                 row[7] *= rate / best
                 row[9] *= rate / best
-            print(f"\nscoring ({args.dtype}; GEMM bound {rate:.1f} before, {again:.1f} after the jobs: fractions of "
-                  f"{best:.1f}; load average {load_average()}):\n")
-            print(table(["job", "requests", "tokens computed", "wall s", "tokens/s", "linear GFLOP/s",
-                         "fraction of GEMM bound", "all matmuls' fraction", "ceiling of the linear fraction",
-                         "fraction, whole layers"], rows))
+            print(
+                f"\nscoring ({args.dtype}; GEMM bound {rate:.1f} before, {again:.1f} after the jobs: fractions of "
+                f"{best:.1f}; load average {load_average()}):\n"
+            )
+            print(
+                table(
+                    [
+                        "job",
+                        "requests",
+                        "tokens computed",
+                        "wall s",
+                        "tokens/s",
+                        "linear GFLOP/s",
+                        "fraction of GEMM bound",
+                        "all matmuls' fraction",
+                        "ceiling of the linear fraction",
+                        "fraction, whole layers",
+                    ],
+                    rows,
+                )
+            )
             for (key, *_), row in zip(jobs, rows):
                 res[key], res[key + "_matmuls"], res[key + "_ceiling"] = row[6], row[7], row[8]
                 res[key + "_whole_layers"] = row[9]
         if "decode" in parts:
-            d = part_decode(engine, config, tok, weights, dtype, args.prompts, args.new_tokens, rate, bandwidth,
-                            args.repeat)
+            d = part_decode(
+                engine, config, tok, weights, dtype, args.prompts, args.new_tokens, rate, bandwidth, args.repeat
+            )
             print(f"\ndecode ({args.dtype}, greedy; load average {load_average()}):\n")
-            print(table(["prompts", "new tokens", "engine tokens/s", "transformers tokens/s", "engine / transformers",
-                         "ms per step", "memory bound ms", "GEMM bound ms", "bound that applies",
-                         "fraction of bound"], [d]))
+            print(
+                table(
+                    [
+                        "prompts",
+                        "new tokens",
+                        "engine tokens/s",
+                        "transformers tokens/s",
+                        "engine / transformers",
+                        "ms per step",
+                        "memory bound ms",
+                        "GEMM bound ms",
+                        "bound that applies",
+                        "fraction of bound",
+                    ],
+                    [d],
+                )
+            )
             res["decode_vs_hf"], res["decode_fraction"] = d[4], d[-1]
         del engine
     print(f"\nload average at the end: {load_average()}")

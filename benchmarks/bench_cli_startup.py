@@ -7,6 +7,7 @@ against a bare Python start and `import torch` in the same run (each a fresh pro
 
 The machine is shared: the load average is printed, and the ratios to the bare start are the comparable figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ CASES = {
 
 def seconds(argv: list[str], env: dict, cwd) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, *argv], env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   check=False)
+    subprocess.run(
+        [sys.executable, *argv], env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+    )
     return time.perf_counter() - start
 
 

@@ -9,15 +9,16 @@ candidate-scores/s of each and their ratio; and how much the bf16 scores move wh
 without --deterministic): for each pair, the share of candidates whose ICQS argmax ratio differs, and each run's
 leaderboard ranking.
 """
+
 from __future__ import annotations
 
 import argparse
 import time
 
 import numpy as np
-
 from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from common import load_average, machine
+
 from engine import Engine
 from engine.loader import load_model_files
 
@@ -60,8 +61,10 @@ def main(argv=None) -> dict:
         return {}
     print(f"# deterministic vs default, ICQS-shaped job ({machine()}; load average {load_average()})")
     config, weights, tok = load_model_files(args.model)
-    engines = {det: Engine(config, weights, tok, dtype=args.dtype, token_budget=args.token_budget,
-                           deterministic=det) for det in (False, True)}
+    engines = {
+        det: Engine(config, weights, tok, dtype=args.dtype, token_budget=args.token_budget, deterministic=det)
+        for det in (False, True)
+    }
     questions = max(1, round(QUESTIONS * args.scale))
     _, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets, 0)
     print(f"{len(requests)} requests ({questions} questions), {args.dtype}, token budget {args.token_budget}")
@@ -78,14 +81,22 @@ def main(argv=None) -> dict:
     rate = {det: len(requests) / min(ts) for det, ts in times.items()}
     drift = {}
     for det, eng in engines.items():
-        alone = [r.logprob for r in eng.score(requests[:args.probe])]
-        drift[det] = float(np.max(np.abs(np.array(alone) - np.array(scores[det][:args.probe]))))
+        alone = [r.logprob for r in eng.score(requests[: args.probe])]
+        drift[det] = float(np.max(np.abs(np.array(alone) - np.array(scores[det][: args.probe]))))
     modes = np.abs(np.array(scores[True]) - np.array(scores[False]))
-    print(f"default:       {rate[False]:8.1f} candidate-scores/s  (runs: {', '.join(f'{t:.1f}' for t in times[False])} s)")
-    print(f"deterministic: {rate[True]:8.1f} candidate-scores/s  (runs: {', '.join(f'{t:.1f}' for t in times[True])} s)")
-    print(f"deterministic / default: {rate[True] / rate[False]:.3f} ({100 * (1 - rate[True] / rate[False]):+.1f}% slower)")
-    print(f"first {args.probe} requests alone vs in the job, max |diff| nats: default {drift[False]:.3g}, "
-          f"deterministic {drift[True]:.3g}")
+    print(
+        f"default:       {rate[False]:8.1f} candidate-scores/s  (runs: {', '.join(f'{t:.1f}' for t in times[False])} s)"
+    )
+    print(
+        f"deterministic: {rate[True]:8.1f} candidate-scores/s  (runs: {', '.join(f'{t:.1f}' for t in times[True])} s)"
+    )
+    print(
+        f"deterministic / default: {rate[True] / rate[False]:.3f} ({100 * (1 - rate[True] / rate[False]):+.1f}% slower)"
+    )
+    print(
+        f"first {args.probe} requests alone vs in the job, max |diff| nats: default {drift[False]:.3g}, "
+        f"deterministic {drift[True]:.3g}"
+    )
     print(f"deterministic vs default scores: max |diff| {modes.max():.3g}, mean {modes.mean():.3g} nats")
     print(f"load average at the end: {load_average()}")
     return dict(rate=rate, drift=drift, requests=len(requests))

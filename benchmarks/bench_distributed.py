@@ -12,6 +12,7 @@ scoring wall seconds, the busiest worker's seconds inside Engine.score, requests
 the largest |logprob| difference from the single-process scores. Then the planner alone (no model run) on the
 whole job for 2 to 64 shards: the tokens the workers would compute, prefix-keyed vs naive.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,11 +20,10 @@ import os
 import time
 
 import ray
-
-from common import load_average
 from bench_icqs_workload import QUESTIONS, add_job_args, build_job
-from engine import Engine
-from engine import distributed
+from common import load_average
+
+from engine import Engine, distributed
 from engine.distributed import Cluster, DistributedEngine, plan_shards
 from engine.requests import encode_pairs
 
@@ -44,8 +44,10 @@ def main(argv=None):
     _, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets)
     if args.plan_only:
         return plan_table(args)
-    print(f"job: {len(requests)} requests ({len(candidates)} candidates x {args.ratios} ratios x {args.demo_sets} "
-          f"demo sets of {args.demos} demos), {args.dtype}, {cores} cores; load average before: {load_average()}")
+    print(
+        f"job: {len(requests)} requests ({len(candidates)} candidates x {args.ratios} ratios x {args.demo_sets} "
+        f"demo sets of {args.demos} demos), {args.dtype}, {cores} cores; load average before: {load_average()}"
+    )
 
     t = time.perf_counter()
     eng = Engine.load(args.model, dtype=args.dtype, threads=cores)
@@ -59,11 +61,20 @@ def main(argv=None):
 
     distributed.init_local_cluster(num_cpus=cores)
     try:
-        for name, workers, naive in (("ray, 1 worker", 1, False), ("ray, 2 workers", 2, False),
-                                     ("ray, 2 workers, naive", 2, True)):
+        for name, workers, naive in (
+            ("ray, 1 worker", 1, False),
+            ("ray, 2 workers", 2, False),
+            ("ray, 2 workers, naive", 2, True),
+        ):
             threads = max(1, cores // workers)
-            with DistributedEngine(Cluster(args.model, {"dtype": args.dtype, "threads": threads, "keep_cache": True},
-                                           workers=workers, naive=naive)) as d:
+            with DistributedEngine(
+                Cluster(
+                    args.model,
+                    {"dtype": args.dtype, "threads": threads, "keep_cache": True},
+                    workers=workers,
+                    naive=naive,
+                )
+            ) as d:
                 t = time.perf_counter()
                 d.start()  # the workers, each loading the model: once per run
                 start_s = time.perf_counter() - t
@@ -72,20 +83,36 @@ def main(argv=None):
                 wall = time.perf_counter() - t
             s = d.last_stats
             diff = max(abs(a.logprob - b.logprob) for a, b in zip(got, local))
-            rows.append((name, threads, s.tokens_computed, sum(d.last_plan.shard_tokens), start_s, wall,
-                         max(d.busy_seconds.values()), diff))
-            print(f"{name}: seconds inside Engine.score per worker: "
-                  f"{', '.join(f'{v:.1f}' for v in sorted(d.busy_seconds.values()))}")
+            rows.append(
+                (
+                    name,
+                    threads,
+                    s.tokens_computed,
+                    sum(d.last_plan.shard_tokens),
+                    start_s,
+                    wall,
+                    max(d.busy_seconds.values()),
+                    diff,
+                )
+            )
+            print(
+                f"{name}: seconds inside Engine.score per worker: "
+                f"{', '.join(f'{v:.1f}' for v in sorted(d.busy_seconds.values()))}"
+            )
     finally:
         ray.shutdown()
 
-    print(f"\n| runner | threads/worker | tokens computed | x single | planned | start s | score wall s "
-          f"| busiest worker s | req/s (wall) | req/s (busy) | max abs diff |")
+    print(
+        "\n| runner | threads/worker | tokens computed | x single | planned | start s | score wall s "
+        "| busiest worker s | req/s (wall) | req/s (busy) | max abs diff |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, threads, computed, planned, start_s, wall, busy, diff in rows:
-        print(f"| {name} | {threads} | {computed:,} | {computed / base:.3f} | {planned:,} | {start_s:.1f} | {wall:.1f} "
-              f"| {busy:.1f} "
-              f"| {len(requests) / wall:.1f} | {len(requests) / busy:.1f} | {diff:.2g} |")
+        print(
+            f"| {name} | {threads} | {computed:,} | {computed / base:.3f} | {planned:,} | {start_s:.1f} | {wall:.1f} "
+            f"| {busy:.1f} "
+            f"| {len(requests) / wall:.1f} | {len(requests) / busy:.1f} | {diff:.2g} |"
+        )
     print(f"load average after: {load_average()}")
 
     if not args.skip_plan:
@@ -105,9 +132,11 @@ def plan_table(args):
         for shards in (2, 4, 8, 16, 32, 64, 128):
             p, n = plan_shards(encoded, shards), plan_shards(encoded, shards, naive=True)
             mean = sum(p.shard_tokens) / shards
-            print(f"| {shards} | {sum(p.shard_tokens):,} ({sum(p.shard_tokens) / one:.3f}) | "
-                  f"{max(p.shard_tokens) / mean:.2f} | {p.keys} | {sum(n.shard_tokens):,} "
-                  f"({sum(n.shard_tokens) / one:.2f}) |")
+            print(
+                f"| {shards} | {sum(p.shard_tokens):,} ({sum(p.shard_tokens) / one:.3f}) | "
+                f"{max(p.shard_tokens) / mean:.2f} | {p.keys} | {sum(n.shard_tokens):,} "
+                f"({sum(n.shard_tokens) / one:.2f}) |"
+            )
     print(f"(engine.distributed cuts {distributed.SHARDS_PER_WORKER} shards per worker)")
 
 

@@ -12,6 +12,7 @@ judge: a judge's mixed workload in one loop: 64 generations and --judge-scorings
 threads: the same scoring job with 1 thread, 2 threads and the engine's default (engine.engine.default_threads),
   on the machine as it is and with two CPU-bound competitor processes started by the benchmark.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,21 +25,46 @@ import time
 from dataclasses import asdict
 
 import torch
-
 from common import hf_model, load_average, machine, table, timed
 
 from engine import Engine
 from engine.engine import DTYPES, default_threads
 from engine.loader import load_model_files
 
-TOPICS = ["the history of tea", "how bridges carry weight", "why the sky is blue", "the rules of chess",
-          "growing tomatoes on a balcony", "how vaccines work", "the water cycle", "learning a second language",
-          "the first moon landing", "how a bicycle stays upright", "making bread at home", "the life of bees",
-          "why leaves change colour", "how batteries store energy", "the origins of jazz", "caring for a cat",
-          "how volcanoes form", "the invention of printing", "saving money each month", "how rainbows appear",
-          "the migration of birds", "writing a good essay", "how the heart pumps blood", "the game of cricket",
-          "the Roman aqueducts", "how compasses point north", "planting a tree", "the speed of light",
-          "how coffee is roasted", "the northern lights", "how glaciers move", "the basics of photography"]
+TOPICS = [
+    "the history of tea",
+    "how bridges carry weight",
+    "why the sky is blue",
+    "the rules of chess",
+    "growing tomatoes on a balcony",
+    "how vaccines work",
+    "the water cycle",
+    "learning a second language",
+    "the first moon landing",
+    "how a bicycle stays upright",
+    "making bread at home",
+    "the life of bees",
+    "why leaves change colour",
+    "how batteries store energy",
+    "the origins of jazz",
+    "caring for a cat",
+    "how volcanoes form",
+    "the invention of printing",
+    "saving money each month",
+    "how rainbows appear",
+    "the migration of birds",
+    "writing a good essay",
+    "how the heart pumps blood",
+    "the game of cricket",
+    "the Roman aqueducts",
+    "how compasses point north",
+    "planting a tree",
+    "the speed of light",
+    "how coffee is roasted",
+    "the northern lights",
+    "how glaciers move",
+    "the basics of photography",
+]
 
 
 def prompts(tok, n: int) -> list[list[int]]:
@@ -66,9 +92,14 @@ def hf_generate(model, tok, ids, new_tokens) -> tuple[float, float, int, list[li
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
     eos = sorted(set(tok.eos_ids) | {tok.eos_id})
     with timed() as t, torch.inference_mode():
-        out = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
-                             max_new_tokens=new_tokens, do_sample=False,
-                             eos_token_id=eos, pad_token_id=pad)
+        out = model.generate(
+            input_ids=input_ids.to(model.device),
+            attention_mask=mask.to(model.device),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
     seqs = []
     for row in out[:, width:].tolist():
         cut = next((i for i, t_ in enumerate(row) if t_ in eos), len(row))
@@ -95,10 +126,16 @@ print(json.dumps(dict(seconds=seconds, cpu=cpu, tokens=sum(len(g.token_ids) for 
 
 def base_generate(tree: str, args, ids) -> tuple[float, float, int, list[list[int]]]:
     """The same generation job with another checkout of the engine (a subprocess with that tree on its path)."""
-    job = dict(ids=ids, new_tokens=args.new_tokens, dtype=args.dtype, model=args.model,
-               threads=torch.get_num_threads())
-    out = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(job), env=dict(os.environ, PYTHONPATH=tree),
-                         cwd=tree, capture_output=True, text=True, check=True)
+    job = dict(ids=ids, new_tokens=args.new_tokens, dtype=args.dtype, model=args.model, threads=torch.get_num_threads())
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        input=json.dumps(job),
+        env=dict(os.environ, PYTHONPATH=tree),
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return r["seconds"], r["cpu"], r["tokens"], r["seqs"]
 
@@ -109,8 +146,10 @@ def part_gen(args, config, weights, tok) -> dict:
     hf = hf_model(config, weights, DTYPES[args.dtype])
     engine.generate(ids[:2], max_tokens=2)
     hf_generate(hf, tok, ids[:2], 2)
-    runners = [("engine (this tree)", lambda: engine_generate(engine, ids, args.new_tokens)),
-               ("transformers generate, batch %d" % len(ids), lambda: hf_generate(hf, tok, ids, args.new_tokens))]
+    runners = [
+        ("engine (this tree)", lambda: engine_generate(engine, ids, args.new_tokens)),
+        ("transformers generate, batch %d" % len(ids), lambda: hf_generate(hf, tok, ids, args.new_tokens)),
+    ]
     if args.base_tree:
         runners.append((f"engine at {args.base_tree}", lambda: base_generate(args.base_tree, args, ids)))
     results: dict[str, list] = {name: [] for name, _ in runners}
@@ -122,28 +161,58 @@ def part_gen(args, config, weights, tok) -> dict:
     rows = []
     for name, (sec, cpu, toks, seqs) in best.items():
         same = sum(a == b for a, b in zip(seqs, mine[3]))
-        rows.append([name, sec, cpu, toks, toks / sec, (mine[2] / mine[0]) / (toks / sec),
-                     (mine[2] / mine[1]) / (toks / cpu), f"{same}/{len(seqs)}"])
-    print(f"\n## generation: {len(ids)} prompts x {args.new_tokens} new tokens, greedy, {args.dtype} "
-          f"(best of {args.repeat}; load average {load_average()})\n")
-    print(table(["runner", "wall s", "CPU s", "tokens generated", "tokens/s", "engine speedup (wall)",
-                 "engine speedup (CPU s per token)", "sequences equal to the engine's"], rows))
+        rows.append(
+            [
+                name,
+                sec,
+                cpu,
+                toks,
+                toks / sec,
+                (mine[2] / mine[0]) / (toks / sec),
+                (mine[2] / mine[1]) / (toks / cpu),
+                f"{same}/{len(seqs)}",
+            ]
+        )
+    print(
+        f"\n## generation: {len(ids)} prompts x {args.new_tokens} new tokens, greedy, {args.dtype} "
+        f"(best of {args.repeat}; load average {load_average()})\n"
+    )
+    print(
+        table(
+            [
+                "runner",
+                "wall s",
+                "CPU s",
+                "tokens generated",
+                "tokens/s",
+                "engine speedup (wall)",
+                "engine speedup (CPU s per token)",
+                "sequences equal to the engine's",
+            ],
+            rows,
+        )
+    )
     return {name: dict(seconds=s, cpu=c, tokens=t) for name, (s, c, t, _) in best.items()}
 
 
 def part_judge(args, config, weights, tok) -> dict:
     """64 generations + N rating scorings on one many-shot prefix, all in one loop."""
     engine = Engine(config, weights, tok, dtype=DTYPES[args.dtype], keep_cache=False)
-    demos = "".join(f"Question: Tell me about {t}.\nAnswer: Here is a short explanation of {t}, in plain words.\n"
-                    f"Rating: {1 + i % 10}\n\n" for i, t in enumerate((TOPICS * 4)[:args.judge_demos]))
+    demos = "".join(
+        f"Question: Tell me about {t}.\nAnswer: Here is a short explanation of {t}, in plain words.\n"
+        f"Rating: {1 + i % 10}\n\n"
+        for i, t in enumerate((TOPICS * 4)[: args.judge_demos])
+    )
     prefix = tok.encode(demos)
     questions = [tok.encode(f"Question: Tell me about {TOPICS[i % len(TOPICS)]} (item {i}).\n") for i in range(200)]
     options = [tok.encode(f" {r}") for r in range(1, 11)]
     rating = tok.encode("Answer: a short explanation.\nRating:")
     scorings = [(prefix + questions[i % 200] + rating, options[i // 200 % 10]) for i in range(args.judge_scorings)]
     with timed() as t:
-        gens = [engine.add_generate(prefix + questions[i] + tok.encode("Answer:"), max_tokens=args.judge_tokens)
-                for i in range(64)]
+        gens = [
+            engine.add_generate(prefix + questions[i] + tok.encode("Answer:"), max_tokens=args.judge_tokens)
+            for i in range(64)
+        ]
         scores = [engine.add_score(c, x) for c, x in scorings]
         engine.run()
     s = asdict(engine.stats)
@@ -152,14 +221,44 @@ def part_judge(args, config, weights, tok) -> dict:
         unique |= {tuple((c + x)[:i]) for i in range(1, len(c + x))}
     generated = sum(len(g.result().token_ids) for g in gens)
     assert all(h.done and h.error is None for h in scores)
-    print(f"\n## judge workload in one loop: 64 generations (up to {args.judge_tokens} tokens) + {len(scorings)} "
-          f"scorings on one prefix of {len(prefix)} tokens ({args.dtype}; load average {load_average()})\n")
-    print(table(["wall s", "requests", "tokens requested", "tokens computed", "of which generated",
-                 "unique scoring input tokens", "prefix tokens", "forward steps"],
-                [[t.wall, s["requests"], s["tokens_requested"] + generated, s["tokens_computed"], generated,
-                  len(unique), len(prefix), s["forward_steps"]]]))
-    return dict(seconds=t.wall, tokens_computed=s["tokens_computed"], prefix=len(prefix), unique=len(unique),
-                generated=generated, requested=s["tokens_requested"])
+    print(
+        f"\n## judge workload in one loop: 64 generations (up to {args.judge_tokens} tokens) + {len(scorings)} "
+        f"scorings on one prefix of {len(prefix)} tokens ({args.dtype}; load average {load_average()})\n"
+    )
+    print(
+        table(
+            [
+                "wall s",
+                "requests",
+                "tokens requested",
+                "tokens computed",
+                "of which generated",
+                "unique scoring input tokens",
+                "prefix tokens",
+                "forward steps",
+            ],
+            [
+                [
+                    t.wall,
+                    s["requests"],
+                    s["tokens_requested"] + generated,
+                    s["tokens_computed"],
+                    generated,
+                    len(unique),
+                    len(prefix),
+                    s["forward_steps"],
+                ]
+            ],
+        )
+    )
+    return dict(
+        seconds=t.wall,
+        tokens_computed=s["tokens_computed"],
+        prefix=len(prefix),
+        unique=len(unique),
+        generated=generated,
+        requested=s["tokens_requested"],
+    )
 
 
 def burn(stop_at: float):

@@ -14,6 +14,7 @@ backend on CUDA) runs where it computes the same attention: the plain prefill an
 prefix, with each sequence's keys materialised (the prefix copied per sequence, as an engine without sharing holds
 it); not under a sliding window. `cases` is also what benchmarks/gpu_check.py checks against the references.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,19 @@ MODELS = {  # heads, kv heads, head dim, hidden, intermediate, vocab, sliding wi
 SMOKE_MODEL = (4, 2, 16, 32, 48, 100, 8)
 # kernels of the GPU path that the engine reaches inside another op (the cascade's self part), checked and timed
 # on their own beside dispatch.IMPLS
-EXTRA_IMPLS = {"varlen_causal_attention": {"torch": "attention:varlen_causal_attention_ref",
-                                           "triton": "attention_triton:varlen_causal_attention_triton"}}
+EXTRA_IMPLS = {
+    "varlen_causal_attention": {
+        "torch": "attention:varlen_causal_attention_ref",
+        "triton": "attention_triton:varlen_causal_attention_triton",
+    }
+}
 
 
 @dataclass
 class Case:
     """One op at one shape: its keyword arguments (on the device, in the dtype), the tokens it serves, its matmul
     FLOPs or the bytes it moves, and where torch's SDPA computes the same attention, a closure running it."""
+
     op: str
     case: str
     kwargs: dict
@@ -61,6 +67,7 @@ def bench(fn) -> float:
     """Median ms per call."""
     if torch.cuda.is_available():
         from triton.testing import do_bench
+
         return do_bench(fn, warmup=10, rep=50)
     fn()
     times = []
@@ -85,8 +92,9 @@ def to_device(p: dict, dev) -> dict:
 
     out = {k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in p.items()}
     if "plan" in p:
-        out["plan"] = AttentionPlan(p["plan"].cu_seqlens,
-                                    [Segment(s.rows.to(dev), s.slots.to(dev)) for s in p["plan"].segments])
+        out["plan"] = AttentionPlan(
+            p["plan"].cu_seqlens, [Segment(s.rows.to(dev), s.slots.to(dev)) for s in p["plan"].segments]
+        )
     if isinstance(p.get("window"), AttentionWindow):
         w = p["window"]
         out["window"] = AttentionWindow(w.size, w.positions.to(dev), w.slot_positions.to(dev))
@@ -119,15 +127,19 @@ def sdpa_closure(p: dict, n_seq: int, new: int, shared: int):
     mask = None
     if shared and new > 1:
         from torch.nn.attention.bias import causal_lower_right
+
         mask = causal_lower_right(new, shared + new)
-    backends = [SDPBackend.FLASH_ATTENTION] if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else \
-        [SDPBackend.MATH]
+    backends = (
+        [SDPBackend.FLASH_ATTENTION] if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else [SDPBackend.MATH]
+    )
 
     def run():
         with sdpa_kernel(backends):
-            out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=not shared and new > 1,
-                                                 scale=p["scale"])
+            out = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=mask, is_causal=not shared and new > 1, scale=p["scale"]
+            )
         return out.transpose(1, 2).reshape(n_seq * new, H, D)
+
     return run
 
 
@@ -137,6 +149,7 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
     deterministic mode's segment merge with row limits, RMSNorm, RoPE + KV store, SwiGLU and the target log-prob
     over the vocabulary. Yields Case."""
     from attention_problems import cascade_problem, cascade_window, varlen_problem
+
     from kernels.rope import rope_cos_sin
 
     H, Hkv, D, hidden, inter, vocab, window = shape
@@ -150,30 +163,53 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
         p = to_device(cascade_problem([new] * n_seq, shared, [0] * n_seq, H, Hkv, D, dtype), dev)
         pairs = n_seq * (new * shared + new * (new + 1) // 2)
         case = f"{n_seq} seqs x {new} tok, {shared} shared" if shared else f"prefill {n_seq} x {new} tok"
-        yield attention("cascade_attention", case, p, n_seq * new, pairs,
-                        lambda p=p, n_seq=n_seq, new=new, shared=shared: sdpa_closure(p, n_seq, new, shared))
+        yield attention(
+            "cascade_attention",
+            case,
+            p,
+            n_seq * new,
+            pairs,
+            lambda p=p, n_seq=n_seq, new=new, shared=shared: sdpa_closure(p, n_seq, new, shared),
+        )
     if window:
         n_seq, new, shared, own = (3, 4, 20, [0, 5, 12]) if smoke else (64, 8, 2048, [0] * 64)
         p = cascade_problem([new] * n_seq, shared, own, H, Hkv, D, dtype)
         p["window"] = cascade_window(p, shared, own, window)
         pairs = n_seq * new * min(window, shared + new)
-        yield attention("cascade_attention", f"{n_seq} seqs x {new} tok, {shared} shared, window {window}",
-                        to_device(p, dev), n_seq * new, pairs)
+        yield attention(
+            "cascade_attention",
+            f"{n_seq} seqs x {new} tok, {shared} shared, window {window}",
+            to_device(p, dev),
+            n_seq * new,
+            pairs,
+        )
     seq_lens = [5, 1, 0, 19] if smoke else [256, 1024, 512, 2048] * 2
     pairs = sum(min(i + 1, window or i + 1) for n in seq_lens for i in range(n))
-    yield attention("varlen_causal_attention", f"{len(seq_lens)} seqs up to {max(seq_lens)} tok"
-                    + (f", window {window}" if window else ""),
-                    dict(to_device(varlen_problem(seq_lens, H, Hkv, D, dtype), dev), window=window),
-                    sum(seq_lens), pairs)
+    yield attention(
+        "varlen_causal_attention",
+        f"{len(seq_lens)} seqs up to {max(seq_lens)} tok" + (f", window {window}" if window else ""),
+        dict(to_device(varlen_problem(seq_lens, H, Hkv, D, dtype), dev), window=window),
+        sum(seq_lens),
+        pairs,
+    )
     rows, shared = (12, 40) if smoke else (1024, 2048)
     p = to_device(cascade_problem([rows], shared, [0], H, Hkv, D, dtype), dev)
     limits = torch.randint(0, shared, (rows,), generator=gen).to(dev)
     seg = p["plan"].segments[0]
-    merge = dict(q=p["q"], rows=seg.rows, k_cache=p["k_cache"], v_cache=p["v_cache"], slots=seg.slots,
-                 scale=p["scale"], out=torch.randn(rows, H, D, generator=gen).to(dev),
-                 lse=torch.randn(rows, H, generator=gen).to(dev), limits=limits)
-    yield attention("segment_attention_merge", f"{rows} rows, {shared} keys, row limits", merge, rows,
-                    int(limits.sum()) + rows)
+    merge = dict(
+        q=p["q"],
+        rows=seg.rows,
+        k_cache=p["k_cache"],
+        v_cache=p["v_cache"],
+        slots=seg.slots,
+        scale=p["scale"],
+        out=torch.randn(rows, H, D, generator=gen).to(dev),
+        lse=torch.randn(rows, H, generator=gen).to(dev),
+        limits=limits,
+    )
+    yield attention(
+        "segment_attention_merge", f"{rows} rows, {shared} keys, row limits", merge, rows, int(limits.sum()) + rows
+    )
 
     T = 16 if smoke else 4096
     g = torch.Generator(device=dev).manual_seed(0)
@@ -182,20 +218,44 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
         return torch.randn(*shape_, device=dev, generator=g, dtype=dtype)
 
     cos, sin = rope_cos_sin(D, 500000.0, None, T, dev)
-    yield Case("rms_norm", f"{T} tokens", dict(x=rand(T, hidden), weight=rand(hidden), eps=1e-5,
-                                               residual=rand(T, hidden)), T, nbytes=6 * hidden * T)
-    yield Case("rope_store_kv", f"{T} tokens",
-               dict(qkv=rand(T, (H + 2 * Hkv) * D), positions=torch.arange(T, device=dev), cos=cos, sin=sin,
-                    k_cache=rand(2 * T, Hkv, D), v_cache=rand(2 * T, Hkv, D),
-                    slots=torch.randperm(2 * T, device=dev)[:T], num_heads=H, num_kv_heads=Hkv),
-               T, nbytes=(4 * (H + 2 * Hkv) * D + 4 * Hkv * D + 16 * D) * T)
+    yield Case(
+        "rms_norm",
+        f"{T} tokens",
+        dict(x=rand(T, hidden), weight=rand(hidden), eps=1e-5, residual=rand(T, hidden)),
+        T,
+        nbytes=6 * hidden * T,
+    )
+    yield Case(
+        "rope_store_kv",
+        f"{T} tokens",
+        dict(
+            qkv=rand(T, (H + 2 * Hkv) * D),
+            positions=torch.arange(T, device=dev),
+            cos=cos,
+            sin=sin,
+            k_cache=rand(2 * T, Hkv, D),
+            v_cache=rand(2 * T, Hkv, D),
+            slots=torch.randperm(2 * T, device=dev)[:T],
+            num_heads=H,
+            num_kv_heads=Hkv,
+        ),
+        T,
+        nbytes=(4 * (H + 2 * Hkv) * D + 4 * Hkv * D + 16 * D) * T,
+    )
     yield Case("silu_and_mul", f"{T} tokens", dict(gate_up=rand(T, 2 * inter)), T, nbytes=6 * inter * T)
     n = 8 if smoke else 2048
     # the LM head scaled as a trained one is (logits of order 1, not of order sqrt(hidden))
-    yield Case("target_logprobs", f"{n} rows, vocab {vocab}",
-               dict(hidden=rand(n, hidden), weight=rand(vocab, hidden) * hidden ** -0.5,
-                    targets=torch.randint(0, vocab, (n,), device=dev, generator=g)),
-               n, flops=2 * n * vocab * hidden)
+    yield Case(
+        "target_logprobs",
+        f"{n} rows, vocab {vocab}",
+        dict(
+            hidden=rand(n, hidden),
+            weight=rand(vocab, hidden) * hidden**-0.5,
+            targets=torch.randint(0, vocab, (n,), device=dev, generator=g),
+        ),
+        n,
+        flops=2 * n * vocab * hidden,
+    )
 
 
 def run(model: str, rows: list, smoke: bool = False):
@@ -207,8 +267,18 @@ def run(model: str, rows: list, smoke: bool = False):
         flops, nbytes = c.flops, c.nbytes
         rate = f"{flops / ms / 1e9:8.1f} TFLOP/s" if flops else f"{nbytes / ms / 1e6:8.1f} GB/s"
         print(f"{c.op:<28} {c.case:<44} {backend:<10} {ms:9.3f} ms {c.tokens / ms * 1e3:12.0f} tok/s {rate}")
-        rows.append(dict(model=model, op=c.op, case=c.case, backend=backend, ms=ms, tokens_per_s=c.tokens / ms * 1e3,
-                         tflops=flops / ms / 1e9 if flops else None, gbps=nbytes / ms / 1e6 if nbytes else None))
+        rows.append(
+            dict(
+                model=model,
+                op=c.op,
+                case=c.case,
+                backend=backend,
+                ms=ms,
+                tokens_per_s=c.tokens / ms * 1e3,
+                tflops=flops / ms / 1e9 if flops else None,
+                gbps=nbytes / ms / 1e6 if nbytes else None,
+            )
+        )
 
     for c in cases(shape, dev, dtype, smoke):
         for backend in ("triton", "torch"):
@@ -229,10 +299,12 @@ def main():
         if not args.smoke:
             sys.exit("bench_kernels_gpu.py needs a CUDA GPU (the CPU benchmark is benchmarks/bench_kernels.py)")
         os.environ["TRITON_INTERPRET"] = "1"
-    print(f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU (Triton interpreter)'}, "
-          f"torch {torch.__version__}")
+    print(
+        f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU (Triton interpreter)'}, "
+        f"torch {torch.__version__}"
+    )
     rows: list[dict] = []
-    for model in (["smoke"] if args.smoke else args.model or sorted(MODELS)):
+    for model in ["smoke"] if args.smoke else args.model or sorted(MODELS):
         print(f"\n== {model} shapes ({'bf16' if torch.cuda.is_available() else 'fp32'})")
         run(model, rows, smoke=args.smoke)
     if args.csv:

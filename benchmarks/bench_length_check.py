@@ -3,6 +3,7 @@ request whole (encode_pairs, as the engine does), on the demo task scaled up: sa
 
     python benchmarks/bench_length_check.py --copies 25      # 2000 candidates x 15 demo sets (ICQS + Epistemic)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ def main() -> None:
     args = p.parse_args()
     eng = Engine.load(None, dtype="float32")
     task = demo_task()
-    cands = [Candidate(f"c{i}", c.model, f"{c.x} number {i}", c.y, line=i + 1)
-             for i, c in enumerate(demo_candidates(task) * args.copies)]
+    cands = [
+        Candidate(f"c{i}", c.model, f"{c.x} number {i}", c.y, line=i + 1)
+        for i, c in enumerate(demo_candidates(task) * args.copies)
+    ]
     methods = args.methods.split(",")
     t0 = time.perf_counter()
     check_lengths(eng, task, cands, methods, "coupled")
@@ -34,8 +37,10 @@ def main() -> None:
     encoded = encode_pairs(eng.tokenizer, [(j.context, j.continuation) for j in jobs])
     longest = max(len(a) + len(b) + j.generated for j, (a, b) in zip(jobs, encoded))
     whole = time.perf_counter() - t0
-    print(f"{len(cands)} candidates, {len(jobs)} requests, longest {longest} tokens (limit {eng.max_request_tokens}): "
-          f"check_lengths {quick:.2f} s, every request tokenized whole {whole:.2f} s ({whole / quick:.0f}x)")
+    print(
+        f"{len(cands)} candidates, {len(jobs)} requests, longest {longest} tokens (limit {eng.max_request_tokens}): "
+        f"check_lengths {quick:.2f} s, every request tokenized whole {whole:.2f} s ({whole / quick:.0f}x)"
+    )
 
 
 if __name__ == "__main__":

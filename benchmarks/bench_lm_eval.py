@@ -13,6 +13,7 @@ own counter), accuracy. The hf backend runs first, then the engine; `uptime`'s l
 
     flock /tmp/bench.lock python benchmarks/bench_lm_eval.py --questions 300
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,9 @@ for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
 
 from common import load_average, machine  # noqa: E402  (puts the repository and tests/ on sys.path)
 
+from commands.fetch import cache_dir  # noqa: E402
 from engine.loader import load_model_files  # noqa: E402
 from engine.requests import encode_pairs  # noqa: E402
-from commands.fetch import cache_dir  # noqa: E402
 
 TASK = "icqs_bench_dates"
 SECTION = "## lm-evaluation-harness backend: icqs-engine vs hf"
@@ -40,8 +41,16 @@ def make_questions(n: int, seed: int = 0) -> list[dict]:
     """Date arithmetic in the style of BIG-bench date_understanding: a date, a shift, six MM/DD/YYYY options (the
     answer and dates one day, one week, one month or one year off it), computed with datetime."""
     rng = random.Random(seed)
-    shifts = [(1, "tomorrow"), (-1, "yesterday"), (7, "one week from today"), (-7, "one week ago"),
-              (10, "10 days from today"), (-10, "10 days ago"), (30, "30 days from today"), (-30, "30 days ago")]
+    shifts = [
+        (1, "tomorrow"),
+        (-1, "yesterday"),
+        (7, "one week from today"),
+        (-7, "one week ago"),
+        (10, "10 days from today"),
+        (-10, "10 days ago"),
+        (30, "30 days from today"),
+        (-30, "30 days ago"),
+    ]
     leads = [("Today is {}.", 0), ("Yesterday was {}.", 1), ("Tomorrow will be {}.", -1)]
     docs = []
     while len(docs) < n:
@@ -53,22 +62,35 @@ def make_questions(n: int, seed: int = 0) -> list[dict]:
         wrong += [answer.replace(year=answer.year + y) for y in (-1, 1) if not (answer.month == 2 and answer.day == 29)]
         options = [answer] + rng.sample([w for w in dict.fromkeys(wrong) if w != answer], 5)
         rng.shuffle(options)
-        docs.append({"question": f"{lead.format(f'{day:%m/%d/%Y}')} What is the date {phrase} in MM/DD/YYYY?",
-                     "choices": [f"{o:%m/%d/%Y}" for o in options], "label": options.index(answer)})
+        docs.append(
+            {
+                "question": f"{lead.format(f'{day:%m/%d/%Y}')} What is the date {phrase} in MM/DD/YYYY?",
+                "choices": [f"{o:%m/%d/%Y}" for o in options],
+                "label": options.index(answer),
+            }
+        )
     return docs
 
 
 def write_task(root: Path, docs: list[dict], pool: int, questions: int) -> None:
     files = {}
-    for split, part in (("train", docs[:pool]), ("test", docs[pool:pool + questions])):
+    for split, part in (("train", docs[:pool]), ("test", docs[pool : pool + questions])):
         files[split] = str(root / f"{split}.jsonl")
         Path(files[split]).write_text("".join(json.dumps(d) + "\n" for d in part))
-    task = {"task": TASK, "dataset_path": "json",
-            "dataset_kwargs": {"data_files": files, "cache_dir": str(root / "datasets_cache")},
-            "output_type": "multiple_choice", "training_split": "train", "fewshot_split": "train",
-            "test_split": "test", "num_fewshot": 5, "doc_to_text": "Q: {{question}}\nA:",
-            "doc_to_choice": "{{choices}}", "doc_to_target": "label",
-            "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}
+    task = {
+        "task": TASK,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": files, "cache_dir": str(root / "datasets_cache")},
+        "output_type": "multiple_choice",
+        "training_split": "train",
+        "fewshot_split": "train",
+        "test_split": "test",
+        "num_fewshot": 5,
+        "doc_to_text": "Q: {{question}}\nA:",
+        "doc_to_choice": "{{choices}}",
+        "doc_to_target": "label",
+        "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}],
+    }
     (root / f"{TASK}.yaml").write_text(json.dumps(task, indent=1))
 
 
@@ -85,10 +107,16 @@ def write_hf_dir(path: Path) -> Path:
     shutil.rmtree(part, ignore_errors=True)
     hf_model_from_weights(config, weights).save_pretrained(part)
     tok.backend.save(str(part / "tokenizer.json"))
-    special = {"bos_token": tok.id_to_token(tok.bos_id) if tok.bos_id is not None else None,
-               "eos_token": tok.id_to_token(tok.eos_id), "add_bos_token": tok.add_bos}
-    (part / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", **special, "chat_template": tok.chat_template}, indent=1))
+    special = {
+        "bos_token": tok.id_to_token(tok.bos_id) if tok.bos_id is not None else None,
+        "eos_token": tok.id_to_token(tok.eos_id),
+        "add_bos_token": tok.add_bos,
+    }
+    (part / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", **special, "chat_template": tok.chat_template}, indent=1
+        )
+    )
     os.replace(part, path)  # complete or absent
     return path
 
@@ -107,9 +135,19 @@ def run(model: str, model_args: dict, tasks, batch_size: int) -> tuple[dict, flo
     import lm_eval
 
     start = time.perf_counter()
-    res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=[TASK], task_manager=tasks,
-                                  device="cpu", batch_size=batch_size, log_samples=True, random_seed=0,
-                                  numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    res = lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=[TASK],
+        task_manager=tasks,
+        device="cpu",
+        batch_size=batch_size,
+        log_samples=True,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
     return res, time.perf_counter() - start
 
 
@@ -123,8 +161,9 @@ def main(argv=None) -> None:
     p.add_argument("--results", type=Path, default=None, help="append the table to this markdown file")
     args = p.parse_args(argv)
 
-    import engine.lm_eval  # noqa: F401  (registers icqs-engine)
     from lm_eval.tasks import TaskManager
+
+    import engine.lm_eval  # noqa: F401  (registers icqs-engine)
 
     args.work.mkdir(parents=True, exist_ok=True)
     docs = make_questions(args.pool + args.questions)
@@ -141,25 +180,35 @@ def main(argv=None) -> None:
     samples = hf["samples"][TASK]
     stats = ours["config"]["engine_stats"]["loglikelihood"]
     for name, res, wall, tokens, dtype in (
-            ("hf (batch size 8)", hf, hf_wall, hf_tokens(tok, samples), args.hf_dtype),
-            ("icqs-engine", ours, our_wall, stats["tokens_computed"], args.engine_dtype)):
+        ("hf (batch size 8)", hf, hf_wall, hf_tokens(tok, samples), args.hf_dtype),
+        ("icqs-engine", ours, our_wall, stats["tokens_computed"], args.engine_dtype),
+    ):
         r = res["results"][TASK]
         rows.append(f"| {name} | {dtype} | {wall:.1f} | {tokens:,} | {r['acc,none']:.4f} | {r['acc_norm,none']:.4f} |")
-    same = sum(a["acc"] == b["acc"] for a, b in zip(
-        sorted(samples, key=lambda s: s["doc_id"]), sorted(ours["samples"][TASK], key=lambda s: s["doc_id"])))
+    same = sum(
+        a["acc"] == b["acc"]
+        for a, b in zip(
+            sorted(samples, key=lambda s: s["doc_id"]), sorted(ours["samples"][TASK], key=lambda s: s["doc_id"])
+        )
+    )
     n_req = sum(len(s["arguments"]) for s in samples)
-    text = "\n".join([
-        f"{len(samples)} questions x 6 choices ({n_req} loglikelihood requests), 5-shot, SmolLM2-135M-Instruct "
-        f"(embedded Q4_1 GGUF written as an HF dir); {machine()}; load average {load_before} before, "
-        f"{load_after} after; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-        f"Command: `flock /tmp/bench.lock python benchmarks/bench_lm_eval.py --questions {args.questions}`",
-        "",
-        "| backend | dtype | wall s | tokens computed | acc | acc_norm |",
-        "|---|---|---|---|---|---|", *rows, "",
-        f"icqs-engine / hf: {hf_wall / our_wall:.2f}x faster (wall); tokens requested {stats['tokens_requested']:,},"
-        f" computed {stats['tokens_computed']:,} ({stats['tokens_requested'] / max(1, stats['tokens_computed']):.1f}x"
-        f" fewer), {stats['forward_steps']} forward steps; same correct/incorrect on {same}/{len(samples)} "
-        "questions."])
+    text = "\n".join(
+        [
+            f"{len(samples)} questions x 6 choices ({n_req} loglikelihood requests), 5-shot, SmolLM2-135M-Instruct "
+            f"(embedded Q4_1 GGUF written as an HF dir); {machine()}; load average {load_before} before, "
+            f"{load_after} after; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+            f"Command: `flock /tmp/bench.lock python benchmarks/bench_lm_eval.py --questions {args.questions}`",
+            "",
+            "| backend | dtype | wall s | tokens computed | acc | acc_norm |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"icqs-engine / hf: {hf_wall / our_wall:.2f}x faster (wall); tokens requested {stats['tokens_requested']:,},"
+            f" computed {stats['tokens_computed']:,} ({stats['tokens_requested'] / max(1, stats['tokens_computed']):.1f}x"
+            f" fewer), {stats['forward_steps']} forward steps; same correct/incorrect on {same}/{len(samples)} "
+            "questions.",
+        ]
+    )
     print(text)
     if args.results:
         with open(args.results, "a") as f:

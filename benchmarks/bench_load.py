@@ -21,6 +21,7 @@ venv), which RSS counts but which are the runtime's, like oneDNN's code above;
 weight bytes count every tensor the model holds once (a prepacked copy as its blocked tensor). The KV cache is
 allocated uninitialised, so its untouched pages cost nothing here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"smollm2": None, "qwen2.5-0.5b": "qwen2.5-0.5b", "qwen2.5-1.5b": "qwen2.5-1.5b"}
-LLAMA8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+LLAMA8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+)
 
 
 def _status(field: str) -> int:
@@ -69,10 +77,9 @@ def child(model: str | None, dtype: str) -> dict:
     """One measurement in this (fresh) interpreter."""
     import gc
 
-    from engine.engine import Engine
-
     import torch
 
+    from engine.engine import Engine
     from kernels.linear import linear, prepack
 
     x = torch.ones(3, 64, dtype=torch.bfloat16)  # oneDNN's code and JIT kernels: the runtime's, not the weights'
@@ -96,9 +103,19 @@ def child(model: str | None, dtype: str) -> dict:
     resident = _status("VmRSS")
     own = _status("RssAnon") - anon_before + _mapped_file_rss(engine_files(model))
     wb = weight_bytes(engine.model)
-    return dict(model=model or "smollm2", dtype=dtype, weight_bytes=wb, baseline=baseline, peak=peak,
-                resident=resident, peak_ratio=(peak - baseline) / wb, resident_ratio=(resident - baseline) / wb,
-                own=own, own_ratio=own / wb, seconds=seconds)
+    return dict(
+        model=model or "smollm2",
+        dtype=dtype,
+        weight_bytes=wb,
+        baseline=baseline,
+        peak=peak,
+        resident=resident,
+        peak_ratio=(peak - baseline) / wb,
+        resident_ratio=(resident - baseline) / wb,
+        own=own,
+        own_ratio=own / wb,
+        seconds=seconds,
+    )
 
 
 def engine_files(model: str | None) -> set[str]:
@@ -154,14 +171,21 @@ def device_child(model: str | None, dtype: str) -> dict:
     LlamaModel(config, weights, DTYPES[dtype], torch.device("meta"))
     peak = _status("VmHWM")
     largest = max(torch.Size(weights.shape(n)).numel() for n in weights) * DTYPES[dtype].itemsize
-    return dict(model=model or "smollm2", dtype=dtype, largest_tensor=largest, host_peak=peak - baseline,
-                host_peak_ratio=(peak - baseline) / largest)
+    return dict(
+        model=model or "smollm2",
+        dtype=dtype,
+        largest_tensor=largest,
+        host_peak=peak - baseline,
+        host_peak_ratio=(peak - baseline) / largest,
+    )
 
 
 def run_child(root: Path, model: str | None, dtype: str, fn: str = "child") -> dict:
     env = dict(os.environ, PYTHONPATH=str(root))
-    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_load; "
-            f"print(json.dumps(bench_load.{fn}({model!r}, {dtype!r})))")
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_load; "
+        f"print(json.dumps(bench_load.{fn}({model!r}, {dtype!r})))"
+    )
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"load of {model} {dtype} failed:\n{run.stderr[-3000:]}")
@@ -198,20 +222,38 @@ def write_llama8b(folder: Path) -> Path:
         tensors = {}
         for i in range(start, min(layers, start + 4)):
             p = f"model.layers.{i}."
-            tensors.update({
-                p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-                p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-                p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
-                p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
-                p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
-                p + "mlp.down_proj.weight": rand(h, inter)})
+            tensors.update(
+                {
+                    p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+                    p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+                    p + "self_attn.q_proj.weight": rand(q, h),
+                    p + "self_attn.k_proj.weight": rand(kv, h),
+                    p + "self_attn.v_proj.weight": rand(kv, h),
+                    p + "self_attn.o_proj.weight": rand(h, q),
+                    p + "mlp.gate_proj.weight": rand(inter, h),
+                    p + "mlp.up_proj.weight": rand(inter, h),
+                    p + "mlp.down_proj.weight": rand(h, inter),
+                }
+            )
         save(tensors)
         del tensors
     save({"model.norm.weight": torch.ones(h, dtype=torch.bfloat16), "lm_head.weight": rand(c["vocab_size"], h)})
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (folder / "config.json").write_text(json.dumps(dict(
-        LLAMA8B, model_type="llama", architectures=["LlamaForCausalLM"], rms_norm_eps=1e-5, rope_theta=500000.0,
-        max_position_embeddings=8192, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)))
+    (folder / "config.json").write_text(
+        json.dumps(
+            dict(
+                LLAMA8B,
+                model_type="llama",
+                architectures=["LlamaForCausalLM"],
+                rms_norm_eps=1e-5,
+                rope_theta=500000.0,
+                max_position_embeddings=8192,
+                tie_word_embeddings=False,
+                bos_token_id=0,
+                eos_token_id=1,
+            )
+        )
+    )
     vocab = {"<s>": 0, "</s>": 1, "<unk>": 2}
     Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(folder / "tokenizer.json"))
     return folder
@@ -222,11 +264,18 @@ def main():
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     ap.add_argument("--root", type=Path, default=ROOT, help="checkout whose engine is measured (default: this one)")
-    ap.add_argument("--llama8b", type=Path, help="folder for the random Llama-3-8B-shaped checkpoint (16 GiB): "
-                    "written if absent, then loaded in bf16 instead of --models")
+    ap.add_argument(
+        "--llama8b",
+        type=Path,
+        help="folder for the random Llama-3-8B-shaped checkpoint (16 GiB): "
+        "written if absent, then loaded in bf16 instead of --models",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object per measurement")
-    ap.add_argument("--device-proxy", action="store_true", help="also the host peak of each load onto the meta "
-                    "device, the stand-in for an accelerator (no GPU here)")
+    ap.add_argument(
+        "--device-proxy",
+        action="store_true",
+        help="also the host peak of each load onto the meta device, the stand-in for an accelerator (no GPU here)",
+    )
     args = ap.parse_args()
     if args.llama8b:
         if not (args.llama8b / "config.json").is_file():
@@ -238,25 +287,33 @@ def main():
         cases = [(MODELS[m], d) for m in args.models for d in args.dtypes]
     print(f"# {os.uname().nodename} load average {os.getloadavg()[0]:.2f}; engine from {args.root}")
     if not args.json:
-        print(f"{'model':<14} {'dtype':<9} {'weights':>9} {'base':>8} {'peak':>9} {'resident':>9} "
-              f"{'peak/w':>7} {'res/w':>6} {'own/w':>6} {'seconds':>8}")
-    gib = 2 ** 30
+        print(
+            f"{'model':<14} {'dtype':<9} {'weights':>9} {'base':>8} {'peak':>9} {'resident':>9} "
+            f"{'peak/w':>7} {'res/w':>6} {'own/w':>6} {'seconds':>8}"
+        )
+    gib = 2**30
     for model, dtype in cases:
         r = run_child(args.root.resolve(), model, dtype)
         r["model"] = Path(r["model"]).name
         if args.json:
             print(json.dumps(r), flush=True)
         else:
-            print(f"{r['model']:<14} {dtype:<9} {r['weight_bytes'] / gib:7.2f}Gi {r['baseline'] / gib:6.2f}Gi "
-                  f"{(r['peak'] - r['baseline']) / gib:7.2f}Gi {(r['resident'] - r['baseline']) / gib:7.2f}Gi "
-                  f"{r['peak_ratio']:7.2f} {r['resident_ratio']:6.2f} {r.get('own_ratio', float('nan')):6.2f} "
-                  f"{r['seconds']:8.1f}", flush=True)
+            print(
+                f"{r['model']:<14} {dtype:<9} {r['weight_bytes'] / gib:7.2f}Gi {r['baseline'] / gib:6.2f}Gi "
+                f"{(r['peak'] - r['baseline']) / gib:7.2f}Gi {(r['resident'] - r['baseline']) / gib:7.2f}Gi "
+                f"{r['peak_ratio']:7.2f} {r['resident_ratio']:6.2f} {r.get('own_ratio', float('nan')):6.2f} "
+                f"{r['seconds']:8.1f}",
+                flush=True,
+            )
     if args.device_proxy:
         print("# host peak of a load onto another device (meta standing in for CUDA), over the largest tensor")
         for model, dtype in cases:
             r = run_child(args.root.resolve(), model, dtype, "device_child")
-            print(f"{Path(r['model']).name:<14} {dtype:<9} largest tensor {r['largest_tensor'] / gib:6.3f}Gi "
-                  f"host peak {r['host_peak'] / gib:6.3f}Gi = {r['host_peak_ratio']:.2f}x", flush=True)
+            print(
+                f"{Path(r['model']).name:<14} {dtype:<9} largest tensor {r['largest_tensor'] / gib:6.3f}Gi "
+                f"host peak {r['host_peak'] / gib:6.3f}Gi = {r['host_peak_ratio']:.2f}x",
+                flush=True,
+            )
     print(f"# load average after {os.getloadavg()[0]:.2f}")
 
 

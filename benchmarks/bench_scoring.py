@@ -10,6 +10,7 @@ and computed, wall and CPU seconds (best of --repeat), tokens/s and the engine/t
 log-prob spread that bf16 costs: engine bf16, transformers bf16 and engine fp32 each against transformers fp32
 (max and mean absolute difference of the per-request sums, in nats).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,8 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
-
 from common import hf_model, hf_naive, load_average, machine, max_abs_diff, table, timed
+
 from engine import Engine
 from engine.engine import DTYPES
 from engine.loader import load_model_files
@@ -81,7 +82,7 @@ def make_requests(n: int, seed: int = 0, context_sentences: int = 7) -> list[tup
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        pick = [SENTENCES[i] for i in rng.permutation(len(SENTENCES))[:context_sentences + 1]]
+        pick = [SENTENCES[i] for i in rng.permutation(len(SENTENCES))[: context_sentences + 1]]
         out.append((" ".join(pick[:-1]), " " + pick[-1]))
     return out
 
@@ -120,29 +121,76 @@ def main(argv=None) -> dict:
     hf_naive(hf, tok, requests[:2])
     hf_scores, hf_t = best_of(args.repeat, lambda: hf_naive(hf, tok, requests))
 
-    rows = [["engine (share_prefix=False)", requested, computed, stats["forward_steps"], eng_t.wall, eng_t.cpu,
-             requested / eng_t.wall, requested / eng_t.cpu],
-            ["transformers, one forward per request", requested, requested, len(requests), hf_t.wall, hf_t.cpu,
-             requested / hf_t.wall, requested / hf_t.cpu]]
-    print(f"\n{len(requests)} requests, {requested / len(requests):.0f} tokens each on average, {args.dtype}, "
-          f"best of {args.repeat} runs\n")
-    print(table(["runner", "tokens requested", "tokens computed", "forward steps", "wall s", "CPU s",
-                 "tokens/s (wall)", "tokens/s (CPU)"], rows))
+    rows = [
+        [
+            "engine (share_prefix=False)",
+            requested,
+            computed,
+            stats["forward_steps"],
+            eng_t.wall,
+            eng_t.cpu,
+            requested / eng_t.wall,
+            requested / eng_t.cpu,
+        ],
+        [
+            "transformers, one forward per request",
+            requested,
+            requested,
+            len(requests),
+            hf_t.wall,
+            hf_t.cpu,
+            requested / hf_t.wall,
+            requested / hf_t.cpu,
+        ],
+    ]
+    print(
+        f"\n{len(requests)} requests, {requested / len(requests):.0f} tokens each on average, {args.dtype}, "
+        f"best of {args.repeat} runs\n"
+    )
+    print(
+        table(
+            [
+                "runner",
+                "tokens requested",
+                "tokens computed",
+                "forward steps",
+                "wall s",
+                "CPU s",
+                "tokens/s (wall)",
+                "tokens/s (CPU)",
+            ],
+            rows,
+        )
+    )
     speedup, speedup_cpu = hf_t.wall / eng_t.wall, hf_t.cpu / eng_t.cpu
     print(f"\nengine / transformers: {speedup:.2f}x tokens/s (wall), {speedup_cpu:.2f}x (CPU time)")
 
     # the log-prob spread of bf16: everything against transformers fp32
     ref = hf_naive(hf_model(config, weights, torch.float32), tok, requests)
     engine32 = Engine(config, weights, tok, dtype=torch.float32, token_budget=args.token_budget)
-    compared = {f"engine {args.dtype}": [r.logprob for r in eng_scores], f"transformers {args.dtype}": hf_scores,
-                "engine float32": [r.logprob for r in engine32.score(requests, share_prefix=False)]}
+    compared = {
+        f"engine {args.dtype}": [r.logprob for r in eng_scores],
+        f"transformers {args.dtype}": hf_scores,
+        "engine float32": [r.logprob for r in engine32.score(requests, share_prefix=False)],
+    }
     spread = {name: max_abs_diff(v, ref) for name, v in compared.items()}
     print("\nlog-prob of each request (sum over its continuation) against transformers float32, in nats\n")
-    print(table(["runner", "max abs diff", "mean abs diff"],
-                [[name, spread[name], float(np.mean(np.abs(np.subtract(v, ref))))] for name, v in compared.items()]))
-    return dict(requests=len(requests), tokens_requested=requested, tokens_computed=computed,
-                engine_tokens_per_s=requested / eng_t.wall, hf_tokens_per_s=requested / hf_t.wall,
-                speedup=speedup, speedup_cpu=speedup_cpu, spread=spread)
+    print(
+        table(
+            ["runner", "max abs diff", "mean abs diff"],
+            [[name, spread[name], float(np.mean(np.abs(np.subtract(v, ref))))] for name, v in compared.items()],
+        )
+    )
+    return dict(
+        requests=len(requests),
+        tokens_requested=requested,
+        tokens_computed=computed,
+        engine_tokens_per_s=requested / eng_t.wall,
+        hf_tokens_per_s=requested / hf_t.wall,
+        speedup=speedup,
+        speedup_cpu=speedup_cpu,
+        spread=spread,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ one prompt a call; the log-likelihood is the sum of token_logprobs[ctxlen:-1]). 
 process while the server idles, before and after the server runs (interleaved). Printed: candidate-scores/s and
 the ratio to in-process, p50/p99 latency of a call, errors, and the largest difference from the in-process
 scores (float32 by default, so equal means within 1e-5)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,9 @@ import threading
 import time
 
 import numpy as np
-
 from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from common import ROOT, load_average, machine, table, timed
+
 from engine import Engine
 from engine.client import Client
 from engine.requests import encode_pairs
@@ -44,8 +45,22 @@ def parse_args(argv):
 
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "engine", "serve", "--port", "0", "--dtype", args.dtype, "--token-budget",
-           str(args.token_budget), "--max-queue", "100000", "--served-model-name", "bench"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "serve",
+        "--port",
+        "0",
+        "--dtype",
+        args.dtype,
+        "--token-budget",
+        str(args.token_budget),
+        "--max-queue",
+        "100000",
+        "--served-model-name",
+        "bench",
+    ]
     cmd += ["--model", args.model] if args.model else []
     cmd += ["--threads", str(args.threads)] if args.threads else []
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -64,14 +79,15 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 
 def score_calls(requests, per_call: int) -> list[dict]:
     """/v1/score bodies: `per_call` consecutive (context, continuation) pairs each."""
-    return [{"pairs": [list(p) for p in requests[i:i + per_call]]} for i in range(0, len(requests), per_call)]
+    return [{"pairs": [list(p) for p in requests[i : i + per_call]]} for i in range(0, len(requests), per_call)]
 
 
 def echo_calls(prompts) -> list[dict]:
     """/v1/completions bodies as lm-evaluation-harness's local-completions sends a loglikelihood request: token
     ids (here context + continuation), echo, logprobs 1, max_tokens 1, temperature 0; one prompt a call."""
-    return [{"prompt": ctx + cont, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
-            for ctx, cont in prompts]
+    return [
+        {"prompt": ctx + cont, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0} for ctx, cont in prompts
+    ]
 
 
 def echo_logprobs(result: dict | None) -> list | None:
@@ -82,9 +98,12 @@ def echo_logprobs(result: dict | None) -> list | None:
 def candidate_scores(path: str, results, calls, encoded) -> list[float]:
     """Each request's log P(continuation | context) from the answers of `path` (NaN where a call failed)."""
     if path == "/v1/score":
-        return [d["logprob"] if r else np.nan for r, call in zip(results, calls)
-                for d in (r["data"] if r else [None] * len(call["pairs"]))]
-    return [float(np.sum(echo_logprobs(r)[len(ctx):])) if r else np.nan for r, (ctx, _) in zip(results, encoded)]
+        return [
+            d["logprob"] if r else np.nan
+            for r, call in zip(results, calls)
+            for d in (r["data"] if r else [None] * len(call["pairs"]))
+        ]
+    return [float(np.sum(echo_logprobs(r)[len(ctx) :])) if r else np.nan for r, (ctx, _) in zip(results, encoded)]
 
 
 async def run_clients(url: str, calls: list[dict], path: str, clients: int):
@@ -116,8 +135,10 @@ def main(argv=None):
     questions = max(1, round(QUESTIONS * args.scale))
     _, candidates, requests = build_job(questions, args.ratios, args.demos, args.demo_sets)
     print(f"# Server vs in-process, ICQS-shaped job ({machine()}; load average {load_average()})")
-    print(f"{len(requests)} requests ({questions} questions, {len(candidates)} candidates), {args.dtype}, "
-          f"{args.clients} clients, {args.per_call} pairs per /v1/score call")
+    print(
+        f"{len(requests)} requests ({questions} questions, {len(candidates)} candidates), {args.dtype}, "
+        f"{args.clients} clients, {args.per_call} pairs per /v1/score call"
+    )
     opts = dict(dtype=args.dtype, token_budget=args.token_budget)
     if args.threads:
         opts["threads"] = args.threads
@@ -149,19 +170,54 @@ def main(argv=None):
         proc.wait(60)
     want_b, wall_b = in_process()
     wall0 = (wall_a + wall_b) / 2
-    rows.append(["in-process Engine.score (closed job), mean of before/after", 1, f"{wall_a:.2f} / {wall_b:.2f}",
-                 len(requests) / wall0, 1.0, "-", "-", 0, f"{np.max(np.abs(np.subtract(want, want_b))):.3g}"])
+    rows.append(
+        [
+            "in-process Engine.score (closed job), mean of before/after",
+            1,
+            f"{wall_a:.2f} / {wall_b:.2f}",
+            len(requests) / wall0,
+            1.0,
+            "-",
+            "-",
+            0,
+            f"{np.max(np.abs(np.subtract(want, want_b))):.3g}",
+        ]
+    )
     out = {}
     for path, (scores, lat, errors, wall) in got.items():
         diff = np.nanmax(np.abs(np.subtract(scores, want))) if not np.all(np.isnan(scores)) else float("nan")
         out[path] = dict(errors=len(errors), max_abs_diff=float(diff), rate=len(requests) / wall)
-        rows.append([f"server {path}", args.clients, f"{wall:.2f}", len(requests) / wall, wall0 / wall,
-                     f"{np.percentile(lat, 50) * 1e3:.0f}", f"{np.percentile(lat, 99) * 1e3:.0f}", len(errors),
-                     f"{diff:.3g}"])
+        rows.append(
+            [
+                f"server {path}",
+                args.clients,
+                f"{wall:.2f}",
+                len(requests) / wall,
+                wall0 / wall,
+                f"{np.percentile(lat, 50) * 1e3:.0f}",
+                f"{np.percentile(lat, 99) * 1e3:.0f}",
+                len(errors),
+                f"{diff:.3g}",
+            ]
+        )
         if errors:
             print(f"{path}: {len(errors)} errors, first: {errors[0]}")
-    print(table(["runner", "clients", "wall s", "candidate-scores/s", "vs in-process", "p50 ms", "p99 ms",
-                 "errors", "max abs diff vs in-process"], rows))
+    print(
+        table(
+            [
+                "runner",
+                "clients",
+                "wall s",
+                "candidate-scores/s",
+                "vs in-process",
+                "p50 ms",
+                "p99 ms",
+                "errors",
+                "max abs diff vs in-process",
+            ],
+            rows,
+        )
+    )
     print(f"load average at the end: {load_average()}")
     return out
 

@@ -4,6 +4,7 @@ llama.cpp runner (llama-cpp-python, an optional benchmark extra), and markdown t
 Both baselines compute log P(continuation | context) the naive way, one request at a time with no cache: a full
 forward over context + continuation, logits at every position, log-softmax, gather. Requests are tokenized by the
 engine's own rule (engine.requests.encode_pair), so all three runners see the same token ids."""
+
 from __future__ import annotations
 
 import os
@@ -106,7 +107,7 @@ def engine_weight_bytes(engine) -> int:
 
 
 def mib(n: float) -> str:
-    return f"{n / 2 ** 20:,.0f} MiB"
+    return f"{n / 2**20:,.0f} MiB"
 
 
 # ---- baselines -----------------------------------------------------------------------------------------------
@@ -144,17 +145,17 @@ def hf_batched(model, tokenizer, requests, batch_size: int, seconds: float | Non
     for g in range(0, len(order), batch_size):
         if seconds is not None and g and time.perf_counter() - start > seconds:
             break
-        group = order[g:g + batch_size]
+        group = order[g : g + batch_size]
         seqs = [(pairs[i][0] + pairs[i][1])[:-1] for i in group]
         width = max(map(len, seqs))
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
         mask = torch.zeros(len(seqs), width, dtype=torch.long)
         for r, s in enumerate(seqs):
-            ids[r, :len(s)], mask[r, :len(s)] = torch.tensor(s), 1
+            ids[r, : len(s)], mask[r, : len(s)] = torch.tensor(s), 1
         logp = F.log_softmax(model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits, -1)
         for r, i in enumerate(group):
             ctx, cont = pairs[i]
-            rows = logp[r, len(ctx) - 1:len(ctx) + len(cont) - 1]
+            rows = logp[r, len(ctx) - 1 : len(ctx) + len(cont) - 1]
             out[i] = float(rows.gather(1, torch.tensor(cont, device=rows.device)[:, None]).float().sum())
     return out
 
@@ -189,8 +190,14 @@ class LlamaCpp:
 
         llama_module.llama_cpp.llama_model_default_params = model_params  # Llama() has no argument for it
         try:
-            self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=min(n_ctx, 2048), logits_all=True,
-                             n_threads=threads or torch.get_num_threads(), verbose=False)
+            self.llm = Llama(
+                model_path=str(gguf_path),
+                n_ctx=n_ctx,
+                n_batch=min(n_ctx, 2048),
+                logits_all=True,
+                n_threads=threads or torch.get_num_threads(),
+                verbose=False,
+            )
         finally:
             llama_module.llama_cpp.llama_model_default_params = defaults
 
@@ -200,7 +207,7 @@ class LlamaCpp:
             ctx, cont = encode_pair(tokenizer, context, continuation)
             self.llm.reset()
             self.llm.eval(ctx + cont)
-            logits = np.asarray(self.llm.scores[len(ctx) - 1:len(ctx) + len(cont) - 1], dtype=np.float64)
+            logits = np.asarray(self.llm.scores[len(ctx) - 1 : len(ctx) + len(cont) - 1], dtype=np.float64)
             top = logits.max(axis=1, keepdims=True)
             logz = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
             out.append(float((logits[np.arange(len(cont)), cont] - logz).sum()))
@@ -219,6 +226,7 @@ def max_abs_diff(a, b) -> float:
 # ---- output --------------------------------------------------------------------------------------------------
 def table(headers: list[str], rows: list[list]) -> str:
     """A markdown table; floats printed to about 3 significant digits, with thousands separators."""
+
     def fmt(v):
         if not isinstance(v, float):
             return f"{v:,}" if isinstance(v, int) else str(v)

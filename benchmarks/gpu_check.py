@@ -32,9 +32,11 @@ DIR/logs/NAME.log.
              memory and the model FLOP utilisation (the matmul FLOPs of the computed tokens, attention included,
              over the matmul rate of section 1).
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -64,10 +66,23 @@ FP32_TOL = 1e-4
 # the GPU suite's selection in --smoke (the interpreter is slow; the suite runs the whole file itself)
 SMOKE_SUITE = "silu_and_mul or target_logprobs"
 # Llama-3.2-1B (tied embeddings); Llama-3-8B is bench_load.LLAMA8B
-LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-                  rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+LLAMA32_1B = dict(
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    tie_word_embeddings=True,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
 
 
 # ---- results: one JSON per section as it goes, merged into gpu_check.json and gpu_check.md -------------------
@@ -142,68 +157,196 @@ def _gib(v: dict, who: str) -> str:
 
 def markdown(r: dict) -> str:
     """The report as markdown tables, one block per section that has results."""
-    out = [f"# GPU check: {r.get('device', '?')}{' (smoke run: tiny sizes, CPU)' if r.get('smoke') else ''}", "",
-           f"`{r.get('command', '')}`, started {r.get('started', '?')} on {r.get('machine', '?')}", ""]
-    out.append(md_table(["section", "status", "seconds", "cap s"],
-                        [[k, s.get("status"), s.get("seconds"), s.get("cap_s")]
-                         for k, s in r.get("sections", {}).items()]))
+    out = [
+        f"# GPU check: {r.get('device', '?')}{' (smoke run: tiny sizes, CPU)' if r.get('smoke') else ''}",
+        "",
+        f"`{r.get('command', '')}`, started {r.get('started', '?')} on {r.get('machine', '?')}",
+        "",
+    ]
+    out.append(
+        md_table(
+            ["section", "status", "seconds", "cap s"],
+            [[k, s.get("status"), s.get("seconds"), s.get("cap_s")] for k, s in r.get("sections", {}).items()],
+        )
+    )
     if r.get("versions"):
         out += ["", "versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items())]
     if "bounds" in r:
         b = r["bounds"]
-        out += ["", "## Bounds", "", md_table(["device", "matmul", "TFLOP/s", "copy", "GB/s"], [
-            [r.get("device"), b.get("matmul"), b.get("matmul_tflops"), b.get("copy"), b.get("bandwidth_gbs")]])]
+        out += [
+            "",
+            "## Bounds",
+            "",
+            md_table(
+                ["device", "matmul", "TFLOP/s", "copy", "GB/s"],
+                [[r.get("device"), b.get("matmul"), b.get("matmul_tflops"), b.get("copy"), b.get("bandwidth_gbs")]],
+            ),
+        ]
     k = r.get("kernels", {})
     if k:
-        out += ["", "## Kernels", "", f"passed {k.get('passed', 0)}, failed {k.get('failed', 0)} (engine shapes: "
-                f"{k.get('cases_passed', 0)} passed, {k.get('cases_failed', 0)} failed; test suite: "
-                f"{fmt(k.get('suite', {}).get('passed'))} passed, {fmt(k.get('suite', {}).get('failed'))} failed, "
-                f"{fmt(k.get('suite', {}).get('skipped'))} skipped)"]
-        fails = [c for c in k.get("cases", []) if not c.get("ok")] + \
-            [{"model": "suite", "op": n} for n in k.get("suite", {}).get("failures", [])]
+        out += [
+            "",
+            "## Kernels",
+            "",
+            f"passed {k.get('passed', 0)}, failed {k.get('failed', 0)} (engine shapes: "
+            f"{k.get('cases_passed', 0)} passed, {k.get('cases_failed', 0)} failed; test suite: "
+            f"{fmt(k.get('suite', {}).get('passed'))} passed, {fmt(k.get('suite', {}).get('failed'))} failed, "
+            f"{fmt(k.get('suite', {}).get('skipped'))} skipped)",
+        ]
+        fails = [c for c in k.get("cases", []) if not c.get("ok")] + [
+            {"model": "suite", "op": n} for n in k.get("suite", {}).get("failures", [])
+        ]
         if fails:
-            out += ["", "failed: " + "; ".join(f"{c.get('model')} {c.get('op')} {c.get('case', '')} "
-                                             f"{c.get('dtype', '')} {c.get('error', '')}".strip() for c in fails)]
+            out += [
+                "",
+                "failed: "
+                + "; ".join(
+                    f"{c.get('model')} {c.get('op')} {c.get('case', '')} "
+                    f"{c.get('dtype', '')} {c.get('error', '')}".strip()
+                    for c in fails
+                ),
+            ]
         if k.get("cases"):
-            out += ["", md_table(["shape", "op", "case", "dtype", "max abs diff", "ok", "SDPA max abs diff"],
-                                 [[c["model"], c["op"], c["case"], c["dtype"], c.get("max_abs"), c.get("ok"),
-                                   c.get("sdpa_max_abs")] for c in k["cases"]])]
+            out += [
+                "",
+                md_table(
+                    ["shape", "op", "case", "dtype", "max abs diff", "ok", "SDPA max abs diff"],
+                    [
+                        [
+                            c["model"],
+                            c["op"],
+                            c["case"],
+                            c["dtype"],
+                            c.get("max_abs"),
+                            c.get("ok"),
+                            c.get("sdpa_max_abs"),
+                        ]
+                        for c in k["cases"]
+                    ],
+                ),
+            ]
         if k.get("timings"):
-            out += ["", "times, ms per call (bf16 on the GPU; smoke: fp32 on the interpreter, meaningless):", "",
-                    md_table(
-                ["shape", "op", "case", "Triton ms", "torch ref ms", "SDPA flash ms", "Triton vs SDPA",
-                 "Triton TFLOP/s or GB/s"],
-                [[t["model"], t["op"], t["case"], t["triton_ms"], t.get("torch_ms"), t.get("sdpa_ms"),
-                  t.get("vs_sdpa"), t.get("rate")] for t in k["timings"]])]
+            out += [
+                "",
+                "times, ms per call (bf16 on the GPU; smoke: fp32 on the interpreter, meaningless):",
+                "",
+                md_table(
+                    [
+                        "shape",
+                        "op",
+                        "case",
+                        "Triton ms",
+                        "torch ref ms",
+                        "SDPA flash ms",
+                        "Triton vs SDPA",
+                        "Triton TFLOP/s or GB/s",
+                    ],
+                    [
+                        [
+                            t["model"],
+                            t["op"],
+                            t["case"],
+                            t["triton_ms"],
+                            t.get("torch_ms"),
+                            t.get("sdpa_ms"),
+                            t.get("vs_sdpa"),
+                            t.get("rate"),
+                        ]
+                        for t in k["timings"]
+                    ],
+                ),
+            ]
         if k.get("sdpa_skipped"):
             out += ["", f"SDPA: {k['sdpa_skipped']}"]
     p = r.get("parity", {})
     if p:
-        out += ["", "## Parity with transformers", "",
-                f"fp32 max abs {fmt(p.get('fp32_max_abs'))} (<= {FP32_TOL}), bf16 within tolerance: "
-                f"{fmt(p.get('bf16_ok'))}, greedy generation equal: {fmt(p.get('greedy_equal'))}, deterministic "
-                f"mode bitwise: {fmt(p.get('deterministic_bitwise'))}"]
+        out += [
+            "",
+            "## Parity with transformers",
+            "",
+            f"fp32 max abs {fmt(p.get('fp32_max_abs'))} (<= {FP32_TOL}), bf16 within tolerance: "
+            f"{fmt(p.get('bf16_ok'))}, greedy generation equal: {fmt(p.get('greedy_equal'))}, deterministic "
+            f"mode bitwise: {fmt(p.get('deterministic_bitwise'))}",
+        ]
         if p.get("archs"):
-            out += ["", md_table(["model", "requests", "fp32 max abs", "bf16 engine max abs", "bf16 transformers "
-                                  "max abs", "bf16 tolerance", "greedy equal"],
-                                 [[a, v.get("requests"), v.get("fp32_max_abs"), v.get("bf16_max_abs"),
-                                   v.get("hf_bf16_max_abs"), v.get("bf16_tol"), v.get("greedy_equal")]
-                                  for a, v in p["archs"].items()])]
+            out += [
+                "",
+                md_table(
+                    [
+                        "model",
+                        "requests",
+                        "fp32 max abs",
+                        "bf16 engine max abs",
+                        "bf16 transformers max abs",
+                        "bf16 tolerance",
+                        "greedy equal",
+                    ],
+                    [
+                        [
+                            a,
+                            v.get("requests"),
+                            v.get("fp32_max_abs"),
+                            v.get("bf16_max_abs"),
+                            v.get("hf_bf16_max_abs"),
+                            v.get("bf16_tol"),
+                            v.get("greedy_equal"),
+                        ]
+                        for a, v in p["archs"].items()
+                    ],
+                ),
+            ]
         if p.get("deterministic"):
-            out += ["", md_table(["deterministic mode", "dtype", "cases", "bitwise", "max diff"],
-                                 [[d["model"], d["dtype"], d["cases"], d["bitwise"], d["max_diff"]]
-                                  for d in p["deterministic"]])]
+            out += [
+                "",
+                md_table(
+                    ["deterministic mode", "dtype", "cases", "bitwise", "max diff"],
+                    [[d["model"], d["dtype"], d["cases"], d["bitwise"], d["max_diff"]] for d in p["deterministic"]],
+                ),
+            ]
     s = r.get("speed", {})
     if s:
-        out += ["", "## Speed (bf16)", "", md_table(
-            ["job", "shape", "requests", "engine s", "engine tokens computed", "engine tok/s", "engine req/s",
-             "engine MFU", "engine peak GiB (run's own)", "transformers req/s", "transformers MFU",
-             "transformers peak GiB (run's own)", "vs transformers (req/s)", "max abs diff"],
-            [[name, v.get("shape"), v.get("requests"), v.get("engine_s"), v.get("tokens_computed"),
-              v.get("engine_tokens_per_s"), v.get("engine_requests_per_s"), v.get("mfu"),
-              _gib(v, "engine"), v.get("hf_requests_per_s"), v.get("hf_mfu"), _gib(v, "hf"), v.get("vs_hf"),
-              v.get("max_abs")]
-             for name, v in s.items()])]
+        out += [
+            "",
+            "## Speed (bf16)",
+            "",
+            md_table(
+                [
+                    "job",
+                    "shape",
+                    "requests",
+                    "engine s",
+                    "engine tokens computed",
+                    "engine tok/s",
+                    "engine req/s",
+                    "engine MFU",
+                    "engine peak GiB (run's own)",
+                    "transformers req/s",
+                    "transformers MFU",
+                    "transformers peak GiB (run's own)",
+                    "vs transformers (req/s)",
+                    "max abs diff",
+                ],
+                [
+                    [
+                        name,
+                        v.get("shape"),
+                        v.get("requests"),
+                        v.get("engine_s"),
+                        v.get("tokens_computed"),
+                        v.get("engine_tokens_per_s"),
+                        v.get("engine_requests_per_s"),
+                        v.get("mfu"),
+                        _gib(v, "engine"),
+                        v.get("hf_requests_per_s"),
+                        v.get("hf_mfu"),
+                        _gib(v, "hf"),
+                        v.get("vs_hf"),
+                        v.get("max_abs"),
+                    ]
+                    for name, v in s.items()
+                ],
+            ),
+        ]
         notes = [f"{name}: {v['note']}" for name, v in s.items() if v.get("note")]
         out += [""] + notes if notes else []
     if r.get("errors"):
@@ -215,12 +358,21 @@ def markdown(r: dict) -> str:
 def run_section(name: str, args, cap: float, env: dict, out: Path) -> dict:
     """Runs `name` in a child process (its own process group, killed at `cap` seconds); its output is echoed and
     kept in logs/NAME.log. -> the section's status."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--out", str(out),
-           "--until", f"{time.time() + cap:.1f}"] + (["--smoke"] if args.smoke else [])
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--section",
+        name,
+        "--out",
+        str(out),
+        "--until",
+        f"{time.time() + cap:.1f}",
+    ] + (["--smoke"] if args.smoke else [])
     t0 = time.monotonic()
     log = open(out / "logs" / f"{name}.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     RUNNING[:] = [proc]
     lines: list[str] = []
 
@@ -274,8 +426,7 @@ def orchestrate(args) -> int:
     for item in args.cap:
         name, _, seconds = item.partition("=")
         if name not in caps or not re.fullmatch(r"\d+(\.\d+)?", seconds):
-            print(f"error: --cap {item!r}: expected NAME=SECONDS with NAME one of {', '.join(caps)}",
-                  file=sys.stderr)
+            print(f"error: --cap {item!r}: expected NAME=SECONDS with NAME one of {', '.join(caps)}", file=sys.stderr)
             return 2
         caps[name] = float(seconds)
     sections = (args.sections or (SMOKE_SECTIONS if args.smoke else ",".join(caps))).split(",")
@@ -290,11 +441,14 @@ def orchestrate(args) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if not cuda:
         env["TRITON_INTERPRET"] = "1"  # before triton is imported in the sections
-    report = {"smoke": bool(args.smoke), "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-              "command": " ".join(["python", "benchmarks/gpu_check.py"] + sys.argv[1:]),
-              "machine": f"{platform.node()}, {os.cpu_count()} CPUs, load average "
-                         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
-              "sections": {}}
+    report = {
+        "smoke": bool(args.smoke),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "command": " ".join(["python", "benchmarks/gpu_check.py"] + sys.argv[1:]),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, load average "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "sections": {},
+    }
     write_atomic(out / "gpu_check.json", json.dumps(report, indent=1))  # no earlier run's results are read
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
@@ -356,40 +510,64 @@ def section_bounds(rec: Recorder, ctx: Context) -> None:
     import transformers
     import triton
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                "triton": triton.__version__, "transformers": transformers.__version__}
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+    }
     if ctx.cuda:
         props = torch.cuda.get_device_properties(ctx.device)
         rec.put("device", value=props.name)
-        rec.put("gpu", value={"name": props.name, "memory_gib": round(props.total_memory / 2 ** 30, 1),
-                              "sms": props.multi_processor_count, "capability": f"{props.major}.{props.minor}"})
+        rec.put(
+            "gpu",
+            value={
+                "name": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "sms": props.multi_processor_count,
+                "capability": f"{props.major}.{props.minor}",
+            },
+        )
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,power.limit,"
-                                  "clocks.max.sm", "--format=csv,noheader"], capture_output=True, text=True,
-                                 timeout=20)
+            smi = subprocess.run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             versions["nvidia-smi"] = smi.stdout.strip()
             versions["driver"] = smi.stdout.split(",")[1].strip() if smi.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired, IndexError) as e:
             versions["driver"] = f"nvidia-smi not run ({e})"
     else:
-        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                      if line.startswith("model name")), platform.machine()) if os.path.exists("/proc/cpuinfo") \
+        model = (
+            next(
+                (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                platform.machine(),
+            )
+            if os.path.exists("/proc/cpuinfo")
             else platform.machine()
+        )
         rec.put("device", value=f"CPU ({model}, {os.cpu_count()} CPUs; no CUDA: smoke run)")
     rec.put("versions", value=versions)
     n = 8192 if ctx.cuda else 256
     a = torch.randn(n, n, device=ctx.device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=ctx.device, dtype=torch.bfloat16)
-    s = seconds_per_call(ctx, lambda: torch.mm(a, b), 50 if ctx.cuda else 3, 5)
-    tflops = 2 * n ** 3 / s / 1e12
+    s = seconds_per_call(ctx, functools.partial(torch.mm, a, b), 50 if ctx.cuda else 3, 5)
+    tflops = 2 * n**3 / s / 1e12
     rec.put("matmul_tflops", value=tflops)
     rec.put("bounds", value={"matmul": f"bf16 {n}x{n}x{n}", "matmul_tflops": tflops})
     del a, b
-    nbytes = 2 ** 30 if ctx.cuda else 2 ** 26
+    nbytes = 2**30 if ctx.cuda else 2**26
     src = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device).fill_(1)
     dst = torch.empty_like(src)
     s = seconds_per_call(ctx, lambda: dst.copy_(src), 20 if ctx.cuda else 3, 5)
-    rec.put("bounds", "copy", value=f"{nbytes // 2 ** 20} MiB copy (read + write)")
+    rec.put("bounds", "copy", value=f"{nbytes // 2**20} MiB copy (read + write)")
     rec.put("bounds", "bandwidth_gbs", value=2 * nbytes / s / 1e9)
 
 
@@ -400,6 +578,7 @@ def _clone(x):
     import dataclasses
 
     import torch
+
     from kernels.attention import AttentionPlan
 
     if torch.is_tensor(x):
@@ -411,8 +590,7 @@ def _clone(x):
     if isinstance(x, AttentionPlan):
         return AttentionPlan(list(x.cu_seqlens), _clone(x.segments), _clone(x.positions), _clone(x.write_slots))
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: _clone(getattr(x, f.name)) for f in dataclasses.fields(x)
-                                         if f.init})
+        return dataclasses.replace(x, **{f.name: _clone(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init})
     return x
 
 
@@ -435,8 +613,8 @@ def check_case(c, dtype, tol: dict) -> dict:
     """Runs the case's Triton kernel on its inputs and the reference on the same values in fp32; compares the
     returned tensors and every tensor argument written in place (the KV cache, the merge's out / lse)."""
     import torch
-    from bench_kernels_gpu import impl
     from attention_problems import upcast
+    from bench_kernels_gpu import impl
 
     a, b = _clone(c.kwargs), upcast(_clone(c.kwargs))
     got, want = impl(c.op, "triton")(**a), impl(c.op, "torch")(**b)
@@ -510,8 +688,12 @@ def section_kernels(rec: Recorder, ctx: Context) -> None:
     dtypes = [torch.float32, torch.bfloat16] if ctx.cuda else [torch.float32]  # the interpreter has no bf16
     checked, timings = [], []
     if not ctx.cuda:
-        rec.put("kernels", "sdpa_skipped", value="no CUDA: torch SDPA's flash backend is CUDA-only (its layouts are "
-                "checked on the CPU's math backend)")
+        rec.put(
+            "kernels",
+            "sdpa_skipped",
+            value="no CUDA: torch SDPA's flash backend is CUDA-only (its layouts are "
+            "checked on the CPU's math backend)",
+        )
 
     def totals():
         suite = rec.get("kernels", "suite", default={})
@@ -553,29 +735,35 @@ def max_token_diff(got, want) -> float:
 
 def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
     import torch
-    from engine import Engine
-    from engine.loader import load_model_files
     from hf_reference import hf_logprobs, hf_model_from_weights
     from test_engine_parity import _random_requests
     from test_kernels_triton import BF16_TOL
     from tiny_models import ARCHS, make_tiny_model
 
+    from engine import Engine
+    from engine.loader import load_model_files
+
     config, weights, tok = load_model_files(str(make_tiny_model(folder / arch, arch=arch, seed=ARCHS.index(arch))))
     reqs = _random_requests(config.vocab_size, 6 if ctx.smoke else 16, seed=len(arch)) + [
-        ("Reading is a quiet", " way of thinking")]
+        ("Reading is a quiet", " way of thinking")
+    ]
     hf = hf_model_from_weights(config, weights, device=ctx.device)
     ref = hf_logprobs(hf, tok, reqs)
     engine = Engine(config, weights, tok, dtype=torch.float32, device=ctx.device, kv_tokens=2048, token_budget=48)
     got = engine.score(reqs)
-    res = {"requests": len(reqs), "fp32_max_abs": max_token_diff(got, ref),
-           "fp32_greedy_flags_equal": [g.is_greedy for g in got] == [r.is_greedy for r in ref]}
+    res = {
+        "requests": len(reqs),
+        "fp32_max_abs": max_token_diff(got, ref),
+        "fp32_greedy_flags_equal": [g.is_greedy for g in got] == [r.is_greedy for r in ref],
+    }
     prompts = [[5, 17, 99, 23], [5, 17, 99, 23, 41, 7], [200, 3, 8]]  # test_greedy_generation_matches_transformers
     gens = engine.generate(prompts, max_tokens=10)
     equal = 0
     for p, g in zip(prompts, gens):
-        want = hf.generate(torch.tensor([p], device=ctx.device), max_new_tokens=10, do_sample=False,
-                           eos_token_id=-1, pad_token_id=0)[0, len(p):].tolist()
-        equal += g.token_ids == want[:len(g.token_ids)]
+        want = hf.generate(
+            torch.tensor([p], device=ctx.device), max_new_tokens=10, do_sample=False, eos_token_id=-1, pad_token_id=0
+        )[0, len(p) :].tolist()
+        equal += g.token_ids == want[: len(g.token_ids)]
     res["greedy_equal"] = f"{equal}/{len(prompts)}"
     res["greedy_ok"] = equal == len(prompts)
     del engine
@@ -593,29 +781,34 @@ def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
 def deterministic_case(rec: Recorder, ctx: Context, arch: str, dtype, folder: Path) -> None:
     """test_deterministic's job (requests alone, then mixed into others, shuffled, under other token budgets and
     without sharing): a request's token log-probs must keep their bits."""
-    import torch
-    from engine import Engine
-    from engine.loader import load_model_files
     from test_deterministic import jobs
     from tiny_models import make_tiny_model
 
+    from engine import Engine
+    from engine.loader import load_model_files
     from kernels import native_ops
 
     if not ctx.cuda and not native_ops.load():
-        rec.put("parity", "deterministic_skipped", value="the batch-invariant CPU attention is the native op, which "
-                "is not built here (as tests/test_deterministic.py skips)")
+        rec.put(
+            "parity",
+            "deterministic_skipped",
+            value="the batch-invariant CPU attention is the native op, which "
+            "is not built here (as tests/test_deterministic.py skips)",
+        )
         return
     config, weights, tok = load_model_files(str(make_tiny_model(folder / f"det-{arch}", arch=arch, seed=3)))
     targets, others = jobs(config.vocab_size, seed=3 if arch == "gemma3" else 0)
     if ctx.smoke:
         targets, others, budgets = targets[:4], others[:16], (37, 1024)
     else:
-        targets, others, budgets = (targets, others, (5, 37, 1024)) if arch == "llama" else \
-            (targets[:8], others[:80], (7, 1024))
+        targets, others, budgets = (
+            (targets, others, (5, 37, 1024)) if arch == "llama" else (targets[:8], others[:80], (7, 1024))
+        )
 
     def engine(**opts):
-        return Engine(config, weights, tok, dtype=dtype, device=ctx.device, deterministic=True,
-                      **{"kv_tokens": 16384, **opts})
+        return Engine(
+            config, weights, tok, dtype=dtype, device=ctx.device, deterministic=True, **{"kv_tokens": 16384, **opts}
+        )
 
     alone = [r.token_logprobs for r in engine().score(targets)]
     mixed = targets + others
@@ -626,12 +819,16 @@ def deterministic_case(rec: Recorder, ctx: Context, arch: str, dtype, folder: Pa
         got = engine(token_budget=budget).score([mixed[i] for i in order])
         back = {i: got[pos] for pos, i in enumerate(order)}
         cases[f"mixed, shuffled, budget {budget}"] = [back[i].token_logprobs for i in range(len(targets))]
-    cases["mixed, sharing off"] = [r.token_logprobs for r in
-                                   engine().score(mixed, share_prefix=False)[:len(targets)]]
+    cases["mixed, sharing off"] = [r.token_logprobs for r in engine().score(mixed, share_prefix=False)[: len(targets)]]
     diff = max(abs(a - b) for got in cases.values() for x, y in zip(got, alone) for a, b in zip(x, y))
-    row = {"model": arch, "dtype": str(dtype).replace("torch.", ""), "cases": len(cases),
-           "requests": f"{len(targets)} alone, in jobs of {len(mixed)}",
-           "bitwise": all(got == alone for got in cases.values()), "max_diff": diff}
+    row = {
+        "model": arch,
+        "dtype": str(dtype).replace("torch.", ""),
+        "cases": len(cases),
+        "requests": f"{len(targets)} alone, in jobs of {len(mixed)}",
+        "bitwise": all(got == alone for got in cases.values()),
+        "max_diff": diff,
+    }
     rec.put("parity", "deterministic", value=rec.get("parity", "deterministic", default=[]) + [row])
     print(f"deterministic {row}", flush=True)
 
@@ -650,10 +847,17 @@ def section_parity(rec: Recorder, ctx: Context) -> None:
                 rec.put("parity", "fp32_max_abs", value=max(a["fp32_max_abs"] for a in archs))
                 rec.put("parity", "bf16_ok", value=all(a["bf16_ok"] for a in archs))
                 rec.put("parity", "greedy_equal", value=all(a["greedy_ok"] for a in archs))
-                rec.put("parity", "fp32_ok", value=all(a["fp32_max_abs"] <= FP32_TOL for a in archs)
-                        and len(archs) == len(PARITY_ARCHS))
-        dets = [("llama", torch.float32), ("gemma3", torch.bfloat16), ("llama", torch.bfloat16),
-                ("gemma3", torch.float32)]
+                rec.put(
+                    "parity",
+                    "fp32_ok",
+                    value=all(a["fp32_max_abs"] <= FP32_TOL for a in archs) and len(archs) == len(PARITY_ARCHS),
+                )
+        dets = [
+            ("llama", torch.float32),
+            ("gemma3", torch.bfloat16),
+            ("llama", torch.bfloat16),
+            ("gemma3", torch.float32),
+        ]
         for arch, dtype in dets[:2] if ctx.smoke else dets:
             rec.attempt(f"deterministic {arch} {dtype}", deterministic_case, rec, ctx, arch, dtype, Path(tmp))
             rows = rec.get("parity", "deterministic", default=[])
@@ -669,12 +873,16 @@ def speed_tokenizer():
     import bench_generation
     import bench_scoring
     from bench_icqs_workload import LABELS, sentences
-    from engine.tokenizer import Tokenizer
     from tiny_models import CHATML_TEMPLATE, TEXT, train_tokenizer
 
-    text = "\n".join([TEXT] + [f"Sentence: {e.x}\nAnswer: {y}" for e in sentences() for y in LABELS]
-                     + list(bench_scoring.SENTENCES)
-                     + [f"Write a short paragraph for a curious child about {t}." for t in bench_generation.TOPICS])
+    from engine.tokenizer import Tokenizer
+
+    text = "\n".join(
+        [TEXT]
+        + [f"Sentence: {e.x}\nAnswer: {y}" for e in sentences() for y in LABELS]
+        + list(bench_scoring.SENTENCES)
+        + [f"Write a short paragraph for a curious child about {t}." for t in bench_generation.TOPICS]
+    )
     backend = train_tokenizer(8192, text=text, exact=False)
     return Tokenizer(backend, bos_id=0, eos_ids=[1], add_bos=True, chat_template=CHATML_TEMPLATE)
 
@@ -683,15 +891,21 @@ def speed_config(which: str, smoke: bool) -> dict:
     from bench_load import LLAMA8B
     from tiny_models import hf_config
 
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192}
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     if smoke:  # a tiny Llama 3 with the real vocabulary's order of size
         return hf_config("llama3", vocab_size=8192, max_position_embeddings=8192)
     shape = dict(LLAMA8B, tie_word_embeddings=False) if which == "8b" else dict(LLAMA32_1B)
     # Llama 3.1's long-context RoPE scaling (Llama-3-8B's compute; transformers wants a longer context than the
     # scaling's original one)
-    return hf_config("llama3", **{"rope_scaling": rope, "rope_theta": 500000.0, "max_position_embeddings": 131072,
-                                  **shape})
+    return hf_config(
+        "llama3", **{"rope_scaling": rope, "rope_theta": 500000.0, "max_position_embeddings": 131072, **shape}
+    )
 
 
 class Peak:
@@ -726,11 +940,24 @@ class Peak:
 
         self.ctx.sync()
         peak = torch.cuda.max_memory_allocated() if self.ctx.cuda else peak_rss()
-        self.gib, self.work_gib = peak / 2 ** 30, (peak - self.before) / 2 ** 30
+        self.gib, self.work_gib = peak / 2**30, (peak - self.before) / 2**30
 
 
-def speed_scoring(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf, tok, ids: list, share: bool,
-                  sample: int, batch: int, hf_seconds: float, rate: float) -> None:
+def speed_scoring(
+    rec: Recorder,
+    ctx: Context,
+    key: str,
+    shape: str,
+    engine,
+    hf,
+    tok,
+    ids: list,
+    share: bool,
+    sample: int,
+    batch: int,
+    hf_seconds: float,
+    rate: float,
+) -> None:
     """One scoring job: the engine on all of `ids`, transformers (padded batches) on a random sample of at most
     `sample` of them for at most `hf_seconds`, extrapolated per request."""
     from bench_bound import job_flops, naive_flops
@@ -741,17 +968,26 @@ def speed_scoring(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf,
     with Peak(ctx) as peak, _timer(ctx) as t:
         got = engine.score(ids, share_prefix=share)
     stats = engine.last_stats
-    steps = list(engine.step_seconds)[-stats.forward_steps:] if stats.forward_steps else []
+    steps = list(engine.step_seconds)[-stats.forward_steps :] if stats.forward_steps else []
     linear, _, attention, lm_head = job_flops(config, stats)
-    res = {**rec.get("speed", key, default={}), "shape": shape, "requests": len(ids), "engine_s": t.s,
-           "tokens_requested": stats.tokens_requested,
-           "tokens_computed": stats.tokens_computed, "forward_steps": stats.forward_steps,
-           "engine_tokens_per_s": stats.tokens_computed / t.s, "engine_requests_per_s": len(ids) / t.s,
-           "engine_tflops": (linear + attention + lm_head) / t.s / 1e12, "engine_peak_gib": peak.gib,
-           "engine_work_gib": peak.work_gib,
-           "tokens_per_request": stats.tokens_requested / len(ids),
-           # the loop's steps (plan, forward, LM head, record) against the whole call (adding, tokenizing checks)
-           "engine_step_ms": sum(steps) / max(len(steps), 1) * 1e3, "engine_in_steps": sum(steps) / t.s}
+    res = {
+        **rec.get("speed", key, default={}),
+        "shape": shape,
+        "requests": len(ids),
+        "engine_s": t.s,
+        "tokens_requested": stats.tokens_requested,
+        "tokens_computed": stats.tokens_computed,
+        "forward_steps": stats.forward_steps,
+        "engine_tokens_per_s": stats.tokens_computed / t.s,
+        "engine_requests_per_s": len(ids) / t.s,
+        "engine_tflops": (linear + attention + lm_head) / t.s / 1e12,
+        "engine_peak_gib": peak.gib,
+        "engine_work_gib": peak.work_gib,
+        "tokens_per_request": stats.tokens_requested / len(ids),
+        # the loop's steps (plan, forward, LM head, record) against the whole call (adding, tokenizing checks)
+        "engine_step_ms": sum(steps) / max(len(steps), 1) * 1e3,
+        "engine_in_steps": sum(steps) / t.s,
+    }
     res["mfu"] = res["engine_tflops"] / rate
     rec.put("speed", key, value=res)
     picked = random.Random(0).sample(range(len(ids)), min(sample, len(ids)))
@@ -760,22 +996,40 @@ def speed_scoring(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf,
         scores = hf_batched(hf, tok, [ids[i] for i in picked], batch, seconds=hf_seconds)
     done = [(i, s) for i, s in zip(picked, scores) if s is not None]
     lengths = request_tokens(tok, [ids[i] for i, _ in done])
-    res.update(hf_requests_timed=len(done), hf_s=t.s, hf_batch=batch, hf_peak_gib=peak.gib,
-               hf_work_gib=peak.work_gib,
-               hf_requests_per_s=len(done) / t.s, hf_tokens_per_s=sum(lengths) / t.s,
-               hf_job_s=t.s / len(done) * len(ids), hf_tflops=naive_flops(config, lengths) / t.s / 1e12,
-               max_abs=max(abs(got[i].logprob - s) for i, s in done))
+    res.update(
+        hf_requests_timed=len(done),
+        hf_s=t.s,
+        hf_batch=batch,
+        hf_peak_gib=peak.gib,
+        hf_work_gib=peak.work_gib,
+        hf_requests_per_s=len(done) / t.s,
+        hf_tokens_per_s=sum(lengths) / t.s,
+        hf_job_s=t.s / len(done) * len(ids),
+        hf_tflops=naive_flops(config, lengths) / t.s / 1e12,
+        max_abs=max(abs(got[i].logprob - s) for i, s in done),
+    )
     res["hf_mfu"] = res["hf_tflops"] / rate
     res["vs_hf"] = res["engine_requests_per_s"] / res["hf_requests_per_s"]
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
 
 
-def speed_decode(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf, tok, n: int, new_tokens: int,
-                 rate: float, bandwidth: float | None) -> None:
+def speed_decode(
+    rec: Recorder,
+    ctx: Context,
+    key: str,
+    shape: str,
+    engine,
+    hf,
+    tok,
+    n: int,
+    new_tokens: int,
+    rate: float,
+    bandwidth: float | None,
+) -> None:
     """n prompts decoded greedily, `new_tokens` each: the engine against transformers' generate (batch n)."""
-    from bench_generation import engine_generate, hf_generate, prompts
     from bench_bound import linear_params
+    from bench_generation import engine_generate, hf_generate, prompts
     from common import engine_weight_bytes
 
     ids = prompts(tok, n)
@@ -789,20 +1043,34 @@ def speed_decode(rec: Recorder, ctx: Context, key: str, shape: str, engine, hf, 
     config = engine.config
     steps = max(len(s) for s in e_seqs)
     weight_bytes = engine_weight_bytes(engine)
-    res = {"shape": shape, "requests": n, "new_tokens": new_tokens, "engine_s": e_s, "tokens_computed": e_tokens,
-           "engine_tokens_per_s": e_tokens / e_s, "engine_requests_per_s": n / e_s, "engine_peak_gib": engine_peak,
-           "engine_work_gib": engine_work,
-           "hf_s": h_s, "hf_tokens": h_tokens, "hf_tokens_per_s": h_tokens / h_s, "hf_requests_per_s": n / h_s,
-           "hf_peak_gib": peak.gib, "hf_work_gib": peak.work_gib, "engine_ms_per_step": e_s / max(steps, 1) * 1e3,
-           "sequences_equal": f"{sum(a == b for a, b in zip(e_seqs, h_seqs))}/{n}"}
+    res = {
+        "shape": shape,
+        "requests": n,
+        "new_tokens": new_tokens,
+        "engine_s": e_s,
+        "tokens_computed": e_tokens,
+        "engine_tokens_per_s": e_tokens / e_s,
+        "engine_requests_per_s": n / e_s,
+        "engine_peak_gib": engine_peak,
+        "engine_work_gib": engine_work,
+        "hf_s": h_s,
+        "hf_tokens": h_tokens,
+        "hf_tokens_per_s": h_tokens / h_s,
+        "hf_requests_per_s": n / h_s,
+        "hf_peak_gib": peak.gib,
+        "hf_work_gib": peak.work_gib,
+        "engine_ms_per_step": e_s / max(steps, 1) * 1e3,
+        "sequences_equal": f"{sum(a == b for a, b in zip(e_seqs, h_seqs))}/{n}",
+    }
     flops = 2.0 * e_tokens * (linear_params(config) + config.vocab_size * config.hidden_size)
     res["mfu"] = flops / e_s / 1e12 / rate
     res["vs_hf"] = res["engine_tokens_per_s"] / res["hf_tokens_per_s"]
     if bandwidth:  # a decode step reads every weight once: its time bound at the measured copy bandwidth
         res["step_bound_ms"] = weight_bytes / (bandwidth * 1e9) * 1e3
         res["fraction_of_bandwidth_bound"] = res["step_bound_ms"] / res["engine_ms_per_step"]
-    res["note"] = (f"{n} x {new_tokens} tokens greedy; {res['engine_ms_per_step']:.1f} ms per engine step"
-                   + (f" against {res['step_bound_ms']:.2f} ms to read the weights once" if bandwidth else ""))
+    res["note"] = f"{n} x {new_tokens} tokens greedy; {res['engine_ms_per_step']:.1f} ms per engine step" + (
+        f" against {res['step_bound_ms']:.2f} ms to read the weights once" if bandwidth else ""
+    )
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
 
@@ -828,16 +1096,17 @@ def section_speed(rec: Recorder, ctx: Context, which: str) -> None:
     from bench_icqs_workload import QUESTIONS, build_job
     from bench_scoring import make_requests
     from common import hf_model
+    from tiny_models import random_weights
+
     from engine import Engine
     from engine.config import ModelConfig
     from engine.requests import encode_pairs
-    from tiny_models import random_weights
 
     rate = ctx.report.get("matmul_tflops")
     if not rate:  # section 1 did not run or did not finish: measured here, shorter
         n = 8192 if ctx.cuda else 256
         a = torch.randn(n, n, device=ctx.device, dtype=torch.bfloat16)
-        rate = 2 * n ** 3 / seconds_per_call(ctx, lambda: torch.mm(a, a), 10 if ctx.cuda else 3) / 1e12
+        rate = 2 * n**3 / seconds_per_call(ctx, lambda: torch.mm(a, a), 10 if ctx.cuda else 3) / 1e12
         del a
     bandwidth = ctx.report.get("bounds", {}).get("bandwidth_gbs")
     cfg = speed_config(which, ctx.smoke)
@@ -847,14 +1116,22 @@ def section_speed(rec: Recorder, ctx: Context, which: str) -> None:
     dtype = torch.bfloat16
     weights = random_weights(cfg, seed=0, std=0.02, device=ctx.device, dtype=dtype)
     hf = hf_model(config, weights, dtype, device=ctx.device)
-    engine = Engine(config, weights, tok, dtype=dtype, device=ctx.device, kv_tokens=4096 if ctx.smoke else 65536,
-                    token_budget=1024 if ctx.smoke else 8192)
+    engine = Engine(
+        config,
+        weights,
+        tok,
+        dtype=dtype,
+        device=ctx.device,
+        kv_tokens=4096 if ctx.smoke else 65536,
+        token_budget=1024 if ctx.smoke else 8192,
+    )
     del weights
     gc.collect()
 
     def icqs_job(questions: int) -> list:
-        return encode_pairs(tok, build_job(questions, 3 if ctx.smoke else 11, 2 if ctx.smoke else 16,
-                                           2 if ctx.smoke else 4)[2])
+        return encode_pairs(
+            tok, build_job(questions, 3 if ctx.smoke else 11, 2 if ctx.smoke else 16, 2 if ctx.smoke else 4)[2]
+        )
 
     # the whole job (50 questions) where a probe of a few says it takes under a third of the time left
     most, probe = (2, 1) if ctx.smoke else (QUESTIONS, 2)
@@ -865,24 +1142,67 @@ def section_speed(rec: Recorder, ctx: Context, which: str) -> None:
     questions = max(probe, min(most, int(min(90.0, ctx.left() / 3) / (t.s / probe))))
     print(f"probe: {probe} question(s) in {t.s:.2f} s: the job takes {questions}", flush=True)
     ids = icqs_job(questions)
-    rec.put("speed", f"icqs_{which}", value={"questions": questions, "note": (
-        f"{questions} of the job's {QUESTIONS} questions ({len(ids):,} requests), as much as the time cap allowed"
-        if questions < QUESTIONS and not ctx.smoke else None)})
+    rec.put(
+        "speed",
+        f"icqs_{which}",
+        value={
+            "questions": questions,
+            "note": (
+                f"{questions} of the job's {QUESTIONS} questions ({len(ids):,} requests), as much as the time cap allowed"
+                if questions < QUESTIONS and not ctx.smoke
+                else None
+            ),
+        },
+    )
     batch = 4 if ctx.smoke else (16 if which == "8b" else 32)
     hf_seconds = 2.0 if ctx.smoke else 25.0
-    rec.attempt(f"icqs_{which}", speed_scoring, rec, ctx, f"icqs_{which}", shape, engine, hf, tok, ids, True,
-                16 if ctx.smoke else 512, batch, hf_seconds, rate)
+    rec.attempt(
+        f"icqs_{which}",
+        speed_scoring,
+        rec,
+        ctx,
+        f"icqs_{which}",
+        shape,
+        engine,
+        hf,
+        tok,
+        ids,
+        True,
+        16 if ctx.smoke else 512,
+        batch,
+        hf_seconds,
+        rate,
+    )
     plain = encode_pairs(tok, make_requests(6 if ctx.smoke else 256))
-    rec.attempt(f"plain_{which}", speed_scoring, rec, ctx, f"plain_{which}", shape, engine, hf, tok, plain, False,
-                len(plain), batch, hf_seconds, rate)
+    rec.attempt(
+        f"plain_{which}",
+        speed_scoring,
+        rec,
+        ctx,
+        f"plain_{which}",
+        shape,
+        engine,
+        hf,
+        tok,
+        plain,
+        False,
+        len(plain),
+        batch,
+        hf_seconds,
+        rate,
+    )
     n, new_tokens = (4, 8) if ctx.smoke else (64, 128)
     key = "decode_64" if which == "8b" else f"decode_64_{which}"
     rec.attempt(key, speed_decode, rec, ctx, key, shape, engine, hf, tok, n, new_tokens, rate, bandwidth)
 
 
-SECTIONS = {"bounds": section_bounds, "kernels": section_kernels, "parity": section_parity,
-            "speed_8b": lambda rec, ctx: section_speed(rec, ctx, "8b"),
-            "speed_1b": lambda rec, ctx: section_speed(rec, ctx, "1b")}
+SECTIONS = {
+    "bounds": section_bounds,
+    "kernels": section_kernels,
+    "parity": section_parity,
+    "speed_8b": lambda rec, ctx: section_speed(rec, ctx, "8b"),
+    "speed_1b": lambda rec, ctx: section_speed(rec, ctx, "1b"),
+}
 
 
 def child(args) -> int:

@@ -14,6 +14,7 @@ Configurations: sampler old = `bernoulli` without balance (the project's earlier
 exact counts and label balance (marginal); calibrated scores come from the same runs (task.calibrate). Plain ICL
 (the all-good demo set; the candidate's score is the probability ICL gives its answer) is the baseline.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,7 @@ def pair_candidates(questions: list[tuple[str, str]], labels: list[str]) -> list
     return out
 
 
-def score_seed(engine, task: Task, cands: list[Candidate], out: Path, sampler: str, balance: str, seed: int
-               ) -> dict:
+def score_seed(engine, task: Task, cands: list[Candidate], out: Path, sampler: str, balance: str, seed: int) -> dict:
     """ICQS rows (raw and calibrated) and ICL rows for one sampler configuration and seed; resumable in `out`."""
     t = replace(task, seed=seed, balance=balance, calibrate=True)
     folder = out / f"{sampler}-{balance}-seed{seed}"
@@ -63,8 +63,12 @@ def measures(rows: dict, cands: list[Candidate]) -> dict[str, np.ndarray]:
     """Per method/measure, the candidate scores as an array [Q, 2] (column 0: correct answer, 1: wrong one)."""
     q = len(cands) // 2
     out = {}
-    for name, key in (("ICQS E[r]", "expected"), ("ICQS argmax", "score"), ("ICQS E[r] calibrated", "expected_cal"),
-                      ("ICQS argmax calibrated", "score_cal")):
+    for name, key in (
+        ("ICQS E[r]", "expected"),
+        ("ICQS argmax", "score"),
+        ("ICQS E[r] calibrated", "expected_cal"),
+        ("ICQS argmax calibrated", "score_cal"),
+    ):
         out[name] = np.array([r[key] for r in rows["icqs"]]).reshape(q, 2)
     out["plain ICL p_label"] = np.array([r["p_label"] for r in rows["icl"]]).reshape(q, 2)
     return out
@@ -89,7 +93,7 @@ def simulated(q: int, seed: int) -> dict[str, np.ndarray]:
     out = {}
     for m, acc in SIMULATED.items():
         mask = np.zeros(q, dtype=bool)
-        mask[rng.permutation(q)[:round(acc * q)]] = True
+        mask[rng.permutation(q)[: round(acc * q)]] = True
         out[m] = mask
     return out
 
@@ -100,8 +104,9 @@ def _spearman(means: np.ndarray) -> float:
     return float(stats.spearmanr(means, list(SIMULATED.values())).statistic)
 
 
-def summarize(per_seed: list[dict[str, np.ndarray]], is_first_label: np.ndarray, resamples: int = 1000,
-              seed: int = 0) -> dict[str, dict]:
+def summarize(
+    per_seed: list[dict[str, np.ndarray]], is_first_label: np.ndarray, resamples: int = 1000, seed: int = 0
+) -> dict[str, dict]:
     """Per measure: AUC correct vs wrong, label AUC, Spearman (means over seeds, 95% bootstrap CIs over questions)
     and the number of seeds with the exact ranking."""
     q = is_first_label.shape[0]
@@ -110,29 +115,45 @@ def summarize(per_seed: list[dict[str, np.ndarray]], is_first_label: np.ndarray,
     boots = [rng.integers(0, q, q) for _ in range(resamples)]
     out = {}
     for name in per_seed[0]:
+
         def stat(idx):
             auc = np.mean([_auc(m[name][idx]) for m in per_seed])
-            rho = np.nanmean([_spearman(_model_means(m[name][idx], {k: v[idx] for k, v in sim.items()}))
-                              for m, sim in zip(per_seed, sims)])
+            rho = np.nanmean(
+                [
+                    _spearman(_model_means(m[name][idx], {k: v[idx] for k, v in sim.items()}))
+                    for m, sim in zip(per_seed, sims)
+                ]
+            )
             return auc, rho
+
         full = np.arange(q)
         auc, rho = stat(full)
         b = np.array([stat(idx) for idx in boots])
         exact = sum(bool(np.all(np.diff(_model_means(m[name], sim)) < 0)) for m, sim in zip(per_seed, sims))
         label_auc = np.nanmean([_label_auc(m[name], is_first_label) for m in per_seed])
-        out[name] = {"auc": auc, "auc_ci": np.nanpercentile(b[:, 0], [2.5, 97.5]), "rho": rho,
-                     "rho_ci": np.nanpercentile(b[:, 1], [2.5, 97.5]), "exact": exact, "label_auc": label_auc}
+        out[name] = {
+            "auc": auc,
+            "auc_ci": np.nanpercentile(b[:, 0], [2.5, 97.5]),
+            "rho": rho,
+            "rho_ci": np.nanpercentile(b[:, 1], [2.5, 97.5]),
+            "exact": exact,
+            "label_auc": label_auc,
+        }
     return out
 
 
-def run_grid(engine, task: Task, cands: list[Candidate], out: Path, seeds: int, label_of_first: str
-             ) -> tuple[list[str], dict]:
+def run_grid(
+    engine, task: Task, cands: list[Candidate], out: Path, seeds: int, label_of_first: str
+) -> tuple[list[str], dict]:
     """Score every configuration and seed, then the markdown table lines; also returns the summaries."""
     out = Path(out)
     q = len(cands) // 2
-    is_first = np.array([[c.y == label_of_first for c in cands[2 * i:2 * i + 2]] for i in range(q)])
-    lines = ["| sampler | measure | AUC correct vs wrong [95% CI] | AUC '" + label_of_first + "' vs other answers | "
-             "Spearman of 4 models [95% CI] | exact ranking (seeds) | seconds |", "|---|---|---|---|---|---|---|"]
+    is_first = np.array([[c.y == label_of_first for c in cands[2 * i : 2 * i + 2]] for i in range(q)])
+    lines = [
+        "| sampler | measure | AUC correct vs wrong [95% CI] | AUC '" + label_of_first + "' vs other answers | "
+        "Spearman of 4 models [95% CI] | exact ranking (seeds) | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
     results = {}
     for config, (sampler, balance) in CONFIGS.items():
         t0 = time.time()
@@ -140,7 +161,9 @@ def run_grid(engine, task: Task, cands: list[Candidate], out: Path, seeds: int, 
         seconds = time.time() - t0
         results[config] = summary = summarize(per_seed, is_first)
         for name, s in summary.items():  # plain ICL: the all-good set of this sampler (balanced or not)
-            lines.append(f"| {config} ({sampler}, balance {balance}) | {name} | {s['auc']:.3f} "
-                         f"[{s['auc_ci'][0]:.2f}, {s['auc_ci'][1]:.2f}] | {s['label_auc']:.3f} | {s['rho']:+.2f} "
-                         f"[{s['rho_ci'][0]:+.2f}, {s['rho_ci'][1]:+.2f}] | {s['exact']} of {seeds} | {seconds:.0f} |")
+            lines.append(
+                f"| {config} ({sampler}, balance {balance}) | {name} | {s['auc']:.3f} "
+                f"[{s['auc_ci'][0]:.2f}, {s['auc_ci'][1]:.2f}] | {s['label_auc']:.3f} | {s['rho']:+.2f} "
+                f"[{s['rho_ci'][0]:+.2f}, {s['rho_ci'][1]:+.2f}] | {s['exact']} of {seeds} | {seconds:.0f} |"
+            )
     return lines, results

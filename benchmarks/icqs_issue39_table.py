@@ -7,6 +7,7 @@ absent before the headline existed), the audit's share of the tokens computed, a
 
     python benchmarks/icqs_issue39_table.py RUN_DIR [RUN_DIR ...]     # markdown rows on stdout
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,15 @@ def rows_of(run: Path) -> list[str]:
     audit = json.loads((run / "audit.json").read_text())
     boards = {b["method"]: b for b in json.loads((run / "leaderboard.json").read_text())}
     scores = [json.loads(line) for line in (run / "scores.jsonl").read_text().splitlines() if line.strip()]
-    question = {json.loads(c)["id"]: json.loads(c)["x"] for c in (run / "candidates.jsonl").read_text().splitlines()
-                if c.strip()} if (run / "candidates.jsonl").exists() else {}
+    question = (
+        {
+            json.loads(c)["id"]: json.loads(c)["x"]
+            for c in (run / "candidates.jsonl").read_text().splitlines()
+            if c.strip()
+        }
+        if (run / "candidates.jsonl").exists()
+        else {}
+    )
     meta = json.loads((run / "run.json").read_text())
     head = meta.get("headline")
     out = []
@@ -40,12 +48,17 @@ def rows_of(run: Path) -> list[str]:
         verdict = e["verdict"] + (", follows the label" if e.get("label_bias") else "")
         if e["verdict"] == "reliable" and e.get("ci_family") and e["ci_family"][0] <= 0.5:
             verdict += f" (not with the {e['family']} compared)"
-        out.append(f"| | {name} | {_num(e['auc'])} {_ci(e['ci'])} | "
-                   f"{_num(t['auc']) + ' ' + _ci(t['ci']) if t else '-'} | {_num(rho, '+.2f')} | {verdict} |")
+        out.append(
+            f"| | {name} | {_num(e['auc'])} {_ci(e['ci'])} | "
+            f"{_num(t['auc']) + ' ' + _ci(t['ci']) if t else '-'} | {_num(rho, '+.2f')} | {verdict} |"
+        )
     share = audit_share(meta)
-    load = (run.parent / f"{run.name}.load")
-    out.append(f"  {run.name}: audit {share['token_share']:.0%} of {share['total_tokens']:,} tokens computed"
-               if share else f"  {run.name}: no audit stats")
+    load = run.parent / f"{run.name}.load"
+    out.append(
+        f"  {run.name}: audit {share['token_share']:.0%} of {share['total_tokens']:,} tokens computed"
+        if share
+        else f"  {run.name}: no audit stats"
+    )
     if load.exists():
         out.append("  load: " + " | ".join(load.read_text().split("\n")).strip())
     out.append("  headline: " + (" / ".join(head.get("text") or head.get("lines") or []) if head else "none"))

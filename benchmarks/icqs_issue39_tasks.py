@@ -7,6 +7,7 @@ on PyPI (cached in the user cache on first use).
     python benchmarks/icqs_issue39_tasks.py OUT_DIR      # OUT_DIR/{yesno,nli}/{task.yaml,candidates.jsonl}
     icqs score OUT_DIR/yesno/task.yaml OUT_DIR/yesno/candidates.jsonl --out RUN [--model qwen2.5-0.5b]
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from commands.fetch import fetch_package_file
 
-TASKS = {"yesno": ("entailed_polarity", "{x}\nAnswer: {y}"),
-         "nli": ("presuppositions_as_nli", "{x}\nAnswer: {y}")}
+TASKS = {"yesno": ("entailed_polarity", "{x}\nAnswer: {y}"), "nli": ("presuppositions_as_nli", "{x}\nAnswer: {y}")}
 RIGHT = {"model-A": 11, "model-B": 8, "model-C": 5, "model-D": 2}
 
 
 def examples(name: str) -> tuple[str, list[tuple[str, str]], list[str]]:
-    data = json.loads(fetch_package_file("bigbench==1.0.0", f"bigbench/benchmark_tasks/{name}/task.json",
-                                         sdist=True).read_text(encoding="utf-8"))
+    data = json.loads(
+        fetch_package_file("bigbench==1.0.0", f"bigbench/benchmark_tasks/{name}/task.json", sdist=True).read_text(
+            encoding="utf-8"
+        )
+    )
     rows = []
     for e in data["examples"]:
         x = " ".join(e["input"].replace("The answer is:", "").split())
@@ -54,8 +57,10 @@ def pools(rows: list[tuple[str, str]], labels: list[str], size: int = 12) -> tup
         elif sum(t == y for _, t in test) < per:
             test.append((x, y))
     if min(len(good), len(bad), len(test)) < per * len(labels):
-        raise ValueError(f"too few examples for {size} good, {size} bad and {size} test questions with every label "
-                         f"{per} times in each")
+        raise ValueError(
+            f"too few examples for {size} good, {size} bad and {size} test questions with every label "
+            f"{per} times in each"
+        )
     return good, bad, test
 
 
@@ -65,23 +70,31 @@ def build(key: str, seed: int = 0) -> tuple[dict, list[dict]]:
     return build_from_rows(name, prefix, template, rows, labels, seed)
 
 
-def build_from_rows(name: str, prefix: str, template: str, rows: list[tuple[str, str]], labels: list[str],
-                    seed: int = 0) -> tuple[dict, list[dict]]:
+def build_from_rows(
+    name: str, prefix: str, template: str, rows: list[tuple[str, str]], labels: list[str], seed: int = 0
+) -> tuple[dict, list[dict]]:
     """The task (a label-balanced pool of 12 good and 12 bad answers, pools()) and the candidates: 12 held-out
     questions answered by the simulated models of RIGHT."""
     rng = np.random.default_rng(seed)
     rows = [rows[i] for i in rng.permutation(len(rows))]
     wrong = lambda y, k: [lab for lab in labels if lab != y][k % (len(labels) - 1)]
     good, bad, test = pools(rows, labels)
-    task = {"name": f"bigbench-{name}", "header": prefix, "template": template, "labels": labels,
-            "good": [{"x": x, "y": y} for x, y in good], "bad": [{"x": x, "y": y} for x, y in bad]}
+    task = {
+        "name": f"bigbench-{name}",
+        "header": prefix,
+        "template": template,
+        "labels": labels,
+        "good": [{"x": x, "y": y} for x, y in good],
+        "bad": [{"x": x, "y": y} for x, y in bad],
+    }
     cands = []
     for k, (model, n_right) in enumerate(RIGHT.items()):
         right = set(rng.permutation(12)[:n_right].tolist())
         for q, (x, y) in enumerate(test):
             ok = q in right
-            cands.append({"id": f"{model}/q{q}", "model": model, "x": x, "y": y if ok else wrong(y, q + k),
-                          "truth": int(ok)})
+            cands.append(
+                {"id": f"{model}/q{q}", "model": model, "x": x, "y": y if ok else wrong(y, q + k), "truth": int(ok)}
+            )
     return task, cands
 
 

@@ -6,6 +6,7 @@ questions.
 
     flock /tmp/bench.lock python benchmarks/icqs_yesno.py --test 40 --pool 20 --seeds 5 --dtype float32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,12 +19,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import Engine  # noqa: E402
+from icqs_grid import pair_candidates, run_grid  # noqa: E402
+
 from commands.fetch import fetch_package_file  # noqa: E402
+from engine import Engine  # noqa: E402
 from icqs.io import atomic_write  # noqa: E402
 from icqs.task import Example, Task  # noqa: E402
-
-from icqs_grid import pair_candidates, run_grid  # noqa: E402
 
 LABELS = ["no", "yes"]
 TASK_FILE = "bigbench/benchmark_tasks/entailed_polarity/task.json"
@@ -31,8 +32,10 @@ TASK_FILE = "bigbench/benchmark_tasks/entailed_polarity/task.json"
 
 def load_examples() -> tuple[str, list[Example]]:
     data = json.loads(fetch_package_file("bigbench==1.0.0", TASK_FILE, sdist=True).read_text(encoding="utf-8"))
-    examples = [Example(" ".join(e["input"].split()), max(e["target_scores"], key=e["target_scores"].get))
-                for e in data["examples"]]
+    examples = [
+        Example(" ".join(e["input"].split()), max(e["target_scores"], key=e["target_scores"].get))
+        for e in data["examples"]
+    ]
     return data["task_prefix"], examples
 
 
@@ -40,11 +43,20 @@ def build(args) -> tuple[Task, list]:
     prefix, data = load_examples()
     order = np.random.default_rng(args.split_seed).permutation(len(data))
     data = [data[i] for i in order]
-    good = data[:args.pool]
-    bad = [Example(e.x, LABELS[1 - LABELS.index(e.y)]) for e in data[args.pool:2 * args.pool]]
-    test = data[2 * args.pool:2 * args.pool + args.test]
-    task = Task("bigbench-entailed-polarity", "{x}\nAnswer: {y}", good, bad, header=prefix.strip() + "\n\n",
-                labels=list(LABELS), M=args.M, N=args.N, L=1)
+    good = data[: args.pool]
+    bad = [Example(e.x, LABELS[1 - LABELS.index(e.y)]) for e in data[args.pool : 2 * args.pool]]
+    test = data[2 * args.pool : 2 * args.pool + args.test]
+    task = Task(
+        "bigbench-entailed-polarity",
+        "{x}\nAnswer: {y}",
+        good,
+        bad,
+        header=prefix.strip() + "\n\n",
+        labels=list(LABELS),
+        M=args.M,
+        N=args.N,
+        L=1,
+    )
     return task, pair_candidates([(e.x, e.y) for e in test], LABELS)
 
 
@@ -65,10 +77,13 @@ def main() -> None:
     engine = Engine.load(args.model, dtype=args.dtype, threads=args.threads, keep_cache=True)
     gold_yes = np.mean([c.y == "yes" for c in cands if c.model == "correct"])
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    lines = [f"BIG-bench entailed_polarity (bigbench 1.0.0): {len(cands) // 2} held-out questions ({gold_yes:.0%} "
-             f"gold 'yes') x (correct, wrong answer); |Z_g| = |Z_b| = {args.pool} (Z_g {np.mean([e.y == 'yes' for e in task.good]):.0%} "
-             f"'yes'); M = {args.M}, N = {args.N}, L = 1, {args.seeds} seeds; model {args.model or 'SmolLM2-135M'} "
-             f"{args.dtype}; {load}", ""]
+    lines = [
+        f"BIG-bench entailed_polarity (bigbench 1.0.0): {len(cands) // 2} held-out questions ({gold_yes:.0%} "
+        f"gold 'yes') x (correct, wrong answer); |Z_g| = |Z_b| = {args.pool} (Z_g {np.mean([e.y == 'yes' for e in task.good]):.0%} "
+        f"'yes'); M = {args.M}, N = {args.N}, L = 1, {args.seeds} seeds; model {args.model or 'SmolLM2-135M'} "
+        f"{args.dtype}; {load}",
+        "",
+    ]
     table, _ = run_grid(engine, task, cands, Path(args.out) / (args.model or "smollm2"), args.seeds, "yes")
     text = "\n".join(lines + table) + "\n"
     atomic_write(Path(args.out) / "results.md", text)

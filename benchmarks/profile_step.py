@@ -10,6 +10,7 @@ elementwise, KV store, copies and indexing, other ops); a phase's own self time 
 phase (the job's bookkeeping, progress, tokenizing) is the rest of the wall time. The profiler adds overhead to
 each op, so read shares, not absolute times; the unprofiled wall time of the same job is printed beside.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,23 +19,37 @@ import time
 from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
-
 from common import load_average, machine, table
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from engine import Engine
 from engine.engine import DTYPES
 from engine.loader import load_model_files
 
 CATEGORIES = [  # first match wins; matched against the op's name
-    ("GEMM", re.compile(r"linear_pointwise|linear_panels|target_logprobs|addmm|\bmm\b|aten::mm|bmm|matmul|aten::linear|"
-                        r"baddbmm")),
+    (
+        "GEMM",
+        re.compile(
+            r"linear_pointwise|linear_panels|target_logprobs|addmm|\bmm\b|aten::mm|bmm|matmul|aten::linear|"
+            r"baddbmm"
+        ),
+    ),
     ("attention", re.compile(r"attention|softmax|scaled_dot|segment")),
-    ("elementwise", re.compile(r"rms_norm|rope|silu|swiglu|aten::(add|mul|sub|div|rsqrt|pow|mean|neg|exp|log|"
-                               r"sigmoid|cos|sin|cat|where|maximum|max|sum|logsumexp|gt|lt|eq|ge)")),
+    (
+        "elementwise",
+        re.compile(
+            r"rms_norm|rope|silu|swiglu|aten::(add|mul|sub|div|rsqrt|pow|mean|neg|exp|log|"
+            r"sigmoid|cos|sin|cat|where|maximum|max|sum|logsumexp|gt|lt|eq|ge)"
+        ),
+    ),
     ("KV store", re.compile(r"index_copy|index_put|store_kv")),
-    ("copies, indexing", re.compile(r"copy|index|gather|embedding|slice|select|view|reshape|contiguous|to\b|_to_|"
-                                    r"clone|empty|zeros|full|tensor|as_strided|narrow|split|stack|arange")),
+    (
+        "copies, indexing",
+        re.compile(
+            r"copy|index|gather|embedding|slice|select|view|reshape|contiguous|to\b|_to_|"
+            r"clone|empty|zeros|full|tensor|as_strided|narrow|split|stack|arange"
+        ),
+    ),
 ]
 PHASES = ("schedule", "build_step", "forward", "lm_head", "logits", "sample", "postprocess")
 
@@ -59,9 +74,14 @@ def instrument(engine) -> list:
     returns the undo functions."""
     import engine.engine as engine_module
 
-    undo = [wrap(engine.scheduler, "schedule", "schedule"), wrap(engine.scheduler, "postprocess", "postprocess"),
-            wrap(engine.model, "forward", "forward"), wrap(engine.model, "target_logprobs", "lm_head"),
-            wrap(engine.model, "logits", "logits"), wrap(engine_module, "build_step", "build_step")]
+    undo = [
+        wrap(engine.scheduler, "schedule", "schedule"),
+        wrap(engine.scheduler, "postprocess", "postprocess"),
+        wrap(engine.model, "forward", "forward"),
+        wrap(engine.model, "target_logprobs", "lm_head"),
+        wrap(engine.model, "logits", "logits"),
+        wrap(engine_module, "build_step", "build_step"),
+    ]
     if hasattr(engine_module, "sample"):
         undo.append(wrap(engine_module, "sample", "sample"))
     return undo
@@ -109,19 +129,26 @@ def run_job(name: str, fn, engine, threads: int) -> list[list]:
         row_ops = ops.get(phase, {})
         total = sum(row_ops.values()) + python.get(phase, 0.0)
         if total:
-            rows.append([phase, 100 * total / wall_us] + [100 * row_ops.get(c, 0.0) / wall_us for c in cats]
-                        + [100 * python.get(phase, 0.0) / wall_us])
-    rows.append(["not seen by the profiler", 100 * max(wall_us - accounted, 0.0) / wall_us] + [0.0] * len(cats)
-                + [0.0])
-    print(f"\n## {name} ({threads} thread(s); unprofiled {plain_wall:.2f} s, profiled {wall_us / 1e6:.2f} s; "
-          f"load average {load_average()}): % of the profiled wall time\n")
+            rows.append(
+                [phase, 100 * total / wall_us]
+                + [100 * row_ops.get(c, 0.0) / wall_us for c in cats]
+                + [100 * python.get(phase, 0.0) / wall_us]
+            )
+    rows.append(["not seen by the profiler", 100 * max(wall_us - accounted, 0.0) / wall_us] + [0.0] * len(cats) + [0.0])
+    print(
+        f"\n## {name} ({threads} thread(s); unprofiled {plain_wall:.2f} s, profiled {wall_us / 1e6:.2f} s; "
+        f"load average {load_average()}): % of the profiled wall time\n"
+    )
     print(table(["phase", "total %"] + [f"{c} %" for c in cats] + ["Python %"], rows))
     totals = defaultdict(float)
     for row_ops in ops.values():
         for c, v in row_ops.items():
             totals[c] += v
-    print("\nwhole job by category: " + ", ".join(f"{c} {100 * totals[c] / wall_us:.1f}%" for c in cats)
-          + f", Python in phases {100 * sum(python.values()) / wall_us:.1f}%")
+    print(
+        "\nwhole job by category: "
+        + ", ".join(f"{c} {100 * totals[c] / wall_us:.1f}%" for c in cats)
+        + f", Python in phases {100 * sum(python.values()) / wall_us:.1f}%"
+    )
     return rows
 
 
@@ -142,19 +169,31 @@ def main(argv=None):
     print(f"# profile_step ({machine()}; load average {load_average()})")
     if "icqs" in parts:
         from bench_icqs_workload import QUESTIONS, build_job
+
         _, _, requests = build_job(max(1, round(QUESTIONS * args.scale)), 11, 16, 4)
-        run_job(f"ICQS-shaped job, {len(requests)} requests, shared", lambda: engine.score(requests), engine,
-                args.threads)
+        run_job(
+            f"ICQS-shaped job, {len(requests)} requests, shared", lambda: engine.score(requests), engine, args.threads
+        )
     if "plain" in parts:
         from bench_scoring import make_requests
+
         pairs = make_requests(64)
-        run_job("plain scoring, 64 unrelated pairs, unshared", lambda: engine.score(pairs, share_prefix=False),
-                engine, args.threads)
+        run_job(
+            "plain scoring, 64 unrelated pairs, unshared",
+            lambda: engine.score(pairs, share_prefix=False),
+            engine,
+            args.threads,
+        )
     if "decode" in parts:
         from bench_generation import prompts
+
         ids = prompts(tok, args.prompts)
-        run_job(f"decode, {args.prompts} prompts x {args.new_tokens} tokens",
-                lambda: engine.generate(ids, max_tokens=args.new_tokens), engine, args.threads)
+        run_job(
+            f"decode, {args.prompts} prompts x {args.new_tokens} tokens",
+            lambda: engine.generate(ids, max_tokens=args.new_tokens),
+            engine,
+            args.threads,
+        )
 
 
 if __name__ == "__main__":

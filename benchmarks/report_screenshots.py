@@ -5,6 +5,7 @@
 Each report is rendered at 1280 px wide, as tall as the page, and cut into 1280 x 1300 px tiles
 OUT_DIR/<name>_<k>.png (blank tiles at the end dropped). Needs the `chromium` system package (Debian:
 apt-get install chromium)."""
+
 from __future__ import annotations
 
 import shutil
@@ -24,9 +25,21 @@ def screenshot(html: Path, out_dir: Path, height: int = 16000) -> list[Path]:
         raise SystemExit("error: no chromium on PATH (Debian: apt-get install chromium)")
     with tempfile.TemporaryDirectory() as tmp:
         full = Path(tmp) / "full.png"
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--window-size=1280,{height}", f"--screenshot={full}", html.resolve().as_uri()],
-                       check=True, capture_output=True, timeout=180)
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--window-size=1280,{height}",
+                f"--screenshot={full}",
+                html.resolve().as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
         image = Image.open(full).convert("RGB")
         blank = Image.new("RGB", image.size, "white")
         box = ImageChops.difference(image, blank).getbbox()

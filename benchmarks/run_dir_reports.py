@@ -8,6 +8,7 @@ The inputs are made here: `icqs init`'s sentiment example for the score run; 18 
 "models" (one right, one wrong, one mixed) with labels, graded by the judge and compared in 18 pairs; 12 number
 answers for ALLURE. A few minutes on 2 CPU cores. The screenshots are the first two tiles of each report (1280 x 1300 px
 each) saved as 8-bit palette PNGs, small enough to commit."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,10 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-QUESTIONS = [("What is 7 + 5?", "12", "13"), ("What is the capital of France?", "Paris", "Lyon"),
-             ("How many legs does a spider have?", "Eight.", "Six."), ("What is 9 x 3?", "27", "24"),
-             ("Which planet is the largest?", "Jupiter", "Mars"), ("What is the boiling point of water at sea "
-                                                                   "level in Celsius?", "100 degrees.", "90 degrees.")]
+QUESTIONS = [
+    ("What is 7 + 5?", "12", "13"),
+    ("What is the capital of France?", "Paris", "Lyon"),
+    ("How many legs does a spider have?", "Eight.", "Six."),
+    ("What is 9 x 3?", "27", "24"),
+    ("Which planet is the largest?", "Jupiter", "Mars"),
+    ("What is the boiling point of water at sea level in Celsius?", "100 degrees.", "90 degrees."),
+]
 MODELS = {"careful": lambda n: 0, "sloppy": lambda n: 1, "mixed": lambda n: n % 2}  # 0: the right answer
 
 
@@ -37,21 +42,48 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
 
 
 def inputs(root: Path) -> dict:
-    judge = [{"id": f"{m}/q{n}", "model": m, "question": QUESTIONS[n][0], "response": _answer(m, n)[0],
-              "label": _answer(m, n)[1]} for m in MODELS for n in range(len(QUESTIONS))]
+    judge = [
+        {
+            "id": f"{m}/q{n}",
+            "model": m,
+            "question": QUESTIONS[n][0],
+            "response": _answer(m, n)[0],
+            "label": _answer(m, n)[1],
+        }
+        for m in MODELS
+        for n in range(len(QUESTIONS))
+    ]
     pairs = []
     names = list(MODELS)
     for n in range(len(QUESTIONS)):
         for i, a in enumerate(names):
             b = names[(i + 1) % len(names)]
             (ya, la), (yb, lb) = _answer(a, n), _answer(b, n)
-            pairs.append({"id": f"q{n}/{a}-{b}", "question": QUESTIONS[n][0], "answer_a": ya, "answer_b": yb,
-                          "model_a": a, "model_b": b,
-                          "winner": "tie" if la == lb else "model_a" if la > lb else "model_b"})
-    allure = [{"id": f"n{i}", "question": f"What is {i} + {i}?", "response": f"The answer is {2 * i + (i % 3 == 0)}.",
-               "answer": str(2 * i)} for i in range(12)]
-    return {"judge": _jsonl(root / "judge.jsonl", judge), "pairwise": _jsonl(root / "pairs.jsonl", pairs),
-            "allure": _jsonl(root / "allure.jsonl", allure)}
+            pairs.append(
+                {
+                    "id": f"q{n}/{a}-{b}",
+                    "question": QUESTIONS[n][0],
+                    "answer_a": ya,
+                    "answer_b": yb,
+                    "model_a": a,
+                    "model_b": b,
+                    "winner": "tie" if la == lb else "model_a" if la > lb else "model_b",
+                }
+            )
+    allure = [
+        {
+            "id": f"n{i}",
+            "question": f"What is {i} + {i}?",
+            "response": f"The answer is {2 * i + (i % 3 == 0)}.",
+            "answer": str(2 * i),
+        }
+        for i in range(12)
+    ]
+    return {
+        "judge": _jsonl(root / "judge.jsonl", judge),
+        "pairwise": _jsonl(root / "pairs.jsonl", pairs),
+        "allure": _jsonl(root / "allure.jsonl", allure),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -67,11 +99,12 @@ def main(argv: list[str]) -> int:
     root.mkdir(parents=True, exist_ok=True)
     files = inputs(root)
     assert icqs(["init", str(root / "example")]) == 0
-    runs = {"score": ["score", str(root / "example/task.yaml"), str(root / "example/candidates.jsonl"),
-                      "--draws", "1"],
-            "judge": ["judge", files["judge"], "--shots", "0,2", "--runs", "2"],
-            "pairwise": ["pairwise", files["pairwise"], "--no-tie"],
-            "allure": ["allure", "run", files["allure"], "--rounds", "2"]}
+    runs = {
+        "score": ["score", str(root / "example/task.yaml"), str(root / "example/candidates.jsonl"), "--draws", "1"],
+        "judge": ["judge", files["judge"], "--shots", "0,2", "--runs", "2"],
+        "pairwise": ["pairwise", files["pairwise"], "--no-tie"],
+        "allure": ["allure", "run", files["allure"], "--rounds", "2"],
+    }
     reports = {}
     for kind, argv_ in runs.items():
         out = root / kind
@@ -80,7 +113,6 @@ def main(argv: list[str]) -> int:
         reports[kind] = out / "report.html"
     if args.shots:
         from PIL import Image
-
         from report_screenshots import screenshot
 
         shots = Path(args.shots)

@@ -7,6 +7,7 @@ bench_deterministic.compare_demo_runs compares the run directories.
 
     .venv/bin/python benchmarks/sentiment_precision.py [--test 16] [--pool 20] [--M 4] [--N 8] [--L 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,17 +16,20 @@ import time
 from pathlib import Path
 
 import yaml
-
-from common import load_average  # noqa: F401  (puts the repository and tests/ on sys.path)
 from bench_deterministic import compare_demo_runs
+from common import load_average  # noqa: F401  (puts the repository and tests/ on sys.path)
+from icqs_sentiment import add_task_args, build
+
 from icqs.candidates import candidate_row
 from icqs.cli import main as icqs_main
 from icqs.demo import task_yaml
-from icqs_sentiment import add_task_args, build
 
-RUNS = {"bf16": ["--dtype", "bfloat16"], "fp32": ["--dtype", "float32"],
-        "bf16-deterministic": ["--dtype", "bfloat16", "--deterministic"],
-        "fp32-deterministic": ["--dtype", "float32", "--deterministic"]}
+RUNS = {
+    "bf16": ["--dtype", "bfloat16"],
+    "fp32": ["--dtype", "float32"],
+    "bf16-deterministic": ["--dtype", "bfloat16", "--deterministic"],
+    "fp32-deterministic": ["--dtype", "float32", "--deterministic"],
+}
 
 
 def main() -> None:
@@ -37,16 +41,32 @@ def main() -> None:
     task, cands = build(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "task.yaml").write_text(task_yaml(task), encoding="utf-8")
-    (args.out / "candidates.jsonl").write_text("".join(json.dumps(candidate_row(c)) + "\n" for c in cands),
-                                               encoding="utf-8")
+    (args.out / "candidates.jsonl").write_text(
+        "".join(json.dumps(candidate_row(c)) + "\n" for c in cands), encoding="utf-8"
+    )
     yaml.safe_load((args.out / "task.yaml").read_text(encoding="utf-8"))  # written as icqs reads it
-    print(f"{len(cands)} candidates, M={args.M} N={args.N} L={args.L}, threads {args.threads}; "
-          f"load average {load_average()}")
+    print(
+        f"{len(cands)} candidates, M={args.M} N={args.N} L={args.L}, threads {args.threads}; "
+        f"load average {load_average()}"
+    )
     for name, flags in RUNS.items():
         t0 = time.time()
-        status = icqs_main(["score", str(args.out / "task.yaml"), str(args.out / "candidates.jsonl"), "--out",
-                            str(args.out / name), "--method", "icqs", "epistemic", "--threads", str(args.threads),
-                            "--quiet", *flags])
+        status = icqs_main(
+            [
+                "score",
+                str(args.out / "task.yaml"),
+                str(args.out / "candidates.jsonl"),
+                "--out",
+                str(args.out / name),
+                "--method",
+                "icqs",
+                "epistemic",
+                "--threads",
+                str(args.threads),
+                "--quiet",
+                *flags,
+            ]
+        )
         assert status == 0, f"{name}: icqs score failed"
         print(f"{name}: {time.time() - t0:.1f} s, load average {load_average()}")
     compare_demo_runs({name: str(args.out / name) for name in RUNS})

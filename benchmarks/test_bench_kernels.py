@@ -7,15 +7,16 @@ the torch references.
 
 `make test` collects tests/ only, so CI never runs these. Compare two saved runs with
 `pytest-benchmark compare`."""
+
 from __future__ import annotations
 
 import functools
 
 import pytest
 import torch
+from bench_kernels import impl, linear_cases, op_cases
 
 import kernels
-from bench_kernels import impl, linear_cases, op_cases
 from kernels import dispatch, native_ops
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -12,6 +12,7 @@ prompt_logprobs skips reading it; `read_prefix_cache` forces the reading (skip_r
 positions inside cached blocks then come back without log-probs. OUT: start-up seconds, and per run the wall
 seconds of the timed call and every prompt's per-position log-probs (null where vLLM gave none: position 0, and
 cached positions when reading the cache)."""
+
 import json
 import os
 import sys
@@ -30,18 +31,23 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    options = dict(model=spec["model"], dtype="float32", skip_tokenizer_init=True, seed=0,
-                   max_model_len=spec["max_model_len"])
+    options = dict(
+        model=spec["model"], dtype="float32", skip_tokenizer_init=True, seed=0, max_model_len=spec["max_model_len"]
+    )
     llm = LLM(**options)
     startup = time.perf_counter() - t0
-    params = SamplingParams(prompt_logprobs=1, max_tokens=1, temperature=0.0, detokenize=False,
-                            skip_reading_prefix_cache=False if spec["read_prefix_cache"] else None)
+    params = SamplingParams(
+        prompt_logprobs=1,
+        max_tokens=1,
+        temperature=0.0,
+        detokenize=False,
+        skip_reading_prefix_cache=False if spec["read_prefix_cache"] else None,
+    )
 
     def generate(prompts):
         return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
 
-    out = {"startup_seconds": startup, "vllm_options": {k: v for k, v in options.items() if k != "model"},
-           "runs": {}}
+    out = {"startup_seconds": startup, "vllm_options": {k: v for k, v in options.items() if k != "model"}, "runs": {}}
     for name, prompts in spec["runs"].items():
         generate(spec["warmup"][name])  # the first calls of a shape are slow
         w = time.perf_counter()

@@ -3,6 +3,7 @@
 shows it). `check_output_file` checks an output path before any work; `check_report_output` the `--output` of a
 command that only reads a run directory (a report): never a file of that or any run directory, never a file that
 is not an HTML report."""
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,9 @@ def os_error(e: OSError) -> tuple[str, int]:
     one-line `error:` message and exit status (1 for the environment's failures, 2 otherwise)."""
     where = e.filename if e.filename is not None else None
     what = e.strerror or str(e)
-    hint = "; free some space and run the same command again to resume" if e.errno in (errno.ENOSPC,
-                                                                                        errno.EDQUOT) else ""
+    hint = (
+        "; free some space and run the same command again to resume" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    )
     return f"error: {UserError(f'{what}{hint}', where)}", 1 if e.errno in ENVIRONMENT else 2
 
 
@@ -129,8 +131,11 @@ def check_report_output(output: str, run_dir: str, default_name: str) -> None:
     folder = os.path.dirname(target)
     while True:
         if os.path.isfile(os.path.join(folder, RUN_MARKER)):
-            raise UserError(f"is inside the run directory {folder} (which this command only reads); write the report "
-                            "outside it, or leave --output out for the default", output)
+            raise UserError(
+                f"is inside the run directory {folder} (which this command only reads); write the report "
+                "outside it, or leave --output out for the default",
+                output,
+            )
         parent = os.path.dirname(folder)
         if parent == folder:
             break

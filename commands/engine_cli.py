@@ -10,18 +10,19 @@ exists and is writable, it is not a folder), the options, then, once the model i
 each error one line naming file:line. Rows are scored in chunks and appended to the output in input order as each
 chunk finishes, so a killed run keeps what it finished: the same command again checks that the output's rows are
 the input's first rows (same id, context and continuation) and scores only the rest. No temporary file is used."""
+
 from __future__ import annotations
 
 import logging
 import sys
 
+from engine.errors import UserError
+from engine.requests import RequestError, check_score, encode_pairs
+from engine.stats import EngineStats
+
 from . import tables
 from .cli_args import ArgumentParser, input_path, output_path, run_command
-from engine.errors import UserError
 from .factory import add_engine_args
-from engine.requests import encode_pairs
-from engine.stats import EngineStats
-from engine.requests import RequestError, check_score
 
 CHUNK_ROWS = 256  # rows per Engine.score call: the unit of resumption (prefixes are kept across chunks)
 
@@ -42,12 +43,18 @@ def _finished_rows(output: str, rows: list[tuple[int, dict]], input_path: str) -
     job's output is refused."""
     done = tables.read_results(output)
     if len(done) > len(rows):
-        raise UserError(f"holds {len(done)} rows but the input has {len(rows)}; it is another job's output "
-                        "(use another --output, or delete it)", output)
+        raise UserError(
+            f"holds {len(done)} rows but the input has {len(rows)}; it is another job's output "
+            "(use another --output, or delete it)",
+            output,
+        )
     for j, (old, (line, row)) in enumerate(zip(done, rows), 1):
         if not _same_request(old, row):
-            raise UserError(f"row {j} is not the request at {input_path}:{line}; it is another job's output (use "
-                            "another --output, or delete it)", output)
+            raise UserError(
+                f"row {j} is not the request at {input_path}:{line}; it is another job's output (use "
+                "another --output, or delete it)",
+                output,
+            )
     return len(done)
 
 
@@ -74,6 +81,7 @@ def cmd_score(args) -> int:
         from engine.loader import load_model_config
 
         from .factory import engine_options
+
         engine_options(args)
         load_model_config(args.model)
     if skip == len(rows):
@@ -91,13 +99,16 @@ def cmd_score(args) -> int:
         print(f"resuming: {skip} rows already in {args.output}", file=sys.stderr)
     if args.ray is not None:  # the same checks, then the shards on a Ray cluster: engine/distributed.py
         from .ray_score import score_rows
+
         with tables.open_results(args.output, out_schema) as out:
             return score_rows(args, eng, todo, encoded, out)
     totals = EngineStats()
-    with tables.open_results(args.output, out_schema) as out, \
-            progress_bar(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar:
+    with (
+        tables.open_results(args.output, out_schema) as out,
+        progress_bar(total=len(rows), initial=skip, unit="row", desc="scoring", disable=args.quiet) as bar,
+    ):
         for start in range(0, len(todo), CHUNK_ROWS):
-            part, ids = todo[start:start + CHUNK_ROWS], encoded[start:start + CHUNK_ROWS]
+            part, ids = todo[start : start + CHUNK_ROWS], encoded[start : start + CHUNK_ROWS]
             try:
                 results = eng.score(ids, share_prefix=not args.no_share)
             except UserError as e:  # e.g. a non-finite log-prob; the chunks before it are kept
@@ -106,16 +117,25 @@ def cmd_score(args) -> int:
                 tables.write_result(out, row, res, args.input, line)
             totals = totals.plus(eng.last_stats)
             bar.update(len(part))
-    print(f"scored {len(todo)} requests: {totals.tokens_computed} tokens computed of {totals.tokens_requested} "
-          f"requested, {totals.forward_steps} steps, peak {totals.peak_kv_pages} KV pages", file=sys.stderr)
+    print(
+        f"scored {len(todo)} requests: {totals.tokens_computed} tokens computed of {totals.tokens_requested} "
+        f"requested, {totals.forward_steps} steps, peak {totals.peak_kv_pages} KV pages",
+        file=sys.stderr,
+    )
     return 0
 
 
 def add_score_parser(sub) -> None:
     s = sub.add_parser("score", help="score (context, continuation) pairs from a JSONL file")
-    s.add_argument("--input", required=True, type=input_path, help="JSONL (or .parquet) rows with context and continuation (text)")
-    s.add_argument("--output", required=True, type=output_path, help="JSONL (or .parquet: a folder of parts) results; a killed run "
-                   "resumes from it")
+    s.add_argument(
+        "--input", required=True, type=input_path, help="JSONL (or .parquet) rows with context and continuation (text)"
+    )
+    s.add_argument(
+        "--output",
+        required=True,
+        type=output_path,
+        help="JSONL (or .parquet: a folder of parts) results; a killed run resumes from it",
+    )
     add_engine_args(s)
     s.add_argument("--no-share", action="store_true", help="turn prefix sharing off (for comparisons)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -127,6 +147,7 @@ def build_parser() -> ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     add_score_parser(sub)
     from .serve import add_serve_parser
+
     add_serve_parser(sub)
     return p
 

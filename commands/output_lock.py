@@ -2,6 +2,7 @@
 same file (or Parquet folder) cannot interleave their rows: the second stops at once with one line naming the holder
 (its pid and command line, found in /proc/locks where Linux has it). The lock lives as long as the open descriptor:
 a killed holder releases it with its process, so no stale lock file is ever left behind."""
+
 from __future__ import annotations
 
 import fcntl
@@ -37,8 +38,9 @@ def lock_fd(fd: int, path: str) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = lock_holder(fd)
-        raise UserError(f"another command is writing this output ({holder}); wait for it to end or choose another "
-                        "output", path) from None
+        raise UserError(
+            f"another command is writing this output ({holder}); wait for it to end or choose another output", path
+        ) from None
 
 
 class FolderLock:

@@ -1,5 +1,6 @@
 """`python -m engine score --ray`: the rows of a score command run on a DistributedEngine, written in input order
 as they arrive (commands/engine_cli.py has checked everything before)."""
+
 from __future__ import annotations
 
 import sys
@@ -16,6 +17,7 @@ def score_rows(args, engine: DistributedEngine, todo: list[tuple[int | str, dict
     before it are there, so the output resumes exactly as the local path's does. The workers stop at the end."""
     ready, written = {}, 0
     with engine:
+
         def on_result(i, result, worker):
             nonlocal written
             ready[i] = result
@@ -27,6 +29,9 @@ def score_rows(args, engine: DistributedEngine, todo: list[tuple[int | str, dict
 
         engine.score(encoded, progress=not args.quiet, on_result=on_result)  # token ids: used as they are
     s, plan = engine.last_stats, engine.last_plan
-    print(f"scored {len(todo)} requests on {args.workers} Ray workers, {plan.shards} shards of {plan.keys} prefix "
-          f"keys: {s.tokens_computed} tokens computed of {s.tokens_requested} requested", file=sys.stderr)
+    print(
+        f"scored {len(todo)} requests on {args.workers} Ray workers, {plan.shards} shards of {plan.keys} prefix "
+        f"keys: {s.tokens_computed} tokens computed of {s.tokens_requested} requested",
+        file=sys.stderr,
+    )
     return 0

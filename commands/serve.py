@@ -1,5 +1,6 @@
 """`python -m engine serve`: load the model once and serve it over HTTP (uvicorn) until SIGINT/SIGTERM, which
 stop accepting connections, finish the requests in flight and exit."""
+
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.server import DEFAULT_MAX_TOKENS
+
 from .factory import MAX_QUEUE, add_engine_args, int_in_range, new_tokens_int
 
 DEFAULT_MAX_QUEUE = 4096
@@ -17,20 +19,35 @@ DEFAULT_MAX_QUEUE = 4096
 def add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve the model over HTTP (OpenAI-compatible completions, chat, /v1/score)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    s.add_argument("--port", type=int_in_range(0, 65535, "a TCP port"), default=8000,
-                   help="default: 8000 (0: any free port)")
-    s.add_argument("--api-key", default=None,
-                   help="ask clients of the API (/v1/*, /tokenize, /detokenize, /tokenizer_info) for `Authorization: "
-                   "Bearer KEY` (default: $ENGINE_API_KEY, else none); /health, /metrics, /openapi.json and /docs "
-                   "stay open (they name the model and count requests) unless --api-key-all-endpoints")
-    s.add_argument("--api-key-all-endpoints", action="store_true",
-                   help="with --api-key: ask for the key on every endpoint, /health, /metrics, /openapi.json and "
-                   "/docs too (a Prometheus scraper or health check then sends it)")
-    s.add_argument("--default-max-tokens", type=new_tokens_int,
-                   default=DEFAULT_MAX_TOKENS, help="a chat request without max_tokens generates at most this many "
-                   f"tokens, and at most what the context holds after its prompt (default {DEFAULT_MAX_TOKENS})")
-    s.add_argument("--max-queue", type=int_in_range(1, MAX_QUEUE, "requests held at once"), default=DEFAULT_MAX_QUEUE,
-                   help=f"engine requests waiting at most; more get 503 + Retry-After (default {DEFAULT_MAX_QUEUE})")
+    s.add_argument(
+        "--port", type=int_in_range(0, 65535, "a TCP port"), default=8000, help="default: 8000 (0: any free port)"
+    )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="ask clients of the API (/v1/*, /tokenize, /detokenize, /tokenizer_info) for `Authorization: "
+        "Bearer KEY` (default: $ENGINE_API_KEY, else none); /health, /metrics, /openapi.json and /docs "
+        "stay open (they name the model and count requests) unless --api-key-all-endpoints",
+    )
+    s.add_argument(
+        "--api-key-all-endpoints",
+        action="store_true",
+        help="with --api-key: ask for the key on every endpoint, /health, /metrics, /openapi.json and "
+        "/docs too (a Prometheus scraper or health check then sends it)",
+    )
+    s.add_argument(
+        "--default-max-tokens",
+        type=new_tokens_int,
+        default=DEFAULT_MAX_TOKENS,
+        help="a chat request without max_tokens generates at most this many "
+        f"tokens, and at most what the context holds after its prompt (default {DEFAULT_MAX_TOKENS})",
+    )
+    s.add_argument(
+        "--max-queue",
+        type=int_in_range(1, MAX_QUEUE, "requests held at once"),
+        default=DEFAULT_MAX_QUEUE,
+        help=f"engine requests waiting at most; more get 503 + Retry-After (default {DEFAULT_MAX_QUEUE})",
+    )
     s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: file name)")
     add_engine_args(s, remote=False)
     s.set_defaults(func=serve)
@@ -59,17 +76,20 @@ def exposure_warning(host: str, api_key: str | None, all_endpoints: bool) -> str
     if local or (api_key and all_endpoints):
         return None
     if api_key:
-        return (f"listening on {host}: /health, /metrics, /openapi.json and /docs answer without the API key "
-                "(they name the model and count requests); --api-key-all-endpoints guards them too")
+        return (
+            f"listening on {host}: /health, /metrics, /openapi.json and /docs answer without the API key "
+            "(they name the model and count requests); --api-key-all-endpoints guards them too"
+        )
     return f"listening on {host} without --api-key: any client that can reach this port can use the model"
 
 
 def serve(args) -> int:
     import uvicorn
 
-    from .factory import engine_from_args
     from engine.loader import default_model_path
     from engine.server import create_app
+
+    from .factory import engine_from_args
 
     api_key = args.api_key or os.environ.get("ENGINE_API_KEY")
     if args.api_key_all_endpoints and not api_key:
@@ -77,8 +97,14 @@ def serve(args) -> int:
     sock = _listen(args.host, args.port)  # before loading: a busy port is a one-line error, not a minute later
     engine = engine_from_args(args, keep_cache=True)  # online mode: computed prefixes stay cached (LRU)
     name = args.served_model_name or Path(args.model or default_model_path()).name.removesuffix(".gguf")
-    app = create_app(engine, model_name=name, api_key=api_key, max_queue=args.max_queue,
-                     default_max_tokens=args.default_max_tokens, api_key_all_endpoints=args.api_key_all_endpoints)
+    app = create_app(
+        engine,
+        model_name=name,
+        api_key=api_key,
+        max_queue=args.max_queue,
+        default_max_tokens=args.default_max_tokens,
+        api_key_all_endpoints=args.api_key_all_endpoints,
+    )
     host, port = sock.getsockname()[:2]
     log = logging.getLogger("engine.server")
     if (warning := exposure_warning(args.host, api_key, args.api_key_all_endpoints)) is not None:

@@ -14,17 +14,19 @@ complete parts and a rerun resumes after them, as it does after a JSONL output's
 the input's Parquet types (a JSONL input's are inferred from all its rows before any work); a Parquet input written
 as JSONL must hold JSON values only (checked before any work).
 """
+
 from __future__ import annotations
 
 import math
 import os
 import re
 
-from .cli_args import check_output_file
 from engine.errors import UserError
-from .output_lock import FolderLock
+
+from .cli_args import check_output_file
 from .jsonl import ResultWriter, dump_line, read_jsonl
 from .jsonl import read_results as read_jsonl_results
+from .output_lock import FolderLock
 
 PART = re.compile(r"part-(\d{6,})\.parquet")
 ROWS_PER_PART = 256
@@ -47,8 +49,9 @@ def write_result(out, row: dict, res, input_path: str, where) -> None:
     try:
         out.write({**row, **{k: getattr(res, k) for k in RESULT_FIELDS}})
     except ValueError:
-        raise UserError(f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it are kept",
-                        input_path, where) from None
+        raise UserError(
+            f"log-prob {res.logprob} is not finite (corrupt weights?); the rows before it are kept", input_path, where
+        ) from None
 
 
 def is_parquet(path) -> bool:
@@ -97,22 +100,26 @@ def check_output(output: str, input_path: str, rows, schema):
                 try:
                     dump_line(row)
                 except (TypeError, ValueError) as e:
-                    raise UserError(f"cannot be written to a JSONL output ({e}); write Parquet instead",
-                                    input_path, where) from None
+                    raise UserError(
+                        f"cannot be written to a JSONL output ({e}); write Parquet instead", input_path, where
+                    ) from None
         return None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if os.path.exists(output) and not os.path.isdir(output):
-        raise UserError("exists and is a file: a Parquet output is a folder of part files (remove it or choose "
-                        "another name)", output)
+        raise UserError(
+            "exists and is a file: a Parquet output is a folder of part files (remove it or choose another name)",
+            output,
+        )
     if os.path.isdir(output):
         if os.path.exists(input_path) and os.path.samefile(input_path, output):
             raise UserError("is also the input; expected a separate output", output)
         stray = sorted(n for n in os.listdir(output) if not PART.fullmatch(n) and not n.startswith("."))
         if stray:
-            raise UserError(f"holds {stray[0]!r}, not a part file of this command's output (choose another name)",
-                            output)
+            raise UserError(
+                f"holds {stray[0]!r}, not a part file of this command's output (choose another name)", output
+            )
         check_output_file(os.path.join(output, "part-000000.parquet"), (input_path,))  # the folder is writable
     else:
         check_output_file(output, (input_path,))
@@ -123,8 +130,9 @@ def check_output(output: str, input_path: str, rows, schema):
         schema = pa.schema([f for f in schema if f.name not in extra] + [pa.field(k, t) for k, t in extra.items()])
         pq.write_table(schema.empty_table(), pa.BufferOutputStream())  # a type Parquet cannot hold fails here
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-        raise UserError(f"the rows do not make one Parquet table ({str(e).splitlines()[0]}); write JSONL instead",
-                        input_path) from None
+        raise UserError(
+            f"the rows do not make one Parquet table ({str(e).splitlines()[0]}); write JSONL instead", input_path
+        ) from None
     return schema
 
 
@@ -148,8 +156,9 @@ def read_results(output) -> list[dict]:
         try:
             rows += pq.read_table(part).to_pylist()
         except (pa.ArrowException, OSError) as e:
-            raise UserError(f"not a readable Parquet file ({str(e).splitlines()[0]}); remove the folder to start "
-                            "over", part) from None
+            raise UserError(
+                f"not a readable Parquet file ({str(e).splitlines()[0]}); remove the folder to start over", part
+            ) from None
     return rows
 
 

@@ -2,14 +2,34 @@
 
 The names below are imported on first use (PEP 562), so that `engine.errors` and the other light modules load
 without torch: a command line answers `--help` and argument errors before any model code is imported."""
+
 from importlib import import_module
 
-_EXPORTS = {"Engine": "engine", "Generation": "engine", "RequestHandle": "engine", "ScoreResult": "engine",
-            "TokenEvent": "engine", "UserError": "errors", "EngineProtocol": "protocol", "JobEngine": "protocol",
-            "EngineStats": "stats", "RequestError": "requests"}
+_EXPORTS = {
+    "Engine": "engine",
+    "Generation": "engine",
+    "RequestHandle": "engine",
+    "ScoreResult": "engine",
+    "TokenEvent": "engine",
+    "UserError": "errors",
+    "EngineProtocol": "protocol",
+    "JobEngine": "protocol",
+    "EngineStats": "stats",
+    "RequestError": "requests",
+}
 
-__all__ = ["Engine", "ScoreResult", "Generation", "TokenEvent", "RequestHandle", "UserError", "RequestError",
-           "EngineStats", "EngineProtocol", "JobEngine"]
+__all__ = [
+    "Engine",
+    "ScoreResult",
+    "Generation",
+    "TokenEvent",
+    "RequestHandle",
+    "UserError",
+    "RequestError",
+    "EngineStats",
+    "EngineProtocol",
+    "JobEngine",
+]
 
 
 def __getattr__(name: str):

@@ -12,6 +12,7 @@ cancelled awaiting task (a client gone) aborts its requests in the engine; `shut
 A step that raises is an engine bug, not a request's: every request in flight is aborted; each score request
 (pure: nothing was sent for it yet) is then run again alone and fails with EngineFailure only if it fails alone
 too; generations fail with EngineFailure (their tokens may have been streamed)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,7 @@ class QueueFull(Exception):
 @dataclass(eq=False)
 class _Call:
     """One coroutine's requests in the engine (touched by the worker thread only, until `done` is set)."""
+
     handles: list[Request]
     on_done: object  # called in the event loop once every request is done
     retry: list | None = None  # score calls: (context ids, continuation ids, top_k) per request, to run one again
@@ -78,7 +80,7 @@ class AsyncEngine:
             if not busy:
                 self._publish()
                 if self._stopping:  # checked here, not only when the stop is read: it may come while work is
-                    return          # pending (the aborted requests of a client gone), which ends after it
+                    return  # pending (the aborted requests of a client gone), which ends after it
             try:
                 job = self._inbox.get(block=not busy)
             except queue.Empty:
@@ -217,10 +219,14 @@ class AsyncEngine:
         encoded = encode_pairs(self.engine.tokenizer, list(requests))
         if not encoded:
             return []
-        call = await self._submit(len(encoded), lambda: [self.engine.add_score_ids(ctx, cont, top_k, True,
-                                                                                   f"request {i}")
-                                                         for i, (ctx, cont) in enumerate(encoded)],
-                                  retry=[(ctx, cont, top_k) for ctx, cont in encoded])
+        call = await self._submit(
+            len(encoded),
+            lambda: [
+                self.engine.add_score_ids(ctx, cont, top_k, True, f"request {i}")
+                for i, (ctx, cont) in enumerate(encoded)
+            ],
+            retry=[(ctx, cont, top_k) for ctx, cont in encoded],
+        )
         await self._finished(call)
         return [call.result(i) for i in range(len(encoded))]
 
@@ -294,8 +300,12 @@ class AsyncEngine:
         """The engine's counters (as last published by the worker), the queue, and the latest steps' times."""
         with self._lock:
             in_flight, steps = self._in_flight, list(self._step_seconds)
-        return {**asdict(self._snapshot), "queue_depth": self.queue_depth(), "in_flight": in_flight,
-                "step_seconds": steps}
+        return {
+            **asdict(self._snapshot),
+            "queue_depth": self.queue_depth(),
+            "in_flight": in_flight,
+            "step_seconds": steps,
+        }
 
     async def shutdown(self):
         """Finish in-flight work, then stop the worker thread."""

@@ -4,6 +4,7 @@
 It carries the server's tokenizer and model config (from /v1/tokenizer), so callers that count tokens or apply
 the chat template (the icqs judges) work unchanged. A job is sent in chunks over a few connections at once; the
 server puts every chunk into its one engine loop, which shares prefixes across chunks and clients."""
+
 from __future__ import annotations
 
 import time
@@ -11,30 +12,36 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import tokenizers
-from .progress import progress_bar
 
 from .config import ModelConfig
 from .errors import UserError
-from .tokenizer import Tokenizer
-from .stats import COUNTERS, EngineStats
+from .progress import progress_bar
 from .requests import Limits
+from .stats import COUNTERS, EngineStats
+from .tokenizer import Tokenizer
 
 RETRIES_WHEN_BUSY = 60  # a 503 (queue full) is retried after its Retry-After, this many times at most
 
 
 class Client:
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 3600.0, chunk: int = 256,
-                 connections: int = 4):
+    def __init__(
+        self, url: str, api_key: str | None = None, timeout: float = 3600.0, chunk: int = 256, connections: int = 4
+    ):
         self.url = url.rstrip("/")
         self.chunk, self.connections = chunk, connections
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                 limits=httpx.Limits(max_connections=connections))
+        self.http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=connections)
+        )
         info = self._call("GET", "/v1/tokenizer")
         self.model_name = info["model"]
-        self.tokenizer = Tokenizer(tokenizers.Tokenizer.from_str(info["tokenizer_json"]), bos_id=info["bos_id"],
-                                   eos_ids=info["eos_ids"], add_bos=info["add_bos"],
-                                   chat_template=info["chat_template"])
+        self.tokenizer = Tokenizer(
+            tokenizers.Tokenizer.from_str(info["tokenizer_json"]),
+            bos_id=info["bos_id"],
+            eos_ids=info["eos_ids"],
+            add_bos=info["add_bos"],
+            chat_template=info["chat_template"],
+        )
         self.config = ModelConfig(**info["config"])
         # the served engine's limits (a server without kv_tokens in /v1/tokenizer: its max_len stands for it)
         self.limits = Limits(self.config.vocab_size, self.config.max_position, info.get("kv_tokens", info["max_len"]))
@@ -69,9 +76,11 @@ class Client:
         """send(offset, chunk) -> list of results, for each chunk, a few at once; the results in order."""
         starts = range(0, len(items), self.chunk)
         out = [None] * len(starts)
-        with ThreadPoolExecutor(self.connections) as pool, \
-                progress_bar(total=len(items), desc=desc, disable=not progress) as bar:
-            futures = {pool.submit(send, s, items[s:s + self.chunk]): k for k, s in enumerate(starts)}
+        with (
+            ThreadPoolExecutor(self.connections) as pool,
+            progress_bar(total=len(items), desc=desc, disable=not progress) as bar,
+        ):
+            futures = {pool.submit(send, s, items[s : s + self.chunk]): k for k, s in enumerate(starts)}
             for future, k in futures.items():
                 out[k] = future.result()
                 bar.update(len(out[k]))
@@ -84,8 +93,10 @@ class Client:
         """last_stats: the server engine's counters over the job (other clients' work in that time included);
         peak_kv_pages is the server's peak since it started."""
         after = self._engine_stats()
-        self.last_stats = EngineStats(**{k: after[k] - before.get(k, 0) for k in COUNTERS if k in after},
-                                      peak_kv_pages=after.get("peak_kv_pages", after.get("kv_pages_used")))
+        self.last_stats = EngineStats(
+            **{k: after[k] - before.get(k, 0) for k in COUNTERS if k in after},
+            peak_kv_pages=after.get("peak_kv_pages", after.get("kv_pages_used")),
+        )
 
     # ---- the engine's interface ----------------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False):
@@ -105,20 +116,39 @@ class Client:
         self._job_stats(before)
         return results
 
-    def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False):
+    def generate(
+        self,
+        prompts,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        progress: bool = False,
+    ):
         """As Engine.generate (prompt i samples with seed + i)."""
         from .engine import Generation
 
         def send(offset, part):
-            body = {"model": self.model_name, "prompts": part, "max_tokens": max_tokens,
-                    "temperature": temperature, "top_p": top_p, "seed": None if seed is None else seed + offset,
-                    "stop": list(stop or [])}
-            return [Generation(d["text"], d["token_ids"], d["finish_reason"], d["token_logprobs"])
-                    for d in self._call("POST", "/v1/generate", body)["data"]]
+            body = {
+                "model": self.model_name,
+                "prompts": part,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "seed": None if seed is None else seed + offset,
+                "stop": list(stop or []),
+            }
+            return [
+                Generation(d["text"], d["token_ids"], d["finish_reason"], d["token_logprobs"])
+                for d in self._call("POST", "/v1/generate", body)["data"]
+            ]
 
         before = self._engine_stats()
-        results = self._chunked([p if isinstance(p, str) else list(p) for p in prompts], send, "generating",
-                                progress) if prompts else []
+        results = (
+            self._chunked([p if isinstance(p, str) else list(p) for p in prompts], send, "generating", progress)
+            if prompts
+            else []
+        )
         self._job_stats(before)
         return results

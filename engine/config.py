@@ -5,6 +5,7 @@ anything is allocated from it, against RANGES (the largest released Llama-family
 against the other fields; the message is one line naming the file, the field as the file spells it and the range.
 (The weights' shapes are checked against the config next: engine/loader.py `check_weights`.)
 """
+
 from __future__ import annotations
 
 import math
@@ -19,22 +20,44 @@ ROPE_TYPES = ("default", "linear", "llama3")
 # have a vocabulary of 262,144, 16,384 hidden units, 53,248 MLP units, 126 layers, 128 heads of 256 dims and a
 # context of 10M tokens; a larger number is a damaged or hostile header, not a model this engine can hold.
 RANGES = {
-    "vocab_size": (1, 1 << 22), "hidden_size": (1, 1 << 16), "intermediate_size": (1, 1 << 18),
-    "num_layers": (1, 1024), "num_heads": (1, 1024), "num_kv_heads": (1, 1024), "head_dim": (2, 1024),
-    "max_position": (1, 1 << 24), "sliding_window": (1, 1 << 24),
+    "vocab_size": (1, 1 << 22),
+    "hidden_size": (1, 1 << 16),
+    "intermediate_size": (1, 1 << 18),
+    "num_layers": (1, 1024),
+    "num_heads": (1, 1024),
+    "num_kv_heads": (1, 1024),
+    "head_dim": (2, 1024),
+    "max_position": (1, 1 << 24),
+    "sliding_window": (1, 1 << 24),
 }
 # float fields: (low, high, whether low itself is allowed)
-NUMBER_RANGES = {"rms_norm_eps": (0.0, 0.5, False), "rope_theta": (1.0, 1e12, False),
-                 "rope_local_theta": (1.0, 1e12, False), "query_pre_attn_scalar": (0.0, 1e6, False)}
+NUMBER_RANGES = {
+    "rms_norm_eps": (0.0, 0.5, False),
+    "rope_theta": (1.0, 1e12, False),
+    "rope_local_theta": (1.0, 1e12, False),
+    "query_pre_attn_scalar": (0.0, 1e6, False),
+}
 MAX_ROPE_FACTOR = 1024.0
 # the names config.json gives ModelConfig's fields (GGUF metadata names: engine/gguf_loader.py)
-HF_NAMES = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
-            "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
-            "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "rms_norm_eps": "rms_norm_eps",
-            "rope_theta": "rope_theta", "rope_scaling": "rope_scaling", "max_position": "max_position_embeddings",
-            "sliding_window": "sliding_window", "sliding_layers": "layer_types",
-            "rope_local_theta": "rope_local_base_freq", "query_pre_attn_scalar": "query_pre_attn_scalar",
-            "bos_token_id": "bos_token_id", "eos_token_ids": "eos_token_id"}
+HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "rms_norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "rope_scaling": "rope_scaling",
+    "max_position": "max_position_embeddings",
+    "sliding_window": "sliding_window",
+    "sliding_layers": "layer_types",
+    "rope_local_theta": "rope_local_base_freq",
+    "query_pre_attn_scalar": "query_pre_attn_scalar",
+    "bos_token_id": "bos_token_id",
+    "eos_token_ids": "eos_token_id",
+}
 
 
 def is_int(value) -> bool:
@@ -99,15 +122,20 @@ class ModelConfig:
             return cls._from_gemma3(cfg, source)
         arch = cfg.get("model_type", "")
         if arch not in SUPPORTED_ARCHS:
-            raise UserError(f"unsupported architecture {_shown(arch)} (supported: {', '.join(SUPPORTED_ARCHS)})",
-                            source)
+            raise UserError(
+                f"unsupported architecture {_shown(arch)} (supported: {', '.join(SUPPORTED_ARCHS)})", source
+            )
         if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
             raise UserError(f"{arch} with use_sliding_window is not supported", source)
-        return cls(arch=arch, **_hf_common(cfg, source, default_eps=1e-5, default_theta=10000.0,
-                                           default_position=2048, default_head_dim=None),
-                   tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-                   qk_norm=arch == "qwen3").validate(source)
+        return cls(
+            arch=arch,
+            **_hf_common(
+                cfg, source, default_eps=1e-5, default_theta=10000.0, default_position=2048, default_head_dim=None
+            ),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            qk_norm=arch == "qwen3",
+        ).validate(source)
 
     @classmethod
     def _from_gemma3(cls, cfg: dict, source: str) -> "ModelConfig":
@@ -118,25 +146,34 @@ class ModelConfig:
         n = check_int(cfg["num_hidden_layers"], "num_hidden_layers", *RANGES["num_layers"], source)
         types = cfg.get("layer_types")
         if types is None:
-            pattern = check_int(cfg.get("sliding_window_pattern", 6), "sliding_window_pattern", 1,
-                                RANGES["num_layers"][1], source)
+            pattern = check_int(
+                cfg.get("sliding_window_pattern", 6), "sliding_window_pattern", 1, RANGES["num_layers"][1], source
+            )
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-        if not isinstance(types, list) or len(types) != n or not all(
-                t in ("sliding_attention", "full_attention") for t in types):
-            raise UserError("gemma3 layer_types must name sliding_attention or full_attention for every layer",
-                            source)
-        return cls(arch="gemma3", **_hf_common(cfg, source, default_eps=1e-6, default_theta=1000000.0,
-                                               default_position=131072, default_head_dim=256),
-                   tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                   attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
-                   sliding_window=cfg.get("sliding_window", 4096),
-                   sliding_layers=tuple(t == "sliding_attention" for t in types),
-                   rope_local_theta=cfg.get("rope_local_base_freq", 10000.0),
-                   query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256)).validate(source)
+        if (
+            not isinstance(types, list)
+            or len(types) != n
+            or not all(t in ("sliding_attention", "full_attention") for t in types)
+        ):
+            raise UserError("gemma3 layer_types must name sliding_attention or full_attention for every layer", source)
+        return cls(
+            arch="gemma3",
+            **_hf_common(
+                cfg, source, default_eps=1e-6, default_theta=1000000.0, default_position=131072, default_head_dim=256
+            ),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=True,
+            sliding_window=cfg.get("sliding_window", 4096),
+            sliding_layers=tuple(t == "sliding_attention" for t in types),
+            rope_local_theta=cfg.get("rope_local_base_freq", 10000.0),
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256),
+        ).validate(source)
 
     def validate(self, source: str, names: dict[str, str] = HF_NAMES) -> "ModelConfig":
         """Every field in its range and consistent with the others (module doc); `names`: how the file calls each
         field, for the messages. Returns self."""
+
         def name(f: str) -> str:
             return names.get(f, f)
 
@@ -144,11 +181,15 @@ class ModelConfig:
             if f != "sliding_window":  # (at most the context: below)
                 check_int(getattr(self, f), name(f), low, high, source)
         if self.num_kv_heads > self.num_heads or self.num_heads % self.num_kv_heads:
-            raise UserError(f"{name('num_heads')} {self.num_heads} is not a multiple of {name('num_kv_heads')} "
-                            f"{self.num_kv_heads}", source)
+            raise UserError(
+                f"{name('num_heads')} {self.num_heads} is not a multiple of {name('num_kv_heads')} {self.num_kv_heads}",
+                source,
+            )
         if self.head_dim % 2:
-            raise UserError(f"{name('head_dim')} must be even (rotary embeddings turn pairs of dimensions), got "
-                            f"{self.head_dim}", source)
+            raise UserError(
+                f"{name('head_dim')} must be even (rotary embeddings turn pairs of dimensions), got {self.head_dim}",
+                source,
+            )
         if self.sliding_window is not None:
             check_int(self.sliding_window, name("sliding_window"), 1, self.max_position, source)
         for f, (low, high, low_included) in NUMBER_RANGES.items():
@@ -156,8 +197,9 @@ class ModelConfig:
             if value is not None or f not in ("rope_local_theta", "query_pre_attn_scalar"):
                 check_number(value, name(f), low, high, source, low_included)
         if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
-            raise UserError(f"{name('sliding_layers')} has {len(self.sliding_layers)} entries for "
-                            f"{self.num_layers} layers", source)
+            raise UserError(
+                f"{name('sliding_layers')} has {len(self.sliding_layers)} entries for {self.num_layers} layers", source
+            )
         top = self.vocab_size - 1
         if self.bos_token_id is not None:
             check_int(self.bos_token_id, name("bos_token_id"), 0, top, source)
@@ -176,16 +218,20 @@ class ModelConfig:
             raise UserError(f"{key} must be an object or null, got {_shown(s)}", source)
         kind = s.get("rope_type", s.get("type", "default"))
         if kind not in ROPE_TYPES:
-            raise UserError(f"{key}: unsupported rope type {_shown(kind)} (supported: {', '.join(ROPE_TYPES)})",
-                            source)
+            raise UserError(f"{key}: unsupported rope type {_shown(kind)} (supported: {', '.join(ROPE_TYPES)})", source)
         if kind == "default":
             return
         check_number(s.get("factor"), f"{key}.factor", 1.0, MAX_ROPE_FACTOR, source, low_included=True)
         if kind == "llama3":
             low = check_number(s.get("low_freq_factor"), f"{key}.low_freq_factor", 0.0, MAX_ROPE_FACTOR, source)
             check_number(s.get("high_freq_factor"), f"{key}.high_freq_factor", low, MAX_ROPE_FACTOR, source)
-            check_number(s.get("original_max_position_embeddings"), f"{key}.original_max_position_embeddings",
-                         0.0, float(RANGES["max_position"][1]), source)
+            check_number(
+                s.get("original_max_position_embeddings"),
+                f"{key}.original_max_position_embeddings",
+                0.0,
+                float(RANGES["max_position"][1]),
+                source,
+            )
 
     @property
     def attention_scale(self) -> float:
@@ -193,8 +239,13 @@ class ModelConfig:
 
     def to_hf(self) -> dict:
         """The equivalent HF config.json dict (used to build reference models in tests)."""
-        hf_arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                   "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+        hf_arch = {
+            "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+            "gemma3": "Gemma3ForCausalLM",
+        }
         d = {
             "architectures": [hf_arch[self.arch]],
             "model_type": self.arch,
@@ -220,11 +271,17 @@ class ModelConfig:
             d["use_sliding_window"] = False
         if self.arch == "gemma3":
             del d["hidden_act"]
-            d.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
-                     attention_bias=self.attention_bias, sliding_window=self.sliding_window,
-                     layer_types=["sliding_attention" if s else "full_attention" for s in self.sliding_layers],
-                     rope_local_base_freq=self.rope_local_theta, query_pre_attn_scalar=self.query_pre_attn_scalar,
-                     final_logit_softcapping=None, attn_logit_softcapping=None)
+            d.update(
+                model_type="gemma3_text",
+                hidden_activation="gelu_pytorch_tanh",
+                attention_bias=self.attention_bias,
+                sliding_window=self.sliding_window,
+                layer_types=["sliding_attention" if s else "full_attention" for s in self.sliding_layers],
+                rope_local_base_freq=self.rope_local_theta,
+                query_pre_attn_scalar=self.query_pre_attn_scalar,
+                final_logit_softcapping=None,
+                attn_logit_softcapping=None,
+            )
         return d
 
 
@@ -239,21 +296,36 @@ def token_ids(value, key: str, source: str) -> list:
     raise UserError(f"{key} must be a token id or a list of them, got {_shown(value)}", source)
 
 
-def _hf_common(cfg: dict, source: str, *, default_eps: float, default_theta: float, default_position: int,
-               default_head_dim: int | None) -> dict:
+def _hf_common(
+    cfg: dict,
+    source: str,
+    *,
+    default_eps: float,
+    default_theta: float,
+    default_position: int,
+    default_head_dim: int | None,
+) -> dict:
     """The ModelConfig fields every config.json architecture spells alike (a KeyError for a missing one). The head
     count is checked first: the head size may be derived from it."""
     heads = check_int(cfg["num_attention_heads"], "num_attention_heads", *RANGES["num_heads"], source)
     kv_heads = cfg.get("num_key_value_heads")
     head_dim = cfg.get("head_dim")
     if head_dim is None:
-        head_dim = default_head_dim or check_int(cfg["hidden_size"], "hidden_size", *RANGES["hidden_size"],
-                                                 source) // heads
-    return dict(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-                intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
-                num_kv_heads=heads if kv_heads is None else kv_heads, head_dim=head_dim,
-                rms_norm_eps=cfg.get("rms_norm_eps", default_eps), rope_theta=cfg.get("rope_theta", default_theta),
-                rope_scaling=cfg.get("rope_scaling"),
-                max_position=cfg.get("max_position_embeddings", default_position),
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=token_ids(cfg.get("eos_token_id"), "eos_token_id", source))
+        head_dim = (
+            default_head_dim or check_int(cfg["hidden_size"], "hidden_size", *RANGES["hidden_size"], source) // heads
+        )
+    return dict(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=heads if kv_heads is None else kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=cfg.get("rms_norm_eps", default_eps),
+        rope_theta=cfg.get("rope_theta", default_theta),
+        rope_scaling=cfg.get("rope_scaling"),
+        max_position=cfg.get("max_position_embeddings", default_position),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=token_ids(cfg.get("eos_token_id"), "eos_token_id", source),
+    )

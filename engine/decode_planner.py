@@ -1,6 +1,7 @@
 """The decode planner: every step, one token (or a recompute chunk, after a preemption) of each generating sequence,
 in turn; the sequences the budget leaves out go first next step. A sequence whose prompt is still being computed
 waits, its missing ancestor queued for prefill."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

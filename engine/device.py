@@ -1,4 +1,5 @@
 """The torch device a --device value names, checked before any work (cpu, cuda, cuda:N)."""
+
 from __future__ import annotations
 
 import logging

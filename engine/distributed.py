@@ -24,6 +24,7 @@ and `icqs ... --ray` (commands.factory.engine_from_args returns a DistributedEng
 the rows before it are done, with every input field passed through: the local path's output, and its resumption
 (a rerun skips the rows already written).
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,9 @@ class Plan:
         return sum(self.shard_tokens)
 
 
-def plan_shards(encoded: list[tuple[list[int], list[int]]], shards: int, page_size: int = 16,
-                naive: bool = False) -> Plan:
+def plan_shards(
+    encoded: list[tuple[list[int], list[int]]], shards: int, page_size: int = 16, naive: bool = False
+) -> Plan:
     """Shard each (context ids, continuation ids) request; see the module docstring. The key depth: of the page
     multiples that give at least `shards` keys, the one whose largest shard is smallest (the job's makespan),
     then whose total is smallest."""
@@ -98,14 +100,15 @@ def plan_shards(encoded: list[tuple[list[int], list[int]]], shards: int, page_si
             first = not tokens[s]  # a shard's first request brings its whole prefix
             for k in range(a, b):
                 shard[order[k]] = s
-            tokens[s] += (lengths[a] if first else added[a]) + sum(added[a + 1:b])
+            tokens[s] += (lengths[a] if first else added[a]) + sum(added[a + 1 : b])
             done += w
         return Plan(shard, depth, len(starts), tokens)
 
     best, levels, longest = None, set(), max(ctx_len)
     for depth in range(page_size, longest + page_size, page_size):
-        starts = [0] + [k + 1 for k, c in enumerate(ctx_shared)
-                        if c < min(depth, ctx_len[k]) or c < min(depth, ctx_len[k + 1])]
+        starts = [0] + [
+            k + 1 for k, c in enumerate(ctx_shared) if c < min(depth, ctx_len[k]) or c < min(depth, ctx_len[k + 1])
+        ]
         if len(starts) in levels or (len(starts) < shards and depth < longest):
             continue  # a deeper key with as many keys splits the requests the same way
         levels.add(len(starts))
@@ -141,8 +144,9 @@ class EngineWorker:
         table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
         stats = self.engine.last_stats
         for name in COUNTERS:  # this call's engine counters, on its first row
-            table = table.append_column(f"_{name}", pa.array([getattr(stats, name)] + [0] * (len(rows) - 1),
-                                                             pa.int64()))
+            table = table.append_column(
+                f"_{name}", pa.array([getattr(stats, name)] + [0] * (len(rows) - 1), pa.int64())
+            )
         seconds = time.perf_counter() - start
         table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
         return table.append_column("_worker", pa.array([self.worker] * len(rows)))
@@ -159,8 +163,9 @@ def init_local_cluster(**options):
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False,
-             **options)
+    ray.init(
+        _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False, **options
+    )
 
 
 def connect(address: str | None, workers: int, threads: int, gpus: bool):
@@ -186,6 +191,7 @@ def connect(address: str | None, workers: int, threads: int, gpus: bool):
 @dataclass
 class Cluster:
     """Where and how the workers run: the options of `--ray [ADDRESS] --workers N` and the engine's."""
+
     model: str | None
     engine_options: dict  # Engine.load keyword arguments for every worker
     address: str | None = None
@@ -207,8 +213,9 @@ class DistributedEngine:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self.config, self.tokenizer = load_model_info(cluster.model)
-        self.options = EngineOptions.checked(**{k: v for k, v in cluster.engine_options.items()
-                                                if k in ("kv_tokens", "token_budget", "keep_cache")})  # each worker's
+        self.options = EngineOptions.checked(
+            **{k: v for k, v in cluster.engine_options.items() if k in ("kv_tokens", "token_budget", "keep_cache")}
+        )  # each worker's
         self.limits = Limits.of(self.config, self.options.kv_tokens, self.options.page_size)
         self.last_stats = EngineStats()
         self.busy_seconds: dict[str, float] = {}  # the last score call's seconds in Engine.score, per worker
@@ -255,9 +262,12 @@ class DistributedEngine:
         import ray
 
         c = self.cluster
-        actor = ray.remote(EngineWorker).options(num_cpus=1 if self._gpus else c.threads,
-                                                 num_gpus=1 if self._gpus else 0, max_restarts=-1,
-                                                 max_task_retries=-1)
+        actor = ray.remote(EngineWorker).options(
+            num_cpus=1 if self._gpus else c.threads,
+            num_gpus=1 if self._gpus else 0,
+            max_restarts=-1,
+            max_task_retries=-1,
+        )
         return [actor.remote(c.model, c.engine_options) for _ in range(c.workers)]
 
     def close(self) -> None:
@@ -274,11 +284,13 @@ class DistributedEngine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def score(self, requests, share_prefix: bool = True, progress: bool = False, done=(), on_result=None
-              ) -> list[ScoreResult | None]:
+    def score(
+        self, requests, share_prefix: bool = True, progress: bool = False, done=(), on_result=None
+    ) -> list[ScoreResult | None]:
         """log P(continuation | context) for each request, computed on the workers. `done`: indices to skip
         (their result is None); `on_result(i, result, worker)` is called as each result arrives."""
         import pyarrow as pa
+
         from .progress import progress_bar
 
         if not share_prefix:
@@ -296,17 +308,27 @@ class DistributedEngine:
         members = [[] for _ in range(plan.shards)]
         for i, s in zip(todo, plan.shard):
             members[s].append(i)
-        tables = [pa.table({"_row": pa.array(m, pa.int64()), "context": [encoded[i][0] for i in m],
-                            "continuation": [encoded[i][1] for i in m]}) for m in members if m]
+        tables = [
+            pa.table(
+                {
+                    "_row": pa.array(m, pa.int64()),
+                    "context": [encoded[i][0] for i in m],
+                    "continuation": [encoded[i][1] for i in m],
+                }
+            )
+            for m in members
+            if m
+        ]
         blocks = self._run_blocks(tables)
-        bar = progress_bar(total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers",
-                           disable=not progress)
+        bar = progress_bar(
+            total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress
+        )
         for table in blocks:
-            stats = self.last_stats = stats.plus(EngineStats(**{name: sum(table.column(f"_{name}").to_pylist())
-                                                                for name in COUNTERS}))
+            stats = self.last_stats = stats.plus(
+                EngineStats(**{name: sum(table.column(f"_{name}").to_pylist()) for name in COUNTERS})
+            )
             worker = table.column("_worker")[0].as_py()
-            busy[worker] = busy.get(worker, 0.0) + sum(
-                table.column("_seconds").to_pylist())
+            busy[worker] = busy.get(worker, 0.0) + sum(table.column("_seconds").to_pylist())
             for row in table.to_pylist():
                 i = row["_row"]
                 if results[i] is None:  # the first result of a request; a retried task's is the same
@@ -320,8 +342,16 @@ class DistributedEngine:
             raise RuntimeError(f"{len(missing)} requests came back without a result (first: {missing[0]})")
         return results
 
-    def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False):
+    def generate(
+        self,
+        prompts,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        progress: bool = False,
+    ):
         """Engine.generate on the workers: the prompts cut into contiguous shards of the sorted order (prompts
         sharing a prefix stay together), each checked here first. Sampling with a seed follows the shard, not the
         whole list."""
@@ -330,13 +360,21 @@ class DistributedEngine:
         if not prompts:
             return []
         for i, p in enumerate(prompts):
-            check_generate(prompt_ids(self.tokenizer, p), max_tokens, temperature, top_p, seed, self.limits, index=i,
-                           label=f"prompt {i}")
+            check_generate(
+                prompt_ids(self.tokenizer, p),
+                max_tokens,
+                temperature,
+                top_p,
+                seed,
+                self.limits,
+                index=i,
+                label=f"prompt {i}",
+            )
         options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
         c = self.cluster
         order = sorted(range(len(prompts)), key=lambda i: prompts[i])
         n = c.workers * SHARDS_PER_WORKER
-        parts = [order[k * len(order) // n:(k + 1) * len(order) // n] for k in range(n)]
+        parts = [order[k * len(order) // n : (k + 1) * len(order) // n] for k in range(n)]
         tables = [pa.table({"_row": pa.array(p, pa.int64()), "prompt": [prompts[i] for i in p]}) for p in parts if p]
         out = [None] * len(prompts)
         for table in self._run_blocks(tables, "generate", options):

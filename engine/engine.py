@@ -9,6 +9,7 @@ each already consumed by its handle). One lock makes add / abort / stats safe fr
 thread steps. `score()` and `generate()` add a
 whole job and run the loop until it is done; engine/async_engine.py runs the same loop in a worker thread for
 asyncio callers (the server)."""
+
 from __future__ import annotations
 
 import logging
@@ -19,20 +20,35 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 
 import torch
-from .progress import progress_bar
 
 import kernels
 
 from .config import ModelConfig
 from .errors import UserError
+from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
-from .kv_cache import KVCache
-from .requests import (Event, Finished, GenerateRequest, Generation, Limits, Request, RequestError, ScoreRequest,
-                     ScoreResult, Status, TokenEvent, check_generate, check_score, encode_pairs, prompt_ids)
-from .sampling import new_generator, sample
 from .plan import SampleOutput, ScoreOutput, StepPlan
 from .prefix_cache import PrefixCache
+from .progress import progress_bar
+from .requests import (
+    Event,
+    Finished,
+    GenerateRequest,
+    Generation,
+    Limits,
+    Request,
+    RequestError,
+    ScoreRequest,
+    ScoreResult,
+    Status,
+    TokenEvent,
+    check_generate,
+    check_score,
+    encode_pairs,
+    prompt_ids,
+)
+from .sampling import new_generator, sample
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .step import build_step
@@ -40,8 +56,14 @@ from .weights import release_free_memory
 
 log = logging.getLogger("engine")
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def torch_dtype(dtype) -> torch.dtype:
@@ -73,8 +95,9 @@ class EngineOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"engine option {name} must be a positive integer, got {value!r}")
         if opts.kv_tokens < opts.page_size:
-            raise UserError(f"engine option kv_tokens={opts.kv_tokens} is smaller than one page "
-                            f"(page_size={opts.page_size})")
+            raise UserError(
+                f"engine option kv_tokens={opts.kv_tokens} is smaller than one page (page_size={opts.page_size})"
+            )
         return opts
 
 
@@ -117,14 +140,19 @@ def _runnable_others() -> int:
 
 
 class Engine:
-    def __init__(self, config: ModelConfig, weights: dict, tokenizer, dtype=torch.bfloat16, device="cpu",
-                 **options):
+    def __init__(self, config: ModelConfig, weights: dict, tokenizer, dtype=torch.bfloat16, device="cpu", **options):
         self.config, self.tokenizer, self.device = config, tokenizer, torch.device(device)
         self.dtype = torch_dtype(dtype)
         self.options = EngineOptions.checked(**options)
         self.limits = Limits.of(config, self.options.kv_tokens, self.options.page_size)  # what one request may hold
-        self.model = LlamaModel(config, weights, self.dtype, self.device, self.options.deterministic,
-                                max_tokens=self.limits.max_request_tokens)  # rope tables: not the header's length
+        self.model = LlamaModel(
+            config,
+            weights,
+            self.dtype,
+            self.device,
+            self.options.deterministic,
+            max_tokens=self.limits.max_request_tokens,
+        )  # rope tables: not the header's length
         pages = -(-self.options.kv_tokens // self.options.page_size)
         self.kv = KVCache(config, pages, self.options.page_size, self.dtype, self.device)
         self.cache = PrefixCache(self.kv, self.options.keep_cache)  # the tree over the pages: the scheduler's and
@@ -140,12 +168,19 @@ class Engine:
         self._next_id = 0
         tok = tokenizer
         self.eos = set(tok.eos_ids) | ({tok.eos_id} if tok.eos_id is not None else set())
-        log.info("engine: %s, %d layers, %s on %s, kernels: %s", config.arch, config.num_layers, self.dtype,
-                 self.device, kernels.describe(str(self.device.type)))
+        log.info(
+            "engine: %s, %d layers, %s on %s, kernels: %s",
+            config.arch,
+            config.num_layers,
+            self.dtype,
+            self.device,
+            kernels.describe(str(self.device.type)),
+        )
 
     @classmethod
-    def load(cls, model: str | None = None, dtype="bfloat16", device="cpu", threads: int | None = None,
-             **options) -> "Engine":
+    def load(
+        cls, model: str | None = None, dtype="bfloat16", device="cpu", threads: int | None = None, **options
+    ) -> "Engine":
         if isinstance(dtype, str) and dtype not in DTYPES:
             raise UserError(f"unknown dtype {dtype!r} (use one of {', '.join(DTYPES)})")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -167,9 +202,14 @@ class Engine:
         """A snapshot: the counters since the engine was made (requests, tokens computed, cache hits, steps, ...)
         and the state now (KV pages held, requests running and waiting). Safe from any thread."""
         with self._lock:
-            return replace(self.scheduler.stats, peak_kv_pages=max(self._peak_before, self.kv.peak_used),
-                           kv_pages_used=self.kv.used_pages, kv_pages_total=self.kv.num_pages,
-                           running=self.count(Status.RUNNING), waiting=self.count(Status.WAITING))
+            return replace(
+                self.scheduler.stats,
+                peak_kv_pages=max(self._peak_before, self.kv.peak_used),
+                kv_pages_used=self.kv.used_pages,
+                kv_pages_total=self.kv.num_pages,
+                running=self.count(Status.RUNNING),
+                waiting=self.count(Status.WAITING),
+            )
 
     def count(self, status: Status) -> int:
         """Requests in flight with this status (safe from any thread)."""
@@ -177,14 +217,21 @@ class Engine:
             return self.scheduler.count(status)
 
     # ---- the loop ------------------------------------------------------------------------------------------
-    def add_score(self, context, continuation, top_k: int = 0, share_prefix: bool = True,
-                  label: str | None = None) -> Request:
+    def add_score(
+        self, context, continuation, top_k: int = 0, share_prefix: bool = True, label: str | None = None
+    ) -> Request:
         """Score one (context, continuation) pair, text or token ids (the rules of score()); returns its handle."""
         ctx, cont = encode_pairs(self.tokenizer, [(context, continuation)])[0]
         return self.add_score_ids(ctx, cont, top_k, share_prefix, label)
 
-    def add_score_ids(self, context: list[int], continuation: list[int], top_k: int = 0, share_prefix: bool = True,
-                      label: str | None = None) -> Request:
+    def add_score_ids(
+        self,
+        context: list[int],
+        continuation: list[int],
+        top_k: int = 0,
+        share_prefix: bool = True,
+        label: str | None = None,
+    ) -> Request:
         """add_score for a request already encoded (requests.encode_pairs)."""
         ctx, cont = context, continuation
         with self._lock:
@@ -198,9 +245,17 @@ class Engine:
                 self._admit(req, None, share_prefix)
             return req
 
-    def add_generate(self, prompt, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                     seed: int | None = None, stop: list[str] | None = None, on_token=None,
-                     label: str | None = None) -> Request:
+    def add_generate(
+        self,
+        prompt,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        on_token=None,
+        label: str | None = None,
+    ) -> Request:
         """Generate from one prompt (text or token ids); on_token(TokenEvent) is called (in the engine's thread)
         after every token. Returns the handle; its result() is a Generation."""
         with self._lock:
@@ -212,10 +267,19 @@ class Engine:
                 check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
             except UserError as e:
                 error = e
-            req = GenerateRequest(rid, label, ids, max_tokens if error is None else 0, temperature, top_p,
-                                  new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
-                                  [s for s in (stop or []) if s], self.eos,
-                                  lambda out: self.tokenizer.decode(out, skip_special_tokens=True), on_token)
+            req = GenerateRequest(
+                rid,
+                label,
+                ids,
+                max_tokens if error is None else 0,
+                temperature,
+                top_p,
+                new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
+                [s for s in (stop or []) if s],
+                self.eos,
+                lambda out: self.tokenizer.decode(out, skip_special_tokens=True),
+                on_token,
+            )
             if error is None and max_tokens == 0:
                 req.consume(Finished(req, Status.FINISHED, finish_reason="length"))
                 return req
@@ -281,8 +345,9 @@ class Engine:
         if plan.sample_rows:
             reqs = [r.request for r in plan.sample_rows]
             logits = self.model.logits(self.kv.read_hidden([r.slot for r in plan.sample_rows]))
-            tokens, lps = sample(logits, [r.temperature for r in reqs], [r.top_p for r in reqs],
-                                 [r.generator for r in reqs])
+            tokens, lps = sample(
+                logits, [r.temperature for r in reqs], [r.top_p for r in reqs], [r.generator for r in reqs]
+            )
             sample_out = SampleOutput(tokens.tolist(), lps.tolist())
         seconds = time.perf_counter() - t0
         if not plan.empty:
@@ -291,35 +356,46 @@ class Engine:
 
     def run(self, handles: list[Request] | None = None, progress=None):
         """Step until the given requests (default: all pending ones) are done."""
-        while (self.has_pending() if handles is None else not all(h.done for h in handles)):
+        while self.has_pending() if handles is None else not all(h.done for h in handles):
             before = self.scheduler.counts.tokens_computed
             self.step()
             if progress is not None:
                 progress.update(self.scheduler.counts.tokens_computed - before)
 
     # ---- closed jobs: add all, run, collect ------------------------------------------------------------------
-    def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0
-              ) -> list[ScoreResult]:
+    def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0) -> list[ScoreResult]:
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
         encoded = encode_pairs(self.tokenizer, requests)
         for i, (ctx, cont) in enumerate(encoded):
             check_score(ctx, cont, top_k, self.limits, index=i)
         start = self._job_start()
-        handles = [self.add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}")
-                   for i, (ctx, cont) in enumerate(encoded)]
+        handles = [
+            self.add_score_ids(ctx, cont, top_k, share_prefix, f"request {i}") for i, (ctx, cont) in enumerate(encoded)
+        ]
         return self._job_end(start, handles, "scoring", progress)
 
-    def generate(self, prompts, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False
-                 ) -> list[Generation]:
+    def generate(
+        self,
+        prompts,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        progress: bool = False,
+    ) -> list[Generation]:
         """One Generation per prompt; with a seed, prompt i samples with seed + i. Every prompt is encoded once and
         checked before any is added."""
         encoded = [prompt_ids(self.tokenizer, p) for p in prompts]
         for i, ids in enumerate(encoded):
             check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, index=i, label=f"prompt {i}")
         start = self._job_start()
-        handles = [self.add_generate(ids, max_tokens, temperature, top_p, None if seed is None else seed + i, stop,
-                                     label=f"prompt {i}") for i, ids in enumerate(encoded)]
+        handles = [
+            self.add_generate(
+                ids, max_tokens, temperature, top_p, None if seed is None else seed + i, stop, label=f"prompt {i}"
+            )
+            for i, ids in enumerate(encoded)
+        ]
         return self._job_end(start, handles, "generating", progress)
 
     def _job_start(self) -> tuple[EngineStats, int]:

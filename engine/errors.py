@@ -1,4 +1,5 @@
 """User-facing errors: one line, printed by the CLIs as `error: ...`, exit status 2."""
+
 import difflib
 
 

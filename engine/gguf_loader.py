@@ -8,6 +8,7 @@ adjacent pairs); the loader undoes that so the weights match HF's rotate-half la
 not permuted. llama.cpp's converter stores Gemma's RMSNorm weights as 1 + w (what the norm multiplies by); the
 loader subtracts the 1 so that they are HF's w (as transformers does when it reads such a file).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,31 +23,50 @@ import torch
 
 from .config import RANGES, ModelConfig, check_int
 from .errors import UserError
-from .tokenizer import (PRE_TOKENIZERS, Tokenizer, byte_level_bpe, cached_tokenizer, check_tokenizer,
-                        end_of_generation_ids, rust_errors, sentencepiece_bpe)
+from .tokenizer import (
+    PRE_TOKENIZERS,
+    Tokenizer,
+    byte_level_bpe,
+    cached_tokenizer,
+    check_tokenizer,
+    end_of_generation_ids,
+    rust_errors,
+    sentencepiece_bpe,
+)
 from .weights import LazyWeights, release_pages
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 TOKENIZER_FORMAT = "icqs-tok-1"  # part of the tokenizer cache key: bump when a builder changes
 
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 # gemma3 names its norms otherwise: ffn_norm is the pre-MLP norm, and there are norms after attention and the MLP
-_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
-                       "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-                       "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
@@ -59,8 +79,10 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
         if name == "rope_freqs.weight":  # llama3 frequency factors: already in config.rope_scaling
             continue
         if t.tensor_type.name not in SUPPORTED_TYPES:
-            raise UserError(f"unsupported tensor type {t.tensor_type.name} in {t.name} (supported: "
-                            f"{', '.join(SUPPORTED_TYPES)})", source)
+            raise UserError(
+                f"unsupported tensor type {t.tensor_type.name} in {t.name} (supported: {', '.join(SUPPORTED_TYPES)})",
+                source,
+            )
         by_name[_hf_name(name, source, _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES)] = t
     rotary_heads = {}  # llama: undo the converter's interleaving of the rotary halves of Q and K
     if arch == "llama":
@@ -123,6 +145,7 @@ def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 # --- reading -----------------------------------------------------------------------------------------------------
 
+
 class _FastReader(gguf.GGUFReader):
     """GGUFReader parses each metadata array element into numpy views of the file; views of a np.memmap cost
     ~10 us each in memmap.__array_finalize__, which makes a 49k-token vocabulary take seconds. Slicing a plain
@@ -133,7 +156,7 @@ class _FastReader(gguf.GGUFReader):
         if plain is None:
             plain = self._plain = self.data.view(np.ndarray)
         dtype = np.dtype(dtype)
-        arr = plain[offset:offset + dtype.itemsize * int(count)].view(dtype)
+        arr = plain[offset : offset + dtype.itemsize * int(count)].view(dtype)
         order = self.byte_order if override_order is None else override_order
         native = order == "I" or (order == "<" and sys.byteorder == "little")
         return arr if native else arr.view(dtype.newbyteorder(order))
@@ -162,13 +185,21 @@ class _LeanReader(_FastReader):
             return super()._get_field_parts(orig_offs, raw_type)
         if end > len(self.data):
             raise ValueError(f"array at offset {orig_offs} runs past the end of the file")
-        return end - orig_offs, [itype, count, self._get(start, np.uint8, end - start)], [2], [gguf.GGUFValueType.ARRAY, sub]
+        return (
+            end - orig_offs,
+            [itype, count, self._get(start, np.uint8, end - start)],
+            [2],
+            [gguf.GGUFValueType.ARRAY, sub],
+        )
 
     @staticmethod
     def compact(field) -> bool:
         """Whether this reader kept the field as one block (every array but an array of arrays)."""
-        return len(field.types) == 2 and field.types[0] == gguf.GGUFValueType.ARRAY \
+        return (
+            len(field.types) == 2
+            and field.types[0] == gguf.GGUFValueType.ARRAY
             and field.types[1] != gguf.GGUFValueType.ARRAY
+        )
 
     def _order_char(self) -> str:
         swapped = self.byte_order == "S"
@@ -184,7 +215,7 @@ class _LeanReader(_FastReader):
         raw, prefix, pos, out = block.tobytes(), self._order_char() + "Q", 0, []
         for _ in range(n):
             length = struct.unpack_from(prefix, raw, pos)[0]
-            out.append(raw[pos + 8:pos + 8 + length].decode("utf-8"))
+            out.append(raw[pos + 8 : pos + 8 + length].decode("utf-8"))
             pos += 8 + length
         return out
 
@@ -201,8 +232,9 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
             if t.data.nbytes != t.n_bytes:
                 raise ValueError(f"tensor {t.name} is cut short")
     except Exception as e:  # GGUFReader raises ValueError, KeyError, IndexError, ... on damaged files
-        raise UserError(f"corrupt or truncated GGUF file ({type(e).__name__}: {e})".splitlines()[0],
-                        str(path)) from None
+        raise UserError(
+            f"corrupt or truncated GGUF file ({type(e).__name__}: {e})".splitlines()[0], str(path)
+        ) from None
     return reader
 
 
@@ -237,7 +269,7 @@ class _Metadata:
             return b""
         last = field.parts[-1]
         end = last.ctypes.data - self.reader.data.ctypes.data + last.nbytes
-        return self.reader.data[field.offset:end].tobytes()
+        return self.reader.data[field.offset : end].tobytes()
 
 
 def _hf_name(name: str, source: str, layer_names: dict[str, str] = _LAYER_NAMES) -> str:
@@ -269,14 +301,15 @@ def _dequantize(t, dtype: torch.dtype | None = None) -> torch.Tensor:
     rows = out.view(data.shape[0], -1)
     step = max(1, DEQUANTIZE_BYTES // (4 * rows.shape[1]))
     for start in range(0, data.shape[0], step):
-        block = data[start:start + step]
+        block = data[start : start + step]
         values = gguf.quants.dequantize(block, t.tensor_type)
-        rows[start:start + step].copy_(torch.from_numpy(values.astype(np.float32, copy=False)).view(len(block), -1))
+        rows[start : start + step].copy_(torch.from_numpy(values.astype(np.float32, copy=False)).view(len(block), -1))
         release_pages(block)
     return out
 
 
 # --- config ------------------------------------------------------------------------------------------------------
+
 
 def _config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
     try:
@@ -288,15 +321,25 @@ def _config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
 def gguf_names(arch: str) -> dict[str, str]:
     """The metadata keys of ModelConfig's fields in a GGUF file of `arch` (for the messages of its checks)."""
     a = arch
-    return {"vocab_size": "tokenizer.ggml.tokens (its length)", "hidden_size": f"{a}.embedding_length",
-            "intermediate_size": f"{a}.feed_forward_length", "num_layers": f"{a}.block_count",
-            "num_heads": f"{a}.attention.head_count", "num_kv_heads": f"{a}.attention.head_count_kv",
-            "head_dim": f"{a}.attention.key_length", "rms_norm_eps": f"{a}.attention.layer_norm_rms_epsilon",
-            "rope_theta": f"{a}.rope.freq_base", "rope_scaling": f"{a}.rope.scaling",
-            "max_position": f"{a}.context_length", "sliding_window": f"{a}.attention.sliding_window",
-            "sliding_layers": f"{a}.attention.sliding_window_pattern", "rope_local_theta": f"{a}.rope.freq_base_swa",
-            "query_pre_attn_scalar": f"{a}.attention.key_length", "bos_token_id": "tokenizer.ggml.bos_token_id",
-            "eos_token_ids": "tokenizer.ggml.eos_token_id (or eot, eom)"}
+    return {
+        "vocab_size": "tokenizer.ggml.tokens (its length)",
+        "hidden_size": f"{a}.embedding_length",
+        "intermediate_size": f"{a}.feed_forward_length",
+        "num_layers": f"{a}.block_count",
+        "num_heads": f"{a}.attention.head_count",
+        "num_kv_heads": f"{a}.attention.head_count_kv",
+        "head_dim": f"{a}.attention.key_length",
+        "rms_norm_eps": f"{a}.attention.layer_norm_rms_epsilon",
+        "rope_theta": f"{a}.rope.freq_base",
+        "rope_scaling": f"{a}.rope.scaling",
+        "max_position": f"{a}.context_length",
+        "sliding_window": f"{a}.attention.sliding_window",
+        "sliding_layers": f"{a}.attention.sliding_window_pattern",
+        "rope_local_theta": f"{a}.rope.freq_base_swa",
+        "query_pre_attn_scalar": f"{a}.attention.key_length",
+        "bos_token_id": "tokenizer.ggml.bos_token_id",
+        "eos_token_ids": "tokenizer.ggml.eos_token_id (or eot, eom)",
+    }
 
 
 def _read_config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
@@ -330,8 +373,9 @@ def _read_config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
     )
     if arch == "gemma3":  # llama.cpp's and transformers' defaults where the file says nothing: every 6th layer
         # global, local rope base 10000, attention scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim)
-        pattern = check_int(meta.get(names["sliding_layers"], 6), names["sliding_layers"], 1,
-                            RANGES["num_layers"][1], source)
+        pattern = check_int(
+            meta.get(names["sliding_layers"], 6), names["sliding_layers"], 1, RANGES["num_layers"][1], source
+        )
         config.sliding_window = meta.get(names["sliding_window"])
         config.sliding_layers = tuple(bool((i + 1) % pattern) for i in range(config.num_layers))
         config.rope_local_theta = meta.get(names["rope_local_theta"], 10000.0)
@@ -349,8 +393,11 @@ def _rope_scaling(meta: _Metadata, arch: str, config: ModelConfig, freqs) -> dic
             raise UserError("rope_freqs together with rope scaling metadata is not supported", meta.source)
         factors = np.array(freqs.data, dtype=np.float64).reshape(-1)
         if factors.size != config.head_dim // 2 or not np.isfinite(factors).all() or (factors <= 0).any():
-            raise UserError(f"rope_freqs.weight must hold {config.head_dim // 2} positive factors (one per "
-                            f"frequency of the head size {config.head_dim})", meta.source)
+            raise UserError(
+                f"rope_freqs.weight must hold {config.head_dim // 2} positive factors (one per "
+                f"frequency of the head size {config.head_dim})",
+                meta.source,
+            )
         return llama3_rope_from_factors(factors, config, meta.source)
     if kind == "none":
         return None
@@ -389,8 +436,13 @@ def llama3_rope_from_factors(factors: np.ndarray, config: ModelConfig, source: s
             shortest_scaled = wavelen[factors > 1 + 1e-6].min()
             orig = np.sqrt(high * longest_kept * shortest_scaled) if longest_kept else shortest_scaled / 2
     high, orig = (round(v) if abs(v - round(v)) < 1e-3 * v else float(v) for v in (high, orig))
-    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low),
-               "high_freq_factor": float(high), "original_max_position_embeddings": orig}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": float(low),
+        "high_freq_factor": float(high),
+        "original_max_position_embeddings": orig,
+    }
     got = rope_inv_freq(config.head_dim, config.rope_theta, scaling).double().numpy()
     if not np.allclose(inv / got, factors, rtol=1e-3):
         raise UserError("rope_freqs.weight does not follow Llama 3 rope scaling (unsupported)", source)
@@ -399,26 +451,40 @@ def llama3_rope_from_factors(factors: np.ndarray, config: ModelConfig, source: s
 
 # --- tokenizer ---------------------------------------------------------------------------------------------------
 
+
 def _tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
     model = meta.get("tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
-        raise UserError(f"GGUF tokenizer model {model!r} is not supported (supported: byte-level BPE 'gpt2', "
-                        "SentencePiece BPE 'llama')", meta.source)
+        raise UserError(
+            f"GGUF tokenizer model {model!r} is not supported (supported: byte-level BPE 'gpt2', "
+            "SentencePiece BPE 'llama')",
+            meta.source,
+        )
     pre = meta.get("tokenizer.ggml.pre", "default")
     if model == "gpt2" and pre not in PRE_TOKENIZERS:
         raise UserError(f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(PRE_TOKENIZERS)})", meta.source)
     space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     digest = hashlib.sha256(f"{TOKENIZER_FORMAT}\0{model}\0{pre}\0{space_prefix}\0".encode())
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                "tokenizer.ggml.scores", "tokenizer.ggml.unknown_token_id"):
+    for key in (
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.scores",
+        "tokenizer.ggml.unknown_token_id",
+    ):
         digest.update(meta.raw_bytes(key))
 
     def build():
         tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type", [])
         if model == "gpt2":
             return byte_level_bpe(tokens, meta.get("tokenizer.ggml.merges"), types, pre)
-        return sentencepiece_bpe(tokens, meta.get("tokenizer.ggml.scores"), types, space_prefix,
-                                 meta.get("tokenizer.ggml.unknown_token_id", None))
+        return sentencepiece_bpe(
+            tokens,
+            meta.get("tokenizer.ggml.scores"),
+            types,
+            space_prefix,
+            meta.get("tokenizer.ggml.unknown_token_id", None),
+        )
 
     n = meta.length("tokenizer.ggml.tokens")
     for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
@@ -432,7 +498,11 @@ def _tokenizer(meta: _Metadata, config: ModelConfig) -> Tokenizer:
     with rust_errors("its vocabulary does not make a tokenizer", meta.source, building=True):
         backend, _ = cached_tokenizer(digest.hexdigest()[:32], build)
     check_tokenizer(backend, config.vocab_size, meta.source)
-    return Tokenizer(backend, bos_id=config.bos_token_id,
-                     eos_ids=end_of_generation_ids(backend, config.eos_token_ids),
-                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
-                     chat_template=meta.get("tokenizer.chat_template", None), source=meta.source)
+    return Tokenizer(
+        backend,
+        bos_id=config.bos_token_id,
+        eos_ids=end_of_generation_ids(backend, config.eos_token_ids),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        chat_template=meta.get("tokenizer.chat_template", None),
+        source=meta.source,
+    )

@@ -4,6 +4,7 @@ Weights come back as stored (names and layout are already HF's), as a LazyWeight
 one at a time with pread (no mapping of the file, so no page of it stays resident) when the model asks for them.
 `.bin` checkpoints are read only with `torch.load(weights_only=True, mmap=True)`: nothing is ever unpickled.
 """
+
 from __future__ import annotations
 
 import json
@@ -89,8 +90,9 @@ def _load_weights(path: Path) -> LazyWeights:
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise UserError("index has no weight_map (tensor name -> shard file)", str(path / index_name))
-            files = [_shard_file(path, name, str(path / index_name))
-                     for name in sorted(set(map(str, weight_map.values())))]
+            files = [
+                _shard_file(path, name, str(path / index_name)) for name in sorted(set(map(str, weight_map.values())))
+            ]
             return _lazy_weights(files)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
@@ -149,8 +151,9 @@ class _TorchCheckpoint:
         try:
             state = torch.load(str(file), map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # pickle.UnpicklingError for anything beyond plain tensors, RuntimeError if corrupt
-            raise UserError(f"cannot read as a plain tensor checkpoint (weights_only=True): {e}".splitlines()[0],
-                            str(file)) from None
+            raise UserError(
+                f"cannot read as a plain tensor checkpoint (weights_only=True): {e}".splitlines()[0], str(file)
+            ) from None
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise UserError("checkpoint is not a name -> tensor dict", str(file))
         self.state = state
@@ -190,14 +193,22 @@ def _load_tokenizer(path: Path, config: ModelConfig) -> Tokenizer:
     bos_id = config.bos_token_id if bos_id is None else bos_id
     eos_text = _token_text(tok_cfg.get("eos_token"))
     gen_file = str(path / "generation_config.json")
-    gen_eos = [check_int(i, "eos_token_id", 0, config.vocab_size - 1, gen_file)
-               for i in token_ids(gen_cfg.get("eos_token_id"), "eos_token_id", gen_file)]
+    gen_eos = [
+        check_int(i, "eos_token_id", 0, config.vocab_size - 1, gen_file)
+        for i in token_ids(gen_cfg.get("eos_token_id"), "eos_token_id", gen_file)
+    ]
     declared = list(config.eos_token_ids) + gen_eos + [backend.token_to_id(eos_text) if eos_text else None]
     add_bos = tok_cfg.get("add_bos_token")
     if add_bos is None:
         add_bos = _post_processor_adds_bos(spec.get("post_processor"), bos_text)
-    return Tokenizer(backend, bos_id=bos_id, eos_ids=end_of_generation_ids(backend, declared),
-                     add_bos=bool(add_bos), chat_template=_chat_template(path, tok_cfg), source=str(file))
+    return Tokenizer(
+        backend,
+        bos_id=bos_id,
+        eos_ids=end_of_generation_ids(backend, declared),
+        add_bos=bool(add_bos),
+        chat_template=_chat_template(path, tok_cfg),
+        source=str(file),
+    )
 
 
 def _post_processor_adds_bos(proc: dict | None, bos_text: str | None) -> bool:

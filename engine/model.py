@@ -16,6 +16,7 @@ batch-invariant forms (kernels/batch_invariant.py; the linears the native panels
 result is bitwise the same whatever else the step holds, however the prefix tree is cut and whatever the token
 budget. The mode is chosen once, in the kernels' dispatch (`kernels.StepKernels`); the model calls the kernels
 only through their dispatch entry points."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -42,8 +43,15 @@ class StepBatch:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device,
-                 deterministic: bool = False, max_tokens: int | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        device,
+        deterministic: bool = False,
+        max_tokens: int | None = None,
+    ):
         """`weights` by HF name: a plain dict, or the loader's LazyWeights, which reads a tensor from the file
         when asked. `max_tokens`: the longest sequence the model will run (the engine's `Limits`); the rotary
         tables are sized by it, not by the header's context length (up to 16M positions). Each tensor is read once, turned into its final dtype, device and layout (linears fused and
@@ -69,7 +77,7 @@ class LlamaModel:
                 plain = torch.empty(sum(s[0] for s in shapes), shapes[0][1], dtype=dtype, device=self.device)
                 r0 = 0
                 for n, (r, _) in zip(names, shapes):
-                    plain[r0:r0 + r] = w(n)
+                    plain[r0 : r0 + r] = w(n)
                     r0 += r
             out = self.ops.weight(plain)
             del plain
@@ -83,21 +91,26 @@ class LlamaModel:
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             bias = torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if c.attention_bias else None
-            self.layers.append(dict(
-                attn_norm=norm_w(p + "input_layernorm.weight"),
-                q_norm=norm_w(p + "self_attn.q_norm.weight") if c.qk_norm else None,
-                k_norm=norm_w(p + "self_attn.k_norm.weight") if c.qk_norm else None,
-                qkv=fused(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")), qkv_bias=bias,
-                o=fused(p + "self_attn.o_proj.weight"),
-                # Gemma: post_attention_layernorm normalises the attention output; pre_feedforward_layernorm
-                # the MLP input, and post_feedforward_layernorm its output
-                post_attn_norm=norm_w(p + "post_attention_layernorm.weight") if gemma else None,
-                mlp_norm=norm_w(p + ("pre_feedforward_layernorm.weight" if gemma
-                                     else "post_attention_layernorm.weight")),
-                post_mlp_norm=norm_w(p + "post_feedforward_layernorm.weight") if gemma else None,
-                sliding=bool(c.sliding_layers[i]) if c.sliding_layers else False,
-                gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                down=fused(p + "mlp.down_proj.weight")))
+            self.layers.append(
+                dict(
+                    attn_norm=norm_w(p + "input_layernorm.weight"),
+                    q_norm=norm_w(p + "self_attn.q_norm.weight") if c.qk_norm else None,
+                    k_norm=norm_w(p + "self_attn.k_norm.weight") if c.qk_norm else None,
+                    qkv=fused(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
+                    qkv_bias=bias,
+                    o=fused(p + "self_attn.o_proj.weight"),
+                    # Gemma: post_attention_layernorm normalises the attention output; pre_feedforward_layernorm
+                    # the MLP input, and post_feedforward_layernorm its output
+                    post_attn_norm=norm_w(p + "post_attention_layernorm.weight") if gemma else None,
+                    mlp_norm=norm_w(
+                        p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")
+                    ),
+                    post_mlp_norm=norm_w(p + "post_feedforward_layernorm.weight") if gemma else None,
+                    sliding=bool(c.sliding_layers[i]) if c.sliding_layers else False,
+                    gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    down=fused(p + "mlp.down_proj.weight"),
+                )
+            )
         # the generation logits' copy of the LM head (the fused target log-prob reads the plain one in tiles),
         # packed on the first generation step: an engine that only scores never holds it
         self._logits_head = None
@@ -105,10 +118,12 @@ class LlamaModel:
         self.cos, self.sin = kernels.rope_cos_sin(c.head_dim, c.rope_theta, c.rope_scaling, positions, self.device)
         self.local_cos, self.local_sin = (
             kernels.rope_cos_sin(c.head_dim, c.rope_local_theta, None, positions, self.device)
-            if any(c.sliding_layers) else (None, None))
+            if any(c.sliding_layers)
+            else (None, None)
+        )
         self.scale = c.attention_scale
         # HF rounds sqrt(hidden) to the model dtype before scaling the embedding
-        self.embed_scale = torch.tensor(c.hidden_size ** 0.5, dtype=dtype).item() if gemma else None
+        self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=dtype).item() if gemma else None
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
@@ -133,14 +148,17 @@ class LlamaModel:
             x, residual = kernels.rms_norm(h, L["attn_norm"], c.rms_norm_eps, residual)
             qkv = linear(x, L["qkv"], L["qkv_bias"])
             if L["q_norm"] is not None:  # per-head RMSNorm of queries and keys before the rotation (Qwen3)
-                q = kernels.rms_norm(qkv[:, :q_dim].reshape(T * c.num_heads, c.head_dim), L["q_norm"],
-                                     c.rms_norm_eps)[0]
-                k = kernels.rms_norm(qkv[:, q_dim:q_dim + kv_dim].reshape(T * c.num_kv_heads, c.head_dim),
-                                     L["k_norm"], c.rms_norm_eps)[0]
-                qkv = torch.cat([q.view(T, q_dim), k.view(T, kv_dim), qkv[:, q_dim + kv_dim:]], dim=1)
+                q = kernels.rms_norm(qkv[:, :q_dim].reshape(T * c.num_heads, c.head_dim), L["q_norm"], c.rms_norm_eps)[
+                    0
+                ]
+                k = kernels.rms_norm(
+                    qkv[:, q_dim : q_dim + kv_dim].reshape(T * c.num_kv_heads, c.head_dim), L["k_norm"], c.rms_norm_eps
+                )[0]
+                qkv = torch.cat([q.view(T, q_dim), k.view(T, kv_dim), qkv[:, q_dim + kv_dim :]], dim=1)
             cos, sin = (self.local_cos, self.local_sin) if L["sliding"] else (self.cos, self.sin)
-            q, k, v = kernels.rope_store_kv(qkv, batch.positions, cos, sin, kv.k[i], kv.v[i], batch.write_slots,
-                                            c.num_heads, c.num_kv_heads)
+            q, k, v = kernels.rope_store_kv(
+                qkv, batch.positions, cos, sin, kv.k[i], kv.v[i], batch.write_slots, c.num_heads, c.num_kv_heads
+            )
             last = trim and i == len(self.layers) - 1
             if last and rows.numel() == 0:
                 return h.new_empty(0, c.hidden_size)

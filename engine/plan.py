@@ -1,6 +1,7 @@
 """The step plan: what the scheduler's planners decide for one step (`StepPlan`, built through a `StepDraft`), and what
 the engine hands back after running it (`ScoreOutput`, `SampleOutput`). Plain dataclasses: the plan names prefix-cache
 nodes only as opaque handles (engine/prefix_cache.py), the rows by cache slot."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from .requests import GenerateRequest, ScoreRequest
 class Chunk:
     """Tokens start..end-1 of one prefix-tree node (offsets in the node; `position`: the absolute position of the
     first), computed in one step; `keep`: the node offsets among them whose final hidden states are asked for."""
+
     node: Node
     start: int
     end: int
@@ -27,6 +29,7 @@ class Chunk:
 @dataclass(slots=True)
 class PendingRow:
     """A score row whose position is not computed yet, kept with the node that holds the position."""
+
     position: int  # its absolute position in the request's sequence
     request: ScoreRequest
     index: int  # which continuation token it scores
@@ -36,6 +39,7 @@ class PendingRow:
 @dataclass(slots=True)
 class ScoreRow:
     """One continuation token to score in this step: the hidden state at `slot` predicts `target`."""
+
     slot: int
     request: ScoreRequest
     index: int
@@ -46,6 +50,7 @@ class ScoreRow:
 @dataclass(slots=True)
 class SampleRow:
     """One generating sequence to sample a token for: the hidden state at `slot` is its last token's."""
+
     slot: int
     request: GenerateRequest
 
@@ -53,6 +58,7 @@ class SampleRow:
 @dataclass
 class ScoreOutput:
     """What the LM head computed for a step's score rows, one entry per row."""
+
     rows: list[TokenLogProb]
     lm_head_rows: int  # rows that went through the LM head (rows asking the same (slot, target) count once)
 
@@ -60,6 +66,7 @@ class ScoreOutput:
 @dataclass
 class SampleOutput:
     """The sampled token and its log-prob per sample row."""
+
     tokens: list[int]
     logprobs: list[float]
 
@@ -82,8 +89,10 @@ class StepPlan:
     @property
     def attention_keys(self) -> int:
         """(query, key) pairs of a layer's causal attention over the chunks: a token at position p sees p + 1 keys."""
-        return sum((c.end - c.start) * (c.position - c.start + 1) + (c.end - c.start) * (c.start + c.end - 1) // 2
-                   for c in self.chunks)
+        return sum(
+            (c.end - c.start) * (c.position - c.start + 1) + (c.end - c.start) * (c.start + c.end - 1) // 2
+            for c in self.chunks
+        )
 
     @property
     def empty(self) -> bool:
@@ -138,5 +147,11 @@ class StepDraft:
                 pick.append(i)
             inverse.append(first[key])
         distinct = len(pick) == len(inverse)
-        return StepPlan(self.chunks, self.score_rows, self.sample_rows, self.cached_hidden,
-                        None if distinct else pick, None if distinct else inverse)
+        return StepPlan(
+            self.chunks,
+            self.score_rows,
+            self.sample_rows,
+            self.cached_hidden,
+            None if distinct else pick,
+            None if distinct else inverse,
+        )

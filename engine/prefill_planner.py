@@ -1,6 +1,7 @@
 """The prefill planner: chunks of the nodes on the work queue (depth first) up to the step's token budget, with the
 score rows their positions answer. Prefill of new work never preempts: it waits until pages free up, unless the
 step would otherwise be empty."""
+
 from __future__ import annotations
 
 from .memory_policy import MemoryPolicy
@@ -36,7 +37,14 @@ class PrefillPlanner:
             chunk = draft.add_chunk(cache, node, span, n)
             end = chunk.position + n
             for r in queue.take(node, chunk.position, end):
-                draft.add_score(ScoreRow(cache.slot(node, r.position), r.request, r.index, r.target,
-                                         cache.slot(node, r.position + 1) if r.position + 1 < end else -1))
+                draft.add_score(
+                    ScoreRow(
+                        cache.slot(node, r.position),
+                        r.request,
+                        r.index,
+                        r.target,
+                        cache.slot(node, r.position + 1) if r.position + 1 < end else -1,
+                    )
+                )
                 chunk.keep.add(r.position - span.start)
         return None

@@ -20,6 +20,7 @@ holding pages (`preempt`). A node enters a heap when it becomes a candidate (get
 using it costs no heap work: its entry keeps the older time, and a popped entry whose node was used since is pushed
 again with the node's time now (times only grow, so the first entry popped with its node's current time is the
 least recently used candidate)."""
+
 from __future__ import annotations
 
 import enum
@@ -40,10 +41,18 @@ class Kind(enum.Enum):
 
 class Node:
     """One edge of the radix tree; an opaque handle outside this module (its fields are read and written here only)."""
+
     __slots__ = ("_tokens", "_parent", "_start", "_kind", "_key", "_children", "_run", "_done", "_users")
 
-    def __init__(self, tokens: list[int], parent: "Node | None", start: int, kind: Kind = Kind.SHARED,
-                 key=None, capacity: int | None = None):
+    def __init__(
+        self,
+        tokens: list[int],
+        parent: "Node | None",
+        start: int,
+        kind: Kind = Kind.SHARED,
+        key=None,
+        capacity: int | None = None,
+    ):
         self._tokens, self._parent, self._start, self._kind = tokens, parent, start, kind
         self._key = key if key is not None else (tokens[0] if tokens else None)  # its key in the parent's children
         self._children: dict = {}  # SHARED children by first token; the others by ("private", request id)
@@ -62,6 +71,7 @@ class Node:
 class Span:
     """A read-only view of one node: tokens at absolute positions start .. start + length - 1, `done` of them
     computed."""
+
     start: int
     length: int
     done: int
@@ -80,6 +90,7 @@ class Span:
 class Split:
     """An insert cut `lower` (the node that was there, now its tail) at absolute position `at`; `upper` is new and
     holds the positions before it."""
+
     upper: Node
     lower: Node
     at: int
@@ -95,6 +106,7 @@ class InsertResult:
 @dataclass(frozen=True, slots=True)
 class CachedRun:
     """Cached K/V a chunk attends to: one node's slots (`key` names the run, the same for every chunk below it)."""
+
     key: object
     slots: torch.Tensor
 
@@ -104,6 +116,7 @@ class ChunkSource:
     """What a step needs of a chunk (a node's tokens a .. b - 1): its tokens, the absolute position of the first, the
     slots their K/V go to, and the cached runs before them (the ancestors root first, then the node's own earlier
     tokens)."""
+
     tokens: list[int]
     position: int
     slots: torch.Tensor
@@ -212,8 +225,9 @@ class PrefixCache:
             slots += node._run.slots[lo:hi].tolist() if lo < hi else []
         return self.kv.hidden_kept(slots)
 
-    def add_private(self, parent: Node | None, tokens: list[int], start: int, kind: Kind, key,
-                    capacity: int | None = None) -> Node:
+    def add_private(
+        self, parent: Node | None, tokens: list[int], start: int, kind: Kind, key, capacity: int | None = None
+    ) -> Node:
         """A node of one request's own (PRIVATE: scored without sharing; SEQUENCE: a generating sequence), below
         `parent` (None: the root)."""
         return self._attach(Node(tokens, parent or self._root, start, kind, key=key, capacity=capacity))
@@ -271,7 +285,7 @@ class PrefixCache:
     def chunk_source(self, node: Node, a: int, b: int) -> ChunkSource:
         """The node's tokens a .. b - 1 as a step computes them (their slots reserved)."""
         slots = node._run.slots
-        before = [CachedRun(id(n), n._run.slots[:len(n._tokens)]) for n in _ancestors(node)]
+        before = [CachedRun(id(n), n._run.slots[: len(n._tokens)]) for n in _ancestors(node)]
         if a > 0:
             before.append(CachedRun((id(node), a), slots[:a]))
         return ChunkSource(node._tokens[a:b], node._start + a, slots[a:b], before)
@@ -369,8 +383,14 @@ class PrefixCache:
         return victim
 
     def _is_evictable(self, n: Node) -> bool:
-        return (n._kind is Kind.SHARED and _complete(n) and n._users == 0 and not n._children
-                and n._parent is not None and n._parent._children.get(n._key) is n)
+        return (
+            n._kind is Kind.SHARED
+            and _complete(n)
+            and n._users == 0
+            and not n._children
+            and n._parent is not None
+            and n._parent._children.get(n._key) is n
+        )
 
     def _push(self, heap: list, node: Node):
         heapq.heappush(heap, (self._last_used[node], next(self._order), node))

@@ -7,6 +7,7 @@ one when a bar that printed finishes:
 `progress_bar(...)` takes tqdm's arguments (an iterable, total, desc, unit, unit_scale, initial, disable) and
 returns an object with tqdm's interface as the commands use it: iteration, update(n), close(), `with`, n, total.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,22 +36,49 @@ def is_terminal(stream) -> bool:
         return False
 
 
-def progress_bar(iterable=None, *, total=None, desc: str = "", unit: str = "it", unit_scale: bool = False,
-                 initial: int = 0, disable: bool = False, file=None):
+def progress_bar(
+    iterable=None,
+    *,
+    total=None,
+    desc: str = "",
+    unit: str = "it",
+    unit_scale: bool = False,
+    initial: int = 0,
+    disable: bool = False,
+    file=None,
+):
     """A tqdm bar when `file` (default: stderr) is a terminal, else a PlainProgress with the same interface."""
     stream = file if file is not None else sys.stderr
     if disable or is_terminal(stream):
-        return tqdm(iterable, total=total, desc=desc, unit=unit, unit_scale=unit_scale, initial=initial,
-                    disable=disable, file=stream)
-    return PlainProgress(iterable, total=total, desc=desc, unit=unit, unit_scale=unit_scale, initial=initial,
-                         file=stream)
+        return tqdm(
+            iterable,
+            total=total,
+            desc=desc,
+            unit=unit,
+            unit_scale=unit_scale,
+            initial=initial,
+            disable=disable,
+            file=stream,
+        )
+    return PlainProgress(
+        iterable, total=total, desc=desc, unit=unit, unit_scale=unit_scale, initial=initial, file=stream
+    )
 
 
 class PlainProgress:
     """Progress as whole lines for a stream that is not a terminal: no bar, no escape codes, no carriage returns."""
 
-    def __init__(self, iterable=None, *, total=None, desc: str = "", unit: str = "it", unit_scale: bool = False,
-                 initial: int = 0, file=None):
+    def __init__(
+        self,
+        iterable=None,
+        *,
+        total=None,
+        desc: str = "",
+        unit: str = "it",
+        unit_scale: bool = False,
+        initial: int = 0,
+        file=None,
+    ):
         if total is None and hasattr(iterable, "__len__"):
             total = len(iterable)
         self.iterable, self.total, self.desc, self.unit, self.unit_scale = iterable, total, desc, unit, unit_scale
@@ -100,9 +128,11 @@ class PlainProgress:
             return f"{head}{fmt(self.n)} {self.unit}, {tqdm.format_interval(elapsed)} elapsed"
         done = self.n - self._initial
         left = (self.total - self.n) * elapsed / done if done > 0 else None
-        return (f"{head}{fmt(self.n)}/{fmt(self.total)} {self.unit} ({100 * self.n / self.total:.0f}%), "
-                f"{tqdm.format_interval(elapsed)} elapsed"
-                + (f", {tqdm.format_interval(left)} left" if left is not None and self.n < self.total else ""))
+        return (
+            f"{head}{fmt(self.n)}/{fmt(self.total)} {self.unit} ({100 * self.n / self.total:.0f}%), "
+            f"{tqdm.format_interval(elapsed)} elapsed"
+            + (f", {tqdm.format_interval(left)} left" if left is not None and self.n < self.total else "")
+        )
 
     def _line(self, now: float) -> None:
         try:

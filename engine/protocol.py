@@ -11,6 +11,7 @@ tests/test_engine_protocol.py against each implementation's signatures).
   request's class (engine/requests.py).
 
 Validation of every request is engine/requests.py's, shared by all of them."""
+
 from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence, runtime_checkable
@@ -37,30 +38,54 @@ class JobEngine(Protocol):
     def last_stats(self) -> EngineStats:
         """The counters of the last score or generate call."""
 
-    def score(self, requests: Sequence[tuple[Text, Text]], share_prefix: bool = True, progress: bool = False
-              ) -> list[ScoreResult]:
+    def score(
+        self, requests: Sequence[tuple[Text, Text]], share_prefix: bool = True, progress: bool = False
+    ) -> list[ScoreResult]:
         """log P(continuation | context) for each (context, continuation) pair; a bad request raises a
         RequestError (engine/requests.py) naming its index before any work."""
 
-    def generate(self, prompts: Sequence[Text], max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: list[str] | None = None, progress: bool = False) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Text],
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        progress: bool = False,
+    ) -> list[Generation]:
         """One Generation per prompt; with a seed, prompt i samples with seed + i."""
 
 
 @runtime_checkable
 class EngineProtocol(JobEngine, Protocol):
-    def add_score(self, context: Text, continuation: Text, top_k: int = 0, share_prefix: bool = True,
-                  label: str | None = None) -> Request:
+    def add_score(
+        self, context: Text, continuation: Text, top_k: int = 0, share_prefix: bool = True, label: str | None = None
+    ) -> Request:
         """Add one score request; its handle. A request that fails validation comes back failed (its error a
         RequestError), not raised."""
 
-    def add_score_ids(self, context: list[int], continuation: list[int], top_k: int = 0, share_prefix: bool = True,
-                      label: str | None = None) -> Request:
+    def add_score_ids(
+        self,
+        context: list[int],
+        continuation: list[int],
+        top_k: int = 0,
+        share_prefix: bool = True,
+        label: str | None = None,
+    ) -> Request:
         """add_score for a request already encoded (requests.encode_pairs)."""
 
-    def add_generate(self, prompt: Text, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                     seed: int | None = None, stop: list[str] | None = None,
-                     on_token: Callable[[TokenEvent], None] | None = None, label: str | None = None) -> Request:
+    def add_generate(
+        self,
+        prompt: Text,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        on_token: Callable[[TokenEvent], None] | None = None,
+        label: str | None = None,
+    ) -> Request:
         """Add one generation; its handle (on_token is called in the loop's thread after every token)."""
 
     def abort(self, handle: Request) -> None:

@@ -18,6 +18,7 @@ the KV cache's capacity (`Limits`), and the options (top_k, max_tokens, temperat
 A check that fails raises `RequestError`, a UserError that carries which request (`index`, `label`) and which
 field is wrong as attributes, so a front names the request its own way (an input file's line, an HTTP `param`)
 without reading the message back."""
+
 from __future__ import annotations
 
 import enum
@@ -37,8 +38,7 @@ class RequestError(UserError):
     `index` the request's position in its call (None for a single request), `field` the wrong part ("context",
     "continuation", "prompt", "length", "top_k", "max_tokens", "temperature", "top_p", "seed")."""
 
-    def __init__(self, reason: str, *, index: int | None = None, field: str | None = None,
-                 label: str | None = None):
+    def __init__(self, reason: str, *, index: int | None = None, field: str | None = None, label: str | None = None):
         self.reason, self.index, self.field = reason, index, field
         self.label = label if label is not None else (f"request {index}" if index is not None else None)
         super().__init__(f"{self.label}: {reason}" if self.label else reason)
@@ -56,6 +56,7 @@ class RequestError(UserError):
 class Limits:
     """What bounds one request: the vocabulary, the model's context length and the KV cache's capacity in tokens
     (whole pages). A request holds at most `max_request_tokens` = the smaller of the two."""
+
     vocab_size: int
     max_position: int
     kv_tokens: int
@@ -80,71 +81,101 @@ def _label(index, label):
     return label if label is not None else (f"request {index}" if index is not None else None)
 
 
-def check_token_ids(ids, vocab_size: int, *, index: int | None = None, field: str | None = None,
-                    label: str | None = None) -> None:
+def check_token_ids(
+    ids, vocab_size: int, *, index: int | None = None, field: str | None = None, label: str | None = None
+) -> None:
     """Token ids given by a caller must name rows of the model's embedding."""
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise RequestError(f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})",
-                           index=index, field=field, label=_label(index, label))
+        raise RequestError(
+            f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})",
+            index=index,
+            field=field,
+            label=_label(index, label),
+        )
 
 
 def check_top_k(top_k, vocab_size: int, *, index: int | None = None, label: str | None = None) -> None:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise RequestError(f"top_k must be a non-negative integer, got {top_k!r}", index=index, field="top_k",
-                           label=_label(index, label))
+        raise RequestError(
+            f"top_k must be a non-negative integer, got {top_k!r}",
+            index=index,
+            field="top_k",
+            label=_label(index, label),
+        )
     if top_k > vocab_size:
-        raise RequestError(f"top_k={top_k} exceeds the vocabulary ({vocab_size})", index=index, field="top_k",
-                           label=_label(index, label))
+        raise RequestError(
+            f"top_k={top_k} exceeds the vocabulary ({vocab_size})",
+            index=index,
+            field="top_k",
+            label=_label(index, label),
+        )
 
 
-def check_score(ctx, cont, top_k: int, limits: Limits, *, index: int | None = None,
-                label: str | None = None) -> None:
+def check_score(ctx, cont, top_k: int, limits: Limits, *, index: int | None = None, label: str | None = None) -> None:
     """A score request's token ids (context and continuation), its top_k and its length."""
     if not cont:
-        raise RequestError("empty continuation: nothing to score", index=index, field="continuation",
-                           label=_label(index, label))
+        raise RequestError(
+            "empty continuation: nothing to score", index=index, field="continuation", label=_label(index, label)
+        )
     check_token_ids(ctx, limits.vocab_size, index=index, field="context", label=label)
     check_token_ids(cont, limits.vocab_size, index=index, field="continuation", label=label)
     check_top_k(top_k, limits.vocab_size, index=index, label=label)
     check_score_length(len(ctx), len(cont), limits, index=index, label=label)
 
 
-def check_score_length(n_context: int, n_continuation: int, limits: Limits, *, index: int | None = None,
-                       label: str | None = None) -> None:
+def check_score_length(
+    n_context: int, n_continuation: int, limits: Limits, *, index: int | None = None, label: str | None = None
+) -> None:
     n = n_context + n_continuation
     if n > limits.max_request_tokens:
-        raise RequestError(f"{n} tokens exceed {limits.describe()} (context + continuation)", index=index,
-                           field="length", label=_label(index, label))
+        raise RequestError(
+            f"{n} tokens exceed {limits.describe()} (context + continuation)",
+            index=index,
+            field="length",
+            label=_label(index, label),
+        )
 
 
-def check_generate_options(max_tokens, temperature, top_p, seed=None, *, index: int | None = None,
-                           label: str | None = None) -> None:
+def check_generate_options(
+    max_tokens, temperature, top_p, seed=None, *, index: int | None = None, label: str | None = None
+) -> None:
     """The options of a generation: max_tokens a non-negative integer, temperature >= 0, top_p in [0, 1] (finite
     numbers), seed an integer or None."""
     label = _label(index, label)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise RequestError(f"max_tokens must be a non-negative integer, got {max_tokens!r}", index=index,
-                           field="max_tokens", label=label)
+        raise RequestError(
+            f"max_tokens must be a non-negative integer, got {max_tokens!r}",
+            index=index,
+            field="max_tokens",
+            label=label,
+        )
     if not _number(temperature) or not temperature >= 0:
-        raise RequestError(f"temperature must be a number >= 0, got {temperature!r}", index=index,
-                           field="temperature", label=label)
+        raise RequestError(
+            f"temperature must be a number >= 0, got {temperature!r}", index=index, field="temperature", label=label
+        )
     if not _number(top_p) or not 0 <= top_p <= 1:
         raise RequestError(f"top_p must be in [0, 1], got {top_p!r}", index=index, field="top_p", label=label)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise RequestError(f"seed must be an integer, got {seed!r}", index=index, field="seed", label=label)
 
 
-def check_generate_length(n_prompt: int, max_tokens: int, limits: Limits, *, index: int | None = None,
-                          label: str | None = None) -> None:
+def check_generate_length(
+    n_prompt: int, max_tokens: int, limits: Limits, *, index: int | None = None, label: str | None = None
+) -> None:
     n = n_prompt + max_tokens
     if n > limits.max_request_tokens:
-        raise RequestError(f"{n} tokens exceed {limits.describe()} ({n_prompt} in the prompt, max_tokens="
-                           f"{max_tokens} to generate)", index=index, field="length", label=_label(index, label))
+        raise RequestError(
+            f"{n} tokens exceed {limits.describe()} ({n_prompt} in the prompt, max_tokens={max_tokens} to generate)",
+            index=index,
+            field="length",
+            label=_label(index, label),
+        )
 
 
-def check_generate(ids, max_tokens, temperature, top_p, seed, limits: Limits, *, index: int | None = None,
-                   label: str | None = None) -> None:
+def check_generate(
+    ids, max_tokens, temperature, top_p, seed, limits: Limits, *, index: int | None = None, label: str | None = None
+) -> None:
     """A generation request: its prompt's token ids, its options, and prompt + max_tokens against the limits."""
     check_token_ids(ids, limits.vocab_size, index=index, field="prompt", label=label)
     check_generate_options(max_tokens, temperature, top_p, seed, index=index, label=label)
@@ -176,8 +207,9 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
     pairs = []
     for i, (context, continuation) in enumerate(requests):
         if isinstance(context, str) != isinstance(continuation, str):
-            raise RequestError("context and continuation must both be text or both be token ids", index=i,
-                               field="continuation")
+            raise RequestError(
+                "context and continuation must both be text or both be token ids", index=i, field="continuation"
+            )
         spaces = len(context) - len(context.rstrip()) if isinstance(context, str) else 0
         pairs.append((context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation))
     texts = list(dict.fromkeys(t for c, x in pairs if isinstance(c, str) for t in (c, c + x)))
@@ -187,7 +219,7 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
     for i, (context, continuation) in enumerate(pairs):
         if isinstance(context, str):
             ctx = ids[context]
-            cont = ids[context + continuation][len(ctx):]
+            cont = ids[context + continuation][len(ctx) :]
             ctx = with_bos(tok, ctx)
         else:
             ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
@@ -234,6 +266,7 @@ class Generation:
 @dataclass
 class TokenEvent:
     """One generated token as a stream delivers it (finish_reason set on the last event of a sequence)."""
+
     token_id: int | None
     text_delta: str
     logprob: float | None
@@ -243,6 +276,7 @@ class TokenEvent:
 @dataclass
 class RequestStats:
     """One request's costs and times (its handle's `stats`)."""
+
     added_at: float  # time.perf_counter() when it was added
     tokens_requested: int = 0  # input tokens it asks for
     cache_hit_tokens: int = 0  # of those, already computed when it came
@@ -258,6 +292,7 @@ class RequestStats:
 @dataclass(slots=True)
 class Admitted:
     """The request entered the scheduler; `cache_hit_tokens` of its input were already computed."""
+
     request: "Request"
     cache_hit_tokens: int
 
@@ -265,6 +300,7 @@ class Admitted:
 @dataclass(slots=True)
 class ScoreOut:
     """The log-prob of continuation token `index` given everything before it."""
+
     request: "ScoreRequest"
     index: int
     logprob: float
@@ -276,6 +312,7 @@ class ScoreOut:
 @dataclass(slots=True)
 class TokenOut:
     """One sampled token of a generation (an EOS token included)."""
+
     request: "GenerateRequest"
     token: int
     logprob: float
@@ -284,6 +321,7 @@ class TokenOut:
 @dataclass(slots=True)
 class StepTime:
     """A step that produced results for the request took `seconds`."""
+
     request: "Request"
     seconds: float
 
@@ -291,6 +329,7 @@ class StepTime:
 @dataclass(slots=True)
 class Finished:
     """The request ended: FINISHED (all its results are in), FAILED (its own error) or ABORTED."""
+
     request: "Request"
     status: "Status"
     error: UserError | None = None
@@ -390,7 +429,7 @@ class ScoreRequest(Request):
         j = event.index
         self.logprobs[j], self.greedy[j] = event.logprob, event.greedy
         if self.top is not None:
-            self.top[j] = list(zip(event.top_ids[:self.top_k], event.top_logprobs[:self.top_k]))
+            self.top[j] = list(zip(event.top_ids[: self.top_k], event.top_logprobs[: self.top_k]))
         self._pending -= 1
         return self._pending == 0
 
@@ -400,8 +439,20 @@ class ScoreRequest(Request):
 
 
 class GenerateRequest(Request):
-    def __init__(self, rid: int, label: str, prompt: list[int], max_tokens: int, temperature: float, top_p: float,
-                 generator, stop: list[str], eos: set[int], decode, on_token=None):
+    def __init__(
+        self,
+        rid: int,
+        label: str,
+        prompt: list[int],
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        generator,
+        stop: list[str],
+        eos: set[int],
+        decode,
+        on_token=None,
+    ):
         super().__init__(rid, label)
         self.prompt, self.max_tokens, self.temperature, self.top_p = prompt, max_tokens, temperature, top_p
         self.generator, self.stop, self.eos, self.decode, self.on_token = generator, stop, eos, decode, on_token
@@ -452,7 +503,7 @@ class GenerateRequest(Request):
             end -= max((len(s) for s in self.stop), default=1) - 1
             while end > len(self.sent) and self.text[end - 1] == "\ufffd":
                 end -= 1
-        delta = self.text[len(self.sent):end] if end > len(self.sent) else ""
+        delta = self.text[len(self.sent) : end] if end > len(self.sent) else ""
         self.sent += delta
         self.on_token(TokenEvent(token, delta, logprob, self.finish_reason))
 

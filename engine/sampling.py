@@ -4,6 +4,7 @@ Each request draws from its own seeded torch.Generator (one uniform number per t
 not depend on which other requests share its steps, and torch's global RNG is never touched. The draw is
 inverse-CDF over the probabilities sorted in descending order: the same token as a multinomial draw would give
 for the same uniform number, without a host sync per row."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,9 @@ def new_generator(seed: int | None, device) -> torch.Generator:
     return gen
 
 
-def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
-           generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, temperature: list[float], top_p: list[float], generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [n, V] (the model's dtype; computed on in fp32) -> (tokens [n] int64, their log-probs [n] fp32 under
     the model's distribution).
 

@@ -4,6 +4,7 @@ request keeps alive, the rows of cached tokens ready to score, the requests in f
 `schedule()` returns a `StepPlan` (engine/plan.py): the decode planner's token of every generating sequence, then the
 prefill planner's chunks up to the token budget, each finding pages through the memory policy; `postprocess` records
 the step and returns its output events (engine/requests.py), each already consumed by its handle."""
+
 from __future__ import annotations
 
 from kernels import TokenLogProb
@@ -14,8 +15,19 @@ from .memory_policy import MemoryPolicy
 from .plan import PendingRow, SampleOutput, ScoreOutput, ScoreRow, StepDraft, StepPlan
 from .prefill_planner import PrefillPlanner
 from .prefix_cache import Kind, Node, PrefixCache
-from .requests import (Admitted, Event, Finished, GenerateRequest, Request, RequestError, ScoreOut, ScoreRequest,
-                       Status, StepTime, TokenOut)
+from .requests import (
+    Admitted,
+    Event,
+    Finished,
+    GenerateRequest,
+    Request,
+    RequestError,
+    ScoreOut,
+    ScoreRequest,
+    Status,
+    StepTime,
+    TokenOut,
+)
 from .stats import EngineStats
 from .work_queue import WorkQueue
 
@@ -79,8 +91,9 @@ class Scheduler:
         ids = req.prompt
         reused, path = self.queue.insert(ids[:-1]) if len(ids) > 1 else (0, [])
         parent = path[-1] if path else None
-        node = self.cache.add_private(parent, [ids[-1]], len(ids) - 1, Kind.SEQUENCE, ("private", req.id),
-                                      capacity=req.max_tokens + 1)
+        node = self.cache.add_private(
+            parent, [ids[-1]], len(ids) - 1, Kind.SEQUENCE, ("private", req.id), capacity=req.max_tokens + 1
+        )
         self.cache.lock(node)
         self.leaf[req.id] = node
         self._hit(req, reused)
@@ -120,8 +133,13 @@ class Scheduler:
             self._fail_subtree(blocked)
         return draft.finish()
 
-    def postprocess(self, plan: StepPlan, score_out: ScoreOutput | None = None,
-                    sample_out: SampleOutput | None = None, seconds: float = 0.0) -> list[Event]:
+    def postprocess(
+        self,
+        plan: StepPlan,
+        score_out: ScoreOutput | None = None,
+        sample_out: SampleOutput | None = None,
+        seconds: float = 0.0,
+    ) -> list[Event]:
         """Record a computed step; returns the output events since the last step (each consumed by its handle)."""
         self.cache.tick()
         if plan.chunks:
@@ -152,17 +170,27 @@ class Scheduler:
     def _record_score(self, req: ScoreRequest, j: int, scored: TokenLogProb):
         lp = scored.logprob
         if lp != lp or lp in (float("inf"), float("-inf")):
-            return self.drop(req, Status.FAILED, RequestError(
-                f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
-                "overflowing weights?)", field="continuation", label=req.label))
+            return self.drop(
+                req,
+                Status.FAILED,
+                RequestError(
+                    f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
+                    "overflowing weights?)",
+                    field="continuation",
+                    label=req.label,
+                ),
+            )
         self.counts.scored_tokens += 1
         if self._emit(ScoreOut(req, j, lp, scored.greedy, scored.top_ids, scored.top_logprobs)):
             self._complete(req)
 
     def _record_token(self, req: GenerateRequest, token: int, lp: float):
         if lp != lp:
-            return self.drop(req, Status.FAILED, RequestError(
-                "the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label))
+            return self.drop(
+                req,
+                Status.FAILED,
+                RequestError("the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label),
+            )
         self.counts.generated_tokens += 1
         if self._emit(TokenOut(req, token, lp)):
             return self._complete(req)

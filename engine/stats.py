@@ -3,6 +3,7 @@ one closed job (`Engine.last_stats`), plus the state of the loop when the snapsh
 
 Readers use the attributes, or `dataclasses.asdict` / `dataclasses.fields(EngineStats)` for the names (the
 server's /health and /metrics, run.json totals); a snapshot is a copy, never written by the engine afterwards."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -45,14 +46,20 @@ class EngineStats:
     def plus(self, other: "EngineStats") -> "EngineStats":
         """The totals of two jobs (or of the shards of one): counters and unique tokens added, the larger peak; the
         state fields are `other`'s (the later snapshot)."""
-        return replace(other, **{name: getattr(self, name) + getattr(other, name) for name in COUNTERS},
-                       unique_tokens=self.unique_tokens + other.unique_tokens,
-                       peak_kv_pages=max(self.peak_kv_pages, other.peak_kv_pages))
+        return replace(
+            other,
+            **{name: getattr(self, name) + getattr(other, name) for name in COUNTERS},
+            unique_tokens=self.unique_tokens + other.unique_tokens,
+            peak_kv_pages=max(self.peak_kv_pages, other.peak_kv_pages),
+        )
 
     def since(self, before: "EngineStats") -> "EngineStats":
         """The counters' growth since `before` (a snapshot of the same engine); the state fields are this one's."""
         return replace(self, **{name: getattr(self, name) - getattr(before, name) for name in COUNTERS})
 
 
-COUNTERS = tuple(f.name for f in fields(EngineStats) if f.name not in
-                 ("peak_kv_pages", "unique_tokens", "kv_pages_used", "kv_pages_total", "running", "waiting"))
+COUNTERS = tuple(
+    f.name
+    for f in fields(EngineStats)
+    if f.name not in ("peak_kv_pages", "unique_tokens", "kv_pages_used", "kv_pages_total", "running", "waiting")
+)

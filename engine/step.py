@@ -5,6 +5,7 @@ cache describes it (`ChunkSource`: its tokens, their slots, the cached runs befo
 attends to (each ancestor, and the node's own earlier tokens) becomes one cascade segment whose query rows are the
 rows of all chunks below it. The final hidden states of the rows a chunk keeps (those a score or a sample of this
 step reads) come out, to be kept in the cache beside their K/V (engine/kv_cache.py)."""
+
 from __future__ import annotations
 
 import numpy as np

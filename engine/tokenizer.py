@@ -4,6 +4,7 @@ Also builds the tokenizers a GGUF file describes, as llama.cpp stores them: byte
 token types + pre-tokenizer name) and SentencePiece BPE (tokens + scores + token types), and caches built
 tokenizers on disk as tokenizer.json files.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,16 @@ class Tokenizer:
     """Text <-> token ids. `encode` never adds BOS: whether a sequence starts with `bos_id` is the engine's call,
     guided by `add_bos` (what the model was trained with)."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, *, bos_id: int | None, eos_ids: Sequence[int],
-                 add_bos: bool, chat_template: str | None = None, source: str | None = None):
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_id: int | None,
+        eos_ids: Sequence[int],
+        add_bos: bool,
+        chat_template: str | None = None,
+        source: str | None = None,
+    ):
         self.backend, self.source = backend, source  # source: the file it came from, for messages
         self.bos_id = bos_id
         self.eos_ids = list(dict.fromkeys(i for i in eos_ids if i is not None))
@@ -78,15 +87,31 @@ class Tokenizer:
         bos = self.id_to_token(self.bos_id) if self.bos_id is not None else ""
         eos = self.id_to_token(self.eos_id) if self.eos_id is not None else ""
         from jinja2.exceptions import TemplateError
+
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=bos, eos_token=eos, **variables)
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=bos,
+                eos_token=eos,
+                **variables,
+            )
         except UserError:
             raise
-        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
-                RecursionError, MemoryError) as e:  # the model's template is input: a sandbox refusal is not a crash
-            raise UserError(f"the model's chat template fails to render ({type(e).__name__}: "
-                            f"{' '.join(str(e).split())[:200]})") from None
+        except (
+            TemplateError,
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            ArithmeticError,
+            RecursionError,
+            MemoryError,
+        ) as e:  # the model's template is input: a sandbox refusal is not a crash
+            raise UserError(
+                f"the model's chat template fails to render ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+            ) from None
 
 
 def is_rust_panic(e: BaseException) -> bool:
@@ -112,8 +137,11 @@ def rust_errors(what: str, source: str | None, building: bool = False):
 
 # Probe texts a loaded tokenizer must encode: long runs of each kind of character and their mixtures, the inputs
 # on which a backtracking pre-tokenizer regex blows up (`(\w+\s?)*$` on a word run ending in punctuation).
-PROBES = tuple(run * 48 + end for run in ("a", "a ", "7", " ", "\n", "!", "\u00e9", "\u4e2d", "a1")
-               for end in ("", "!", " ", "\n", "a"))
+PROBES = tuple(
+    run * 48 + end
+    for run in ("a", "a ", "7", " ", "\n", "!", "\u00e9", "\u4e2d", "a1")
+    for end in ("", "!", " ", "\n", "a")
+)
 MAX_REGEX_CHARS = 4096  # a split pattern (Llama 3's is 157 characters)
 MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer.json (Gemma 3's, with 262k tokens, is 33 MB)
 
@@ -124,14 +152,18 @@ def check_tokenizer(backend: tokenizers.Tokenizer, vocab_size: int, source: str,
     message is kept off stderr while probing). `spec`: the tokenizer's JSON, when the caller parsed it already."""
     size = backend.get_vocab_size(with_added_tokens=True)
     if size > vocab_size:
-        raise UserError(f"the tokenizer has {size:,} tokens but the model's vocabulary (its embedding) has "
-                        f"{vocab_size:,}", source)
+        raise UserError(
+            f"the tokenizer has {size:,} tokens but the model's vocabulary (its embedding) has {vocab_size:,}", source
+        )
     for pattern in _regexes(spec if spec is not None else json.loads(backend.to_str())):
         if len(pattern) > MAX_REGEX_CHARS:
-            raise UserError(f"a tokenizer regex of {len(pattern):,} characters (the limit is {MAX_REGEX_CHARS:,})",
-                            source)
-    with _quiet_stderr(), rust_errors("it fails on a probe text (a pre-tokenizer regex that backtracks without "
-                                      "bound?)", source):
+            raise UserError(
+                f"a tokenizer regex of {len(pattern):,} characters (the limit is {MAX_REGEX_CHARS:,})", source
+            )
+    with (
+        _quiet_stderr(),
+        rust_errors("it fails on a probe text (a pre-tokenizer regex that backtracks without bound?)", source),
+    ):
         backend.encode_batch(list(PROBES), add_special_tokens=False)
 
 
@@ -143,8 +175,11 @@ def _regexes(node) -> list[str]:
         if isinstance(item, dict):
             if isinstance(item.get("Regex"), str):
                 found.append(item["Regex"])
-            stack.extend(item.get(k) for k in ("pre_tokenizer", "normalizer", "pattern", "pretokenizers",
-                                               "normalizers") if k in item)
+            stack.extend(
+                item.get(k)
+                for k in ("pre_tokenizer", "normalizer", "pattern", "pretokenizers", "normalizers")
+                if k in item
+            )
         elif isinstance(item, list):
             stack.extend(item)
     return found
@@ -182,8 +217,9 @@ def _compile_template(source: str):
         raise UserError(f"chat template: {message}")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
-        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
@@ -201,26 +237,38 @@ def end_of_generation_ids(backend: tokenizers.Tokenizer, declared: Sequence[int 
 
 # --- tokenizers from a GGUF vocabulary -------------------------------------------------------------------------
 
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # llama.cpp's `tokenizer.ggml.pre` names -> how text is split before BPE: "gpt2" (GPT-2 regex), "digits" (each
 # digit alone, then the GPT-2 regex: SmolLM, StarCoder), or a split regex applied before a regex-free byte level.
 PRE_TOKENIZERS = {
-    "default": "gpt2", "gpt2": "gpt2",
-    "smollm": "digits", "starcoder": "digits", "refact": "digits",
-    "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "default": "gpt2",
+    "gpt2": "gpt2",
+    "smollm": "digits",
+    "starcoder": "digits",
+    "refact": "digits",
+    "llama-bpe": _LLAMA3_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
 # Llama 3 vocabularies take a whole pre-token from the vocabulary before applying merges (llama.cpp does too).
 IGNORE_MERGES_PRE = ("llama-bpe", "llama3", "llama-v3", "smaug-bpe")
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
 
 
-def byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int],
-                   pre: str) -> tokenizers.Tokenizer:
+def byte_level_bpe(
+    tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int], pre: str
+) -> tokenizers.Tokenizer:
     """The byte-level BPE tokenizer that llama.cpp's `gpt2` tokenizer model with pre-tokenizer `pre` describes."""
     split = PRE_TOKENIZERS[pre]
     vocab = {tok: i for i, tok in enumerate(tokens)}
@@ -229,19 +277,28 @@ def byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], token_types: Se
     if split == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif split == "digits":
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                              use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     _add_special_tokens(tok, tokens, list(token_types) or [1] * len(tokens))
     return tok
 
 
-def sentencepiece_bpe(tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int],
-                      add_space_prefix: bool, unk_id: int | None) -> tokenizers.Tokenizer:
+def sentencepiece_bpe(
+    tokens: Sequence[str],
+    scores: Sequence[float],
+    token_types: Sequence[int],
+    add_space_prefix: bool,
+    unk_id: int | None,
+) -> tokenizers.Tokenizer:
     """llama.cpp's `llama` tokenizer model (SentencePiece BPE): spaces are written "▁", the adjacent pair whose
     merged piece scores highest is merged first, and bytes missing from the vocabulary become <0xXX> tokens.
     As a tokenizers BPE: every split of a normal piece into two vocabulary pieces is a merge, ranked by score."""
@@ -257,25 +314,32 @@ def sentencepiece_bpe(tokens: Sequence[str], scores: Sequence[float], token_type
                 ranked.append((-scores[i], i, cut, left, right))
     ranked.sort()
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in ranked], unk_token=unk,
-                                          fuse_unk=True, byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False,
-                                                 prepend_scheme="first" if add_space_prefix else "never")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-                                    + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
+    tok = tokenizers.Tokenizer(
+        models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in ranked], unk_token=unk, fuse_unk=True, byte_fallback=True)
+    )
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", split=False, prepend_scheme="first" if add_space_prefix else "never"
+    )
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+        + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else [])
+    )
     _add_special_tokens(tok, tokens, types)
     return tok
 
 
 def _add_special_tokens(tok: tokenizers.Tokenizer, tokens: Sequence[str], types: Sequence[int]) -> None:
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind in zip(tokens, types) if kind == CONTROL])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == CONTROL]
+    )
     # User-defined tokens (e.g. <think>) are matched whole in text, like llama.cpp does, but are not special.
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, kind in zip(tokens, types) if kind == USER_DEFINED]
+    )
 
 
 # --- on-disk cache of built tokenizers --------------------------------------------------------------------------
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "icqs-engine" / "tokenizers"

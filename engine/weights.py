@@ -1,5 +1,6 @@
 """A checkpoint's tensors read one at a time (engine/loader.py): the lean-loading half shared by the GGUF and the
 safetensors readers."""
+
 from __future__ import annotations
 
 import ctypes
@@ -16,8 +17,7 @@ class LazyWeights(Mapping):
     dtype; `shape(name)` reads nothing. The model converts each to its layout and drops it, so no whole-model
     intermediate copy ever exists."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]],
-                 read: Callable[[str, torch.dtype | None], torch.Tensor]):
+    def __init__(self, shapes: dict[str, tuple[int, ...]], read: Callable[[str, torch.dtype | None], torch.Tensor]):
         self._shapes, self._read = shapes, read
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -33,7 +33,6 @@ class LazyWeights(Mapping):
             raise KeyError(name)
         t = self._read(name, dtype)
         return t if dtype is None else t.to(dtype)
-
 
     def __contains__(self, name) -> bool:  # (Mapping's default would read the tensor)
         return name in self._shapes

@@ -1,6 +1,7 @@
 """The prefill work queue: the prefix-cache nodes waiting to be computed, on a depth-first stack (so a demo set's
 subtree is finished before the next one starts and memory stays bounded by the tree's frontier), and the score rows
 waiting for a node's positions to be computed (kept by node, at absolute positions)."""
+
 from __future__ import annotations
 
 from .plan import PendingRow

@@ -4,6 +4,7 @@ Kendall correlations with the truth ranking, and MAE / cross-entropy against dis
 Score rows are dicts with at least `model`, `method` and the measures (`score`; `expected` for the ICQS methods;
 `generated_score` for the judge, None when unscored) and optionally `truth` and `truth_dist` / `posterior`.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,14 @@ def bootstrap_ci(values, level: float = 0.95, n_resamples: int = 2000, seed: int
     values = np.asarray(values, dtype=np.float64)
     if len(values) < 2:
         return math.nan, math.nan
-    res = stats.bootstrap((values,), np.mean, n_resamples=n_resamples, confidence_level=level,
-                          method="percentile", rng=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (values,),
+        np.mean,
+        n_resamples=n_resamples,
+        confidence_level=level,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -32,8 +39,9 @@ def ranks(values: dict) -> dict:
     return {n: int(k) for n, k in zip(names, r)}
 
 
-def two_level_bootstrap_ci(table: np.ndarray, level: float = 0.95, rounds: int = 2000, seed: int = 0
-                           ) -> tuple[float, float]:
+def two_level_bootstrap_ci(
+    table: np.ndarray, level: float = 0.95, rounds: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile CI of a model's mean score over demo draws and questions: `table` [draws, questions] (NaN:
     unscored); each round resamples the draws, then the questions, and takes the mean."""
     D, Q = table.shape
@@ -63,8 +71,10 @@ def distribution_metrics(truth_dists, predicted_dists, eps: float = 1e-12) -> di
     """Mean over candidates of the MAE |phi - phi_hat|_1 and the cross-entropy -sum phi log phi_hat."""
     phi = np.asarray(truth_dists, dtype=np.float64)
     phi_hat = np.asarray(predicted_dists, dtype=np.float64)
-    return {"mae": float(np.abs(phi - phi_hat).sum(axis=1).mean()),
-            "cross_entropy": float(-(phi * np.log(np.clip(phi_hat, eps, None))).sum(axis=1).mean())}
+    return {
+        "mae": float(np.abs(phi - phi_hat).sum(axis=1).mean()),
+        "cross_entropy": float(-(phi * np.log(np.clip(phi_hat, eps, None))).sum(axis=1).mean()),
+    }
 
 
 def model_truth(rows: list[dict]) -> dict:
@@ -103,19 +113,30 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
     draws = sorted({r.get("draw", 0) for r in rows})
     first = [r for r in rows if r.get("draw", 0) == draws[0]] if rows else []
     truth = model_truth(first)
-    out = {"method": method, "truth": truth, "truth_rank": ranks(truth) if truth else {}, "measures": {},
-           "n_draws": len(draws)}
+    out = {
+        "method": method,
+        "truth": truth,
+        "truth_rank": ranks(truth) if truth else {},
+        "measures": {},
+        "n_draws": len(draws),
+    }
     ids = {m: [r["id"] for r in first if r["model"] == m] for m in dict.fromkeys(r["model"] for r in first)}
     for measure in [m for m in METHODS[method].measures if any(m in r for r in rows)]:  # calibrated: when computed
         value = {(r.get("draw", 0), r["id"]): r.get(measure) for r in rows}
-        tables = {m: np.array([[np.nan if value.get((d, i)) is None else value[(d, i)] for i in cid]
-                               for d in draws], dtype=np.float64) for m, cid in ids.items()}
+        tables = {
+            m: np.array(
+                [[np.nan if value.get((d, i)) is None else value[(d, i)] for i in cid] for d in draws], dtype=np.float64
+            )
+            for m, cid in ids.items()
+        }
         if METHODS[method].by_rank:
             tables = rank_shares(tables)
         with np.errstate(all="ignore"):
             per_cand = {m: t.mean(axis=0) for m, t in tables.items()}  # NaN where some draw left it unscored
-            draw_means = {m: [float(np.nanmean(row)) if not np.isnan(row).all() else math.nan for row in t]
-                          for m, t in tables.items()}
+            draw_means = {
+                m: [float(np.nanmean(row)) if not np.isnan(row).all() else math.nan for row in t]
+                for m, t in tables.items()
+            }
         means = {m: float(np.nanmean(v)) if not np.isnan(v).all() else math.nan for m, v in per_cand.items()}
         ranked = ranks({m: v for m, v in means.items() if not math.isnan(v)})
         models = []
@@ -123,23 +144,39 @@ def leaderboard(rows: list[dict], method: str, seed: int = 0) -> dict:
             scored = per_cand[m][~np.isnan(per_cand[m])]
             q_low, q_high = bootstrap_ci(scored, seed=seed)
             low, high = (q_low, q_high) if len(draws) == 1 else two_level_bootstrap_ci(tables[m], seed=seed)
-            models.append({"model": m, "n": int(len(scored)), "unscored": int(np.isnan(per_cand[m]).sum()),
-                           "mean": means[m], "ci_low": low, "ci_high": high, "ci_questions": [q_low, q_high],
-                           "draw_means": draw_means[m], "rank": ranked.get(m, math.nan)})
+            models.append(
+                {
+                    "model": m,
+                    "n": int(len(scored)),
+                    "unscored": int(np.isnan(per_cand[m]).sum()),
+                    "mean": means[m],
+                    "ci_low": low,
+                    "ci_high": high,
+                    "ci_questions": [q_low, q_high],
+                    "draw_means": draw_means[m],
+                    "rank": ranked.get(m, math.nan),
+                }
+            )
         entry = {"models": models, **rank_correlation(means, truth)}
         if len(draws) > 1:
-            draw_ranks = [ranks({m: dm[k] for m, dm in draw_means.items() if not math.isnan(dm[k])})
-                          for k in range(len(draws))]
+            draw_ranks = [
+                ranks({m: dm[k] for m, dm in draw_means.items() if not math.isnan(dm[k])}) for k in range(len(draws))
+            ]
             order = [tuple(sorted(r, key=lambda m: (r[m], m))) for r in draw_ranks]
-            spread = {m: float(np.nanmax(dm) - np.nanmin(dm)) for m, dm in draw_means.items()
-                      if not np.isnan(dm).all()}
-            entry["draws"] = {"n": len(draws), "spread": spread, "max_spread": max(spread.values(), default=0.0),
-                              "ranks": draw_ranks, "flips": len(set(order)) > 1}
+            spread = {m: float(np.nanmax(dm) - np.nanmin(dm)) for m, dm in draw_means.items() if not np.isnan(dm).all()}
+            entry["draws"] = {
+                "n": len(draws),
+                "spread": spread,
+                "max_spread": max(spread.values(), default=0.0),
+                "ranks": draw_ranks,
+                "flips": len(set(order)) > 1,
+            }
         out["measures"][measure] = entry
     dist_rows = [r for r in first if r.get("truth_dist") is not None and r.get("posterior") is not None]
     if dist_rows:
-        out["distribution"] = distribution_metrics([r["truth_dist"] for r in dist_rows],
-                                                   [r["posterior"] for r in dist_rows])
+        out["distribution"] = distribution_metrics(
+            [r["truth_dist"] for r in dist_rows], [r["posterior"] for r in dist_rows]
+        )
     return out
 
 
@@ -171,13 +208,17 @@ def format_leaderboards(boards: list[dict], title: str = "", flags: dict | None 
         draws = b.get("n_draws", 1)
         name = {x: measure_name(b["method"], x) for x in measures}
         mark = {x: mark_symbol(flags[(b["method"], x)]) for x in measures if (b["method"], x) in flags}
-        lines += ["", f"== {b['method']}: {METHODS[b['method']].title}",
-                  f"{'model':<{width}} {'n':>4} " + " ".join(f"{name[x] + ' [95% CI] rank':>24}"
-                                                              for x in measures)
-                  + ("   truth  true rank" if b["truth"] else "")]
+        lines += [
+            "",
+            f"== {b['method']}: {METHODS[b['method']].title}",
+            f"{'model':<{width}} {'n':>4} "
+            + " ".join(f"{name[x] + ' [95% CI] rank':>24}" for x in measures)
+            + ("   truth  true rank" if b["truth"] else ""),
+        ]
         for m in first:
             row = f"{m['model']:<{width}} {m['n']:>4} " + " ".join(
-                f"{_cell(cells[x][m['model']], mark.get(x, ' ')):>24}" for x in measures)
+                f"{_cell(cells[x][m['model']], mark.get(x, ' ')):>24}" for x in measures
+            )
             if b["truth"]:
                 t = b["truth"].get(m["model"])
                 row += f"  {t:6.3f}  #{b['truth_rank'][m['model']]:g}" if t is not None else "       -"
@@ -185,9 +226,12 @@ def format_leaderboards(boards: list[dict], title: str = "", flags: dict | None 
         for x in measures:
             reason = flags.get((b["method"], x))
             if reason:
-                lines.append(f"  {mark_symbol(reason)} {name[x]}: the audit found this measure {reason} on the task's "
-                             f"own pool; its ranking is " + ("weak evidence at best" if mark_symbol(reason) == "?"
-                                                             else "not evidence") + " (`icqs audit`)")
+                lines.append(
+                    f"  {mark_symbol(reason)} {name[x]}: the audit found this measure {reason} on the task's "
+                    f"own pool; its ranking is "
+                    + ("weak evidence at best" if mark_symbol(reason) == "?" else "not evidence")
+                    + " (`icqs audit`)"
+                )
         if draws > 1:
             lines.append(f"  CIs over {draws} demo draws and the questions (two-level bootstrap)")
         for x in measures:
@@ -196,16 +240,22 @@ def format_leaderboards(boards: list[dict], title: str = "", flags: dict | None 
                 lines.append(f"  {name[x]}: {unscored} candidates unscored (no parsable rating)")
             if b["truth"]:
                 s = b["measures"][x]
-                lines.append(f"  {name[x]} vs truth ranking: Spearman {_signed(s['spearman'])}, "
-                             f"Kendall {_signed(s['kendall'])}")
+                lines.append(
+                    f"  {name[x]} vs truth ranking: Spearman {_signed(s['spearman'])}, Kendall {_signed(s['kendall'])}"
+                )
             d = b["measures"][x].get("draws")
             if d:
                 worst = max(d["spread"], key=d["spread"].get) if d["spread"] else "-"
-                lines.append(f"  {name[x]} between draws: a model's mean moves by up to "
-                             f"{d['max_spread']:.3f} ({worst}); " + (
-                                 "the ranking FLIPS between draws: " + " | ".join(
-                                     " > ".join(sorted(r, key=lambda m: (r[m], m))) for r in d["ranks"])
-                                 if d["flips"] else "the same ranking in every draw"))
+                lines.append(
+                    f"  {name[x]} between draws: a model's mean moves by up to "
+                    f"{d['max_spread']:.3f} ({worst}); "
+                    + (
+                        "the ranking FLIPS between draws: "
+                        + " | ".join(" > ".join(sorted(r, key=lambda m: (r[m], m))) for r in d["ranks"])
+                        if d["flips"]
+                        else "the same ranking in every draw"
+                    )
+                )
         if "distribution" in b:
             d = b["distribution"]
             lines.append(f"  posterior vs truth_dist: MAE {d['mae']:.3f}, cross-entropy {d['cross_entropy']:.3f}")

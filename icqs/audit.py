@@ -30,6 +30,7 @@ Per (method, measure) audit.json holds
   truth_ci   < 0.5 wrong), its CI resampling the draws and then the questions (answers to one question move
              together); absent when no candidate carries truth. `agrees`: whether the two CIs overlap.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,9 +44,9 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from engine.errors import UserError
 from engine.progress import progress_bar
 
-from .candidates import Candidate
 from .aggregate import mark_symbol
-from .io import ResultWriter, atomic_write, read_results, strict_json
+from .candidates import Candidate
+from .io import ResultWriter, atomic_write, strict_json
 from .methods import METHODS, measure_name, ordered
 from .run import MeteredEngine
 from .sampler import demo_sets
@@ -76,10 +77,12 @@ def fold_note(task) -> str | None:
     train = min(len(pool) - math.ceil(len(pool) / k) for pool in (task.good, task.bad))
     if train > task.N:
         return None
-    return (f"each fold trains on {train} good and {train} bad examples and N = {task.N}: every demo set of a fold "
-            f"shows the same examples (in other orders), where the run's sets draw {task.N} of "
-            f"{min(len(task.good), len(task.bad))}; the audit sees less demo variation than the leaderboard (more "
-            f"pool examples, or a smaller N, lift this)")
+    return (
+        f"each fold trains on {train} good and {train} bad examples and N = {task.N}: every demo set of a fold "
+        f"shows the same examples (in other orders), where the run's sets draw {task.N} of "
+        f"{min(len(task.good), len(task.bad))}; the audit sees less demo variation than the leaderboard (more "
+        f"pool examples, or a smaller N, lift this)"
+    )
 
 
 def _split(examples, k: int, seed: int, stratify: bool) -> list[np.ndarray]:
@@ -105,10 +108,15 @@ def folds(task, draw: int) -> list[tuple]:
     out = []
     for f in range(k):
         held_g, held_b = set(good_folds[f].tolist()), set(bad_folds[f].tolist())
-        train = dataclasses.replace(task, good=[e for i, e in enumerate(task.good) if i not in held_g],
-                                    bad=[e for i, e in enumerate(task.bad) if i not in held_b], seed=seed)
-        cands = [Candidate(f"d{draw}/f{f}/good{i}", "pool", task.good[i].x, task.good[i].y, 1.0)
-                 for i in sorted(held_g)]
+        train = dataclasses.replace(
+            task,
+            good=[e for i, e in enumerate(task.good) if i not in held_g],
+            bad=[e for i, e in enumerate(task.bad) if i not in held_b],
+            seed=seed,
+        )
+        cands = [
+            Candidate(f"d{draw}/f{f}/good{i}", "pool", task.good[i].x, task.good[i].y, 1.0) for i in sorted(held_g)
+        ]
         cands += [Candidate(f"d{draw}/f{f}/bad{i}", "pool", task.bad[i].x, task.bad[i].y, 0.0) for i in sorted(held_b)]
         out.append((train, cands))
     return out
@@ -131,26 +139,48 @@ def audit_log(method) -> str:
     return f"audit_{method.log}"
 
 
-def compute_audit(engine, task, run, methods, sampler: str, draws: int, progress: bool = False,
-                  rows: list[dict] | None = None, candidates=None) -> list[dict]:
+def compute_audit(
+    engine,
+    task,
+    run,
+    methods,
+    sampler: str,
+    draws: int,
+    progress: bool = False,
+    rows: list[dict] | None = None,
+    candidates=None,
+) -> list[dict]:
     """Score the held-out pool answers with every method (resuming from the audit logs), write audit.json, add the
     engine's work to run.json (`audit_stats`), and return the audit entries; with the run's score `rows` and its
     `candidates`, each entry also holds the AUC against the candidates' truth (add_truth)."""
     per_method = {}
     skipped = audit_skipped(task, sampler, draws)  # before any work
     if skipped is not None:
-        entries = [{"method": name, "measure": "-", "verdict": "skipped", "auc": None, "ci": [None, None],
-                    "draws": draws, "folds": n_folds(task), "note": skipped} for name in ordered(methods)]
+        entries = [
+            {
+                "method": name,
+                "measure": "-",
+                "verdict": "skipped",
+                "auc": None,
+                "ci": [None, None],
+                "draws": draws,
+                "folds": n_folds(task),
+                "note": skipped,
+            }
+            for name in ordered(methods)
+        ]
         atomic_write(run.path / AUDIT_FILE, json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
         return entries
     parts = sum((draws if METHODS[name].demos else 1) * n_folds(task) for name in methods)
-    bar = progress_bar(total=parts, desc="evaluator audit", unit="fold",
-                       disable=not progress)  # one bar for the audit: the methods' own bars stay off
+    bar = progress_bar(
+        total=parts, desc="evaluator audit", unit="fold", disable=not progress
+    )  # one bar for the audit: the methods' own bars stay off
     with bar:
         for name in ordered(methods):
             method = METHODS[name]
-            metered = MeteredEngine(engine, on_call=lambda stats, name=name: run.add_stats(name, stats,
-                                                                                           key="audit_stats"))
+            metered = MeteredEngine(
+                engine, on_call=lambda stats, name=name: run.add_stats(name, stats, key="audit_stats")
+            )
             scored = []  # (draw, item, truth, label, scores)
             with ResultWriter(run.path / audit_log(method), method.key) as writer:
                 for draw in range(draws if method.demos else 1):
@@ -179,8 +209,7 @@ def auc(scores, truths) -> float:
     return float(_auc_matrix(pos, neg)) if len(pos) and len(neg) else math.nan
 
 
-def _weighted_auc(scores: np.ndarray, pos: np.ndarray, neg: np.ndarray, wp: np.ndarray, wn: np.ndarray
-                  ) -> np.ndarray:
+def _weighted_auc(scores: np.ndarray, pos: np.ndarray, neg: np.ndarray, wp: np.ndarray, wn: np.ndarray) -> np.ndarray:
     """AUC per round: scores [R, items], the positive and negative columns, their weights [R, P] and [R, N] (how
     often each was drawn); NaN for a round that drew no positive or no negative."""
     diff = scores[:, pos, None] - scores[:, None, neg]  # [R, P, N]
@@ -191,8 +220,9 @@ def _weighted_auc(scores: np.ndarray, pos: np.ndarray, neg: np.ndarray, wp: np.n
         return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
 
-def two_level_ci(table: np.ndarray, truths: np.ndarray, rounds: int = 2000, seed: int = 0,
-                 level: float = 0.95, groups=None) -> tuple[float, float]:
+def two_level_ci(
+    table: np.ndarray, truths: np.ndarray, rounds: int = 2000, seed: int = 0, level: float = 0.95, groups=None
+) -> tuple[float, float]:
     """Percentile CI of the AUC of the items' mean score over draws (rows of `table` [D, items]): each round
     resamples the draws, then the items: within each class (pool items), or, with `groups` (one label per item,
     e.g. its question), whole groups, so that items that move together are resampled together."""
@@ -212,8 +242,9 @@ def two_level_ci(table: np.ndarray, truths: np.ndarray, rounds: int = 2000, seed
             wp = np.stack([np.bincount(rng.integers(0, len(pos), len(pos)), minlength=len(pos)) for _ in range(r)])
             wn = np.stack([np.bincount(rng.integers(0, len(neg), len(neg)), minlength=len(neg)) for _ in range(r)])
         else:
-            counts = np.stack([np.bincount(rng.integers(0, gid.max() + 1, gid.max() + 1), minlength=gid.max() + 1)
-                               for _ in range(r)])  # [r, groups]
+            counts = np.stack(
+                [np.bincount(rng.integers(0, gid.max() + 1, gid.max() + 1), minlength=gid.max() + 1) for _ in range(r)]
+            )  # [r, groups]
             w = counts[:, gid]
             wp, wn = w[:, pos], w[:, neg]
         aucs.append(_weighted_auc(scores, pos, neg, wp.astype(np.float64), wn.astype(np.float64)))
@@ -264,22 +295,37 @@ def audit_entries(task, per_method: dict, draws: int) -> list[dict]:
                     table[used_draws.index(d), col[it]] = s[measure]
             keep = ~np.isnan(table).any(axis=0)  # items scored in every draw (a judge's unparsable text is not)
             t, sub = truths[keep], table[:, keep]
-            entry = {"method": name, "measure": measure, "n": int(keep.sum()), "n_good": int((t == 1).sum()),
-                     "n_bad": int((t == 0).sum()), "draws": len(used_draws), "folds": n_folds(task)}
+            entry = {
+                "method": name,
+                "measure": measure,
+                "n": int(keep.sum()),
+                "n_good": int((t == 1).sum()),
+                "n_bad": int((t == 0).sum()),
+                "draws": len(used_draws),
+                "folds": n_folds(task),
+            }
             if METHODS[name].demos and fold_note(task):
                 entry["fold_note"] = fold_note(task)
             if entry["n_good"] >= 2 and entry["n_bad"] >= 2:
                 per_draw = [auc(row, t) for row in sub]
                 value = auc(sub.mean(axis=0), t)  # the draws' mean score, as the leaderboard ranks by
                 ci = two_level_ci(sub, t)
-                lab = label_auc(sub.mean(axis=0), [lab for lab, k in zip(labels, keep) if k], task.labels) \
-                    if task.is_label_task else None
+                lab = (
+                    label_auc(sub.mean(axis=0), [lab for lab, k in zip(labels, keep) if k], task.labels)
+                    if task.is_label_task
+                    else None
+                )
             else:
                 per_draw, value, ci, lab = [], math.nan, (math.nan, math.nan), None
             constant = bool(sub.size) and bool(np.all(sub == sub.flat[0]))
-            entry.update(auc=value, ci=list(ci), auc_draws=per_draw, label_auc=lab,
-                         label_bias=lab is not None and not math.isnan(lab) and abs(lab - 0.5) >= LABEL_BIAS,
-                         verdict=verdict(value, ci, constant))
+            entry.update(
+                auc=value,
+                ci=list(ci),
+                auc_draws=per_draw,
+                label_auc=lab,
+                label_bias=lab is not None and not math.isnan(lab) and abs(lab - 0.5) >= LABEL_BIAS,
+                verdict=verdict(value, ci, constant),
+            )
             entries.append(entry)
             tables.append((sub, t) if not math.isnan(value) else None)
     family = sum(x is not None for x in tables)
@@ -311,8 +357,13 @@ def truth_auc(rows: list[dict], method: str, measure: str, question: dict) -> di
     if (t == 1).sum() < 2 or (t == 0).sum() < 2:
         return None
     groups = [question.get(i, i) for i, k in zip(ids, keep) if k]
-    return {"auc": auc(sub.mean(axis=0), t), "ci": list(two_level_ci(sub, t, groups=groups)), "n": int(keep.sum()),
-            "n_right": int((t == 1).sum()), "n_wrong": int((t == 0).sum())}
+    return {
+        "auc": auc(sub.mean(axis=0), t),
+        "ci": list(two_level_ci(sub, t, groups=groups)),
+        "n": int(keep.sum()),
+        "n_right": int((t == 1).sum()),
+        "n_wrong": int((t == 0).sum()),
+    }
 
 
 def add_truth(entries: list[dict], rows: list[dict], candidates) -> list[dict]:
@@ -349,8 +400,11 @@ def marked(entry: dict) -> str | None:
 
 def flagged(entries: list[dict] | None) -> dict:
     """{(method, measure): reason} of the measures whose cells are marked (marked())."""
-    return {(e["method"], e["measure"]): marked(e) for e in entries or []
-            if e["verdict"] != "skipped" and marked(e) is not None}
+    return {
+        (e["method"], e["measure"]): marked(e)
+        for e in entries or []
+        if e["verdict"] != "skipped" and marked(e) is not None
+    }
 
 
 def _num(v, fmt: str = ".2f") -> str:
@@ -369,12 +423,15 @@ def format_audit(entries: list[dict], task=None, stats: dict | None = None) -> s
     e0 = entries[0]
     truth = any("truth_auc" in e for e in entries)
     pool = f" ({len(task.good)} good, {len(task.bad)} bad)" if task is not None else ""
-    lines = [f"evaluator audit: {e0['folds']}-fold cross-validation over the task's pool{pool}, "
-             f"{max(e['draws'] for e in entries)} demo draw(s); AUC = how well each score (mean over the draws) "
-             f"separates held-out good from bad pool answers (0.5 = chance)"
-             + ("; truth AUC = the same on the candidates, against their own truth" if truth else ""),
-             f"{'method':<11} {'measure':<11} {'AUC [95% CI]':<19} {'draws':<17} {'label_auc':>9}  "
-             + (f"{'truth AUC [95% CI]':<19} " if truth else "") + "verdict"]
+    lines = [
+        f"evaluator audit: {e0['folds']}-fold cross-validation over the task's pool{pool}, "
+        f"{max(e['draws'] for e in entries)} demo draw(s); AUC = how well each score (mean over the draws) "
+        f"separates held-out good from bad pool answers (0.5 = chance)"
+        + ("; truth AUC = the same on the candidates, against their own truth" if truth else ""),
+        f"{'method':<11} {'measure':<11} {'AUC [95% CI]':<19} {'draws':<17} {'label_auc':>9}  "
+        + (f"{'truth AUC [95% CI]':<19} " if truth else "")
+        + "verdict",
+    ]
     for e in entries:
         if e["verdict"] == "skipped":
             lines.append(f"{e['method']:<11} skipped: {e.get('note', '')}")
@@ -385,10 +442,14 @@ def format_audit(entries: list[dict], task=None, stats: dict | None = None) -> s
         tcol = ""
         if truth:
             tcol = (f"{_num(e['truth_auc'])} {_ci(e['truth_ci'])}" if "truth_auc" in e else "-").ljust(19) + " "
-        lines.append(f"{e['method']:<11} {measure_name(e['method'], e['measure']):<11} "
-                     f"{_num(e['auc'])} {_ci(e['ci'])}".ljust(44)
-                     + f"{draws:<17} {_num(e.get('label_auc')):>9}  " + tcol + e["verdict"]
-                     + (" (follows the label)" if e.get("label_bias") else "") + mark)
+        lines.append(
+            f"{e['method']:<11} {measure_name(e['method'], e['measure']):<11} {_num(e['auc'])} {_ci(e['ci'])}".ljust(44)
+            + f"{draws:<17} {_num(e.get('label_auc')):>9}  "
+            + tcol
+            + e["verdict"]
+            + (" (follows the label)" if e.get("label_bias") else "")
+            + mark
+        )
     if any(e.get("label_bias") for e in entries):
         lines.append("  label_auc far from 0.5: that score tracks which label the answer is, not whether it is right")
     note = next((e["fold_note"] for e in entries if e.get("fold_note")), None)
@@ -397,9 +458,11 @@ def format_audit(entries: list[dict], task=None, stats: dict | None = None) -> s
     if truth:
         lines.append("  truth AUC: candidates' truth > 0.5 right, < 0.5 wrong; CI over the draws and the questions")
     if stats:
-        lines.append(f"  audit cost: {stats['audit_tokens']:,} of {stats['total_tokens']:,} tokens computed "
-                     f"({stats['token_share']:.0%}), {stats['audit_seconds']:.1f} of {stats['total_seconds']:.1f} s "
-                     f"({stats['time_share']:.0%})")
+        lines.append(
+            f"  audit cost: {stats['audit_tokens']:,} of {stats['total_tokens']:,} tokens computed "
+            f"({stats['token_share']:.0%}), {stats['audit_seconds']:.1f} of {stats['total_seconds']:.1f} s "
+            f"({stats['time_share']:.0%})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -412,8 +475,14 @@ def audit_share(meta: dict) -> dict | None:
     a_sec = sum(p.get("seconds", 0) for p in audit.values())
     r_tok = sum(p.get("tokens_computed", 0) for p in run.values())
     r_sec = sum(p.get("seconds", 0) for p in run.values())
-    return {"audit_tokens": a_tok, "total_tokens": a_tok + r_tok, "token_share": a_tok / max(a_tok + r_tok, 1),
-            "audit_seconds": a_sec, "total_seconds": a_sec + r_sec, "time_share": a_sec / max(a_sec + r_sec, 1e-9)}
+    return {
+        "audit_tokens": a_tok,
+        "total_tokens": a_tok + r_tok,
+        "token_share": a_tok / max(a_tok + r_tok, 1),
+        "audit_seconds": a_sec,
+        "total_seconds": a_sec + r_sec,
+        "time_share": a_sec / max(a_sec + r_sec, 1e-9),
+    }
 
 
 def warnings(entries: list[dict]) -> list[str]:
@@ -428,25 +497,29 @@ def warnings(entries: list[dict]) -> list[str]:
         figure = f"audit AUC {_num(e['auc'])} {_ci(e['ci'])}"
         what = {
             "constant": f"constant: it gave every one of {n} pool answers the same score, so it cannot rank; its "
-                        f"leaderboard rows (marked !) are not evidence",
+            f"leaderboard rows (marked !) are not evidence",
             "at chance": f"no evidence that it tells right from wrong on {n} pool answers ({figure}, the CI "
-                         f"includes 0.5); its leaderboard rows (marked !) are not evidence",
+            f"includes 0.5); its leaderboard rows (marked !) are not evidence",
             "inverted": f"it scores the pool's wrong answers above its right ones ({figure}, below 0.5 on {n} pool "
-                        f"answers); its leaderboard ranking (marked !) is likely reversed",
+            f"answers); its leaderboard ranking (marked !) is likely reversed",
             "weak": f"weak: some evidence that it tells right from wrong on {n} pool answers ({figure}), below the "
-                    f"{RELIABLE} a ranking needs; its rows are marked ? and it is not the headline",
+            f"{RELIABLE} a ranking needs; its rows are marked ? and it is not the headline",
             "unscored": "unscored: too few pool answers got a score to audit it; its rows are marked !",
         }.get(e["verdict"])
         if what:
             out.append(f"warning: {name}: {what}")
         if e.get("label_bias"):
-            out.append(f"warning: {name}: its score follows the answer's label (label AUC {_num(e['label_auc'])}): "
-                       f"it may rate one label higher whatever the answer's correctness, and the pool's labels need "
-                       f"not go with correctness as the candidates' do; marked ?, never the headline")
+            out.append(
+                f"warning: {name}: its score follows the answer's label (label AUC {_num(e['label_auc'])}): "
+                f"it may rate one label higher whatever the answer's correctness, and the pool's labels need "
+                f"not go with correctness as the candidates' do; marked ?, never the headline"
+            )
         if e.get("agrees") is False:
-            out.append(f"warning: {name}: the pool audit ({figure}) and the candidates' own truth (AUC "
-                       f"{_num(e['truth_auc'])} {_ci(e['truth_ci'])}) disagree, their CIs apart: the measure does "
-                       f"not separate the pool's answers as it does the candidates' (the pool's right and wrong "
-                       f"answers are not like the candidates', or the CIs miss); on this run trust the truth, and "
-                       f"make the pool's answers like the ones being scored")
+            out.append(
+                f"warning: {name}: the pool audit ({figure}) and the candidates' own truth (AUC "
+                f"{_num(e['truth_auc'])} {_ci(e['truth_ci'])}) disagree, their CIs apart: the measure does "
+                f"not separate the pool's answers as it does the candidates' (the pool's right and wrong "
+                f"answers are not like the candidates', or the CIs miss); on this run trust the truth, and "
+                f"make the pool's answers like the ones being scored"
+            )
     return out

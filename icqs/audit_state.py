@@ -10,6 +10,7 @@ Every command that reads the run back (`icqs leaderboard | audit | report`) tell
 a run whose audit is missing (killed, audit.json removed or emptied) says so and keeps its leaderboard marks
 pending; it never reads as a run made with --no-audit. A method of the run that the audit does not cover is named.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,12 +56,18 @@ class AuditStatus:
         if self.state.startswith("skipped"):
             return f"evaluator audit: {self.state}"
         if self.entries is None:
-            why = "the run ended before its audit finished" if self.state == PENDING else \
-                "audit.json is missing or empty" if self.state == DONE else "no audit.json, and run.json does not say why"
+            why = (
+                "the run ended before its audit finished"
+                if self.state == PENDING
+                else "audit.json is missing or empty"
+                if self.state == DONE
+                else "no audit.json, and run.json does not say why"
+            )
             return f"evaluator audit: PENDING ({why}); every leaderboard mark is pending: {again}"
         if self.missing:
-            return (f"evaluator audit: no audit of {', '.join(self.missing)} (its leaderboard marks are pending); "
-                    f"{again}")
+            return (
+                f"evaluator audit: no audit of {', '.join(self.missing)} (its leaderboard marks are pending); {again}"
+            )
         return None
 
     def pending_flags(self, boards: list[dict]) -> dict:
@@ -69,8 +76,9 @@ class AuditStatus:
         if self.state == OFF and self.entries is None or self.state.startswith("skipped"):
             return {}
         covered = {(e["method"], e["measure"]) for e in self.entries or []}
-        return {(b["method"], m): PENDING_MARK for b in boards for m in b["measures"]
-                if (b["method"], m) not in covered}
+        return {
+            (b["method"], m): PENDING_MARK for b in boards for m in b["measures"] if (b["method"], m) not in covered
+        }
 
 
 def audit_status(out, meta: dict) -> AuditStatus:

@@ -14,11 +14,13 @@
   and a greedy generation is parsed for a rating too. An unparsable generation is unscored (None), never the
   minimum. Both are mapped to [0, 1] as (rating - 1) / 4.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from engine.progress import progress_bar
+
 from .candidates import Candidate
 from .io import ResultWriter
 from .options import option_logprobs, parse_rating
@@ -41,7 +43,7 @@ RATING_OPTIONS = [f" {k}" for k in range(JUDGE_LOW, JUDGE_HIGH + 1)]
 
 
 def _chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def zeroshot_request(task: Task, c: Candidate) -> tuple[str, str]:
@@ -50,13 +52,15 @@ def zeroshot_request(task: Task, c: Candidate) -> tuple[str, str]:
     return task.demo_text([]) + task.x_part(c.x), task.y_part(c.y)
 
 
-def compute_zeroshot(engine, task: Task, candidates: list[Candidate], writer: ResultWriter,
-                     progress: bool = True) -> None:
+def compute_zeroshot(
+    engine, task: Task, candidates: list[Candidate], writer: ResultWriter, progress: bool = True
+) -> None:
     """log P(y | header + x part) per candidate; rows {id, loglik, tokens} (key: id). Candidates with the same
     (x, y) share one request; every request shares the header prefix."""
     todo = [c for c in candidates if not writer.done(c.id)]
-    for part in progress_bar(_chunks(todo, CHUNK * 4), desc="zero-shot likelihood", unit="batch",
-                             disable=not progress or not todo):
+    for part in progress_bar(
+        _chunks(todo, CHUNK * 4), desc="zero-shot likelihood", unit="batch", disable=not progress or not todo
+    ):
         requests = [zeroshot_request(task, c) for c in part]
         unique = list(dict.fromkeys(requests))
         results = dict(zip(unique, engine.score(unique, share_prefix=True, progress=progress)))
@@ -72,8 +76,11 @@ def answer_bytes(task: Task, y: str) -> int:
 def zeroshot_score(task: Task, c: Candidate, row: dict, normalized: bool) -> dict:
     if not normalized:
         return {"score": row["loglik"], "tokens": row["tokens"]}
-    return {"score": row["loglik"] / max(1, row["tokens"]), "per_byte": row["loglik"] / answer_bytes(task, c.y),
-            "tokens": row["tokens"]}
+    return {
+        "score": row["loglik"] / max(1, row["tokens"]),
+        "per_byte": row["loglik"] / answer_bytes(task, c.y),
+        "tokens": row["tokens"],
+    }
 
 
 def fewshot_scores(task: Task, candidates: list[Candidate], table: np.ndarray, tokens: dict) -> list[dict] | None:
@@ -83,25 +90,38 @@ def fewshot_scores(task: Task, candidates: list[Candidate], table: np.ndarray, t
     if np.isnan(table).any() or not all(c.id in tokens for c in candidates):
         return None
     at_one = table[:, :, -1].mean(axis=1)
-    return [{"score": float(v) / max(1, tokens[c.id]), "per_byte": float(v) / answer_bytes(task, c.y),
-             "loglik": float(v), "tokens": tokens[c.id]} for c, v in zip(candidates, at_one)]
+    return [
+        {
+            "score": float(v) / max(1, tokens[c.id]),
+            "per_byte": float(v) / answer_bytes(task, c.y),
+            "loglik": float(v),
+            "tokens": tokens[c.id],
+        }
+        for c, v in zip(candidates, at_one)
+    ]
 
 
 def icl_prompt(task: Task, demos: str, c: Candidate) -> str:
     return demos + task.x_part(c.x)
 
 
-def compute_icl(engine, task: Task, candidates: list[Candidate], writer: ResultWriter, sampler: str = "coupled",
-                progress: bool = True) -> None:
+def compute_icl(
+    engine,
+    task: Task,
+    candidates: list[Candidate],
+    writer: ResultWriter,
+    sampler: str = "coupled",
+    progress: bool = True,
+) -> None:
     """Label-option log-probs under the all-good demo set; rows {id, label_logprobs, predicted} (key: id)."""
     all_good = demo_sets(task, sampler, repeats=1)[0][task.M]
     demos = task.demo_text(list(all_good.examples))
     options = [task.y_part(label) for label in task.labels]
     todo = [c for c in candidates if not writer.done(c.id)]
-    for part in progress_bar(_chunks(todo, CHUNK), desc="ICL baseline", unit="batch",
-                             disable=not progress or not todo):
-        lp = option_logprobs(engine, [icl_prompt(task, demos, c) for c in part], options, normalize=True,
-                             progress=progress)
+    for part in progress_bar(_chunks(todo, CHUNK), desc="ICL baseline", unit="batch", disable=not progress or not todo):
+        lp = option_logprobs(
+            engine, [icl_prompt(task, demos, c) for c in part], options, normalize=True, progress=progress
+        )
         for c, row in zip(part, lp):
             writer.write({"id": c.id, "label_logprobs": row.tolist(), "predicted": task.labels[int(np.argmax(row))]})
 
@@ -117,13 +137,15 @@ def judge_prompt(task: Task, c: Candidate) -> str:
     return JUDGE_TEMPLATE.replace("{question}", question).replace("{answer}", c.y)
 
 
-def compute_judge(engine, task: Task, candidates: list[Candidate], writer: ResultWriter, max_tokens: int = 4,
-                  progress: bool = True) -> None:
+def compute_judge(
+    engine, task: Task, candidates: list[Candidate], writer: ResultWriter, max_tokens: int = 4, progress: bool = True
+) -> None:
     """Rating-token log-probs and a greedy generation per candidate; rows {id, rating_logprobs, text} (key: id).
     Candidates with the same prompt (models giving the same answer) share one generation."""
     todo = [c for c in candidates if not writer.done(c.id)]
-    for part in progress_bar(_chunks(todo, CHUNK), desc="verbalized judge", unit="batch",
-                             disable=not progress or not todo):
+    for part in progress_bar(
+        _chunks(todo, CHUNK), desc="verbalized judge", unit="batch", disable=not progress or not todo
+    ):
         prompts = [judge_prompt(task, c) for c in part]
         unique = list(dict.fromkeys(prompts))
         lp = option_logprobs(engine, unique, RATING_OPTIONS, normalize=True, progress=progress)
@@ -141,5 +163,9 @@ def judge_score(row: dict) -> dict:
     expected = float(np.exp(np.asarray(row["rating_logprobs"])) @ ratings)
     generated = parse_rating("Rating:" + row["text"], JUDGE_LOW, JUDGE_HIGH)
     scale = JUDGE_HIGH - JUDGE_LOW
-    return {"score": (expected - JUDGE_LOW) / scale, "expected_rating": expected, "generated": generated,
-            "generated_score": None if generated is None else (generated - JUDGE_LOW) / scale}
+    return {
+        "score": (expected - JUDGE_LOW) / scale,
+        "expected_rating": expected,
+        "generated": generated,
+        "generated_score": None if generated is None else (generated - JUDGE_LOW) / scale,
+    }

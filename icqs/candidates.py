@@ -7,6 +7,7 @@ Optional truth fields: `truth`, the answer's true quality in [0, 1] (1 = correct
 truth ranking; `truth_dist`, a distribution over the M+1 ratios from r = 0 to r = 1 (e.g. ChaosNLI's human
 label shares ordered contradiction, neutral, entailment with M = 2), compared with the ICQS posterior.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,13 +51,28 @@ def read_candidates(path) -> list[Candidate]:
             raise UserError("field 'truth' must be a number in [0, 1]", path, line)
         dist = row.get("truth_dist")
         if dist is not None:
-            if not (isinstance(dist, list) and len(dist) >= 2 and all(_number(p) and p >= 0 for p in dist)
-                    and abs(sum(dist) - 1.0) < 1e-3):
-                raise UserError("field 'truth_dist' must be a list of >= 2 non-negative numbers summing to 1",
-                                path, line)
+            if not (
+                isinstance(dist, list)
+                and len(dist) >= 2
+                and all(_number(p) and p >= 0 for p in dist)
+                and abs(sum(dist) - 1.0) < 1e-3
+            ):
+                raise UserError(
+                    "field 'truth_dist' must be a list of >= 2 non-negative numbers summing to 1", path, line
+                )
         extra = {k: v for k, v in row.items() if k not in ("id", "model", "x", "y", "truth", "truth_dist")}
-        out.append(Candidate(cid, row["model"], row["x"], row["y"], None if truth is None else float(truth),
-                             None if dist is None else [float(p) for p in dist], extra, line))
+        out.append(
+            Candidate(
+                cid,
+                row["model"],
+                row["x"],
+                row["y"],
+                None if truth is None else float(truth),
+                None if dist is None else [float(p) for p in dist],
+                extra,
+                line,
+            )
+        )
     if not out:
         raise UserError("no candidates", path)
     return out
@@ -66,8 +82,12 @@ def check_truth_dists(candidates: list[Candidate], n_ratios: int, path: str) -> 
     """Distributional truths are compared with the posterior over the ratios, so they need M + 1 entries."""
     for c in candidates:
         if c.truth_dist is not None and len(c.truth_dist) != n_ratios:
-            raise UserError(f"candidate {c.id!r}: 'truth_dist' has {len(c.truth_dist)} entries but the task has "
-                            f"{n_ratios} ratios (M + 1)", path, c.line)
+            raise UserError(
+                f"candidate {c.id!r}: 'truth_dist' has {len(c.truth_dist)} entries but the task has "
+                f"{n_ratios} ratios (M + 1)",
+                path,
+                c.line,
+            )
 
 
 def check_labels(candidates: list[Candidate], task, path: str) -> None:
@@ -76,8 +96,12 @@ def check_labels(candidates: list[Candidate], task, path: str) -> None:
         return
     for c in candidates:
         if c.y not in task.labels:
-            raise UserError(f"candidate {c.id!r}: answer {c.y!r} is none of the task's labels "
-                            f"({', '.join(map(repr, task.labels))}); write it as one of them", path, c.line)
+            raise UserError(
+                f"candidate {c.id!r}: answer {c.y!r} is none of the task's labels "
+                f"({', '.join(map(repr, task.labels))}); write it as one of them",
+                path,
+                c.line,
+            )
 
 
 def candidate_row(c: Candidate) -> dict:

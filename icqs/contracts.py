@@ -10,6 +10,7 @@ Text must be text: YAML reads unquoted `no`, `yes`, `true`, `null`, `3` or `!!bi
 number or bytes, which would reach the prompts as "False", "None" or "b'...'". Where a schema wants a string,
 such a value is an error naming the line (from PyYAML's node marks) and saying to quote it.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ FORMATS = {  # what each command reads, for its --help
     "judge": "INPUT: a JSONL file of question/response rows (`icqs schema judge`)",
     "pairwise": "INPUT: a JSONL file of question/answer_a/answer_b rows (`icqs schema pairwise`)",
     "allure": "ITEMS: a JSONL file of response rows with answer or label (`icqs schema allure`); --template FILE: a "
-              "YAML template (`icqs schema allure-template`)",
+    "YAML template (`icqs schema allure-template`)",
 }
 
 
@@ -62,9 +63,14 @@ def field_help(name: str, key: str) -> str:
     return schema(name).get("properties", {}).get(key, {}).get("description", "")
 
 
-_YAML_KINDS = {"tag:yaml.org,2002:bool": "boolean", "tag:yaml.org,2002:null": "null",
-               "tag:yaml.org,2002:int": "number", "tag:yaml.org,2002:float": "number",
-               "tag:yaml.org,2002:binary": "binary", "tag:yaml.org,2002:timestamp": "date"}
+_YAML_KINDS = {
+    "tag:yaml.org,2002:bool": "boolean",
+    "tag:yaml.org,2002:null": "null",
+    "tag:yaml.org,2002:int": "number",
+    "tag:yaml.org,2002:float": "number",
+    "tag:yaml.org,2002:binary": "binary",
+    "tag:yaml.org,2002:timestamp": "date",
+}
 
 
 def _json_kind(value) -> str:
@@ -107,26 +113,38 @@ def _node_at(node, path):
 
 def _message(name: str, error: jsonschema.ValidationError, node=None) -> str:
     path = list(error.absolute_path)
-    if error.validator == "type" and "string" in (error.validator_value if isinstance(error.validator_value, list)
-                                                  else [error.validator_value]):
+    if error.validator == "type" and "string" in (
+        error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    ):
         if node is not None and isinstance(node, yaml.ScalarNode) and node.tag in _YAML_KINDS:
-            return (f"{_where(path)} is the YAML {_YAML_KINDS[node.tag]} {node.value!r}, not text; quote it: "
-                    f"\"{node.value}\"")
+            return (
+                f'{_where(path)} is the YAML {_YAML_KINDS[node.tag]} {node.value!r}, not text; quote it: "{node.value}"'
+            )
         if error.instance is None or isinstance(error.instance, (bool, int, float, bytes)):
             shown = json.dumps(error.instance) if not isinstance(error.instance, bytes) else "b'...'"
-            return f"{_where(path)} is the {_json_kind(error.instance)} {shown}, not text; quote it: \"{shown}\""
+            return f'{_where(path)} is the {_json_kind(error.instance)} {shown}, not text; quote it: "{shown}"'
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         sub = schema(name)
-        props = sub.get("properties", {}) if not path and missing in sub.get("properties", {}) else \
-            sub.get("$defs", {}).get("example", {}).get("properties", {})
+        props = (
+            sub.get("properties", {})
+            if not path and missing in sub.get("properties", {})
+            else sub.get("$defs", {}).get("example", {}).get("properties", {})
+        )
         help_ = props.get(missing, {}).get("description", "")
-        return (f"missing {'key' if not path else 'field'} {missing!r}" + (f" in {_where(path)}" if path else "")
-                + (f": {help_}" if help_ else "") + f" (see `icqs schema {name}`)")
+        return (
+            f"missing {'key' if not path else 'field'} {missing!r}"
+            + (f" in {_where(path)}" if path else "")
+            + (f": {help_}" if help_ else "")
+            + f" (see `icqs schema {name}`)"
+        )
     if error.validator == "anyOf" and all(set(sub) == {"required"} for sub in error.validator_value):
         props = error.schema.get("properties", {})
-        names = [f"{k!r} ({props[k]['description']})" if props.get(k, {}).get("description") else repr(k)
-                 for sub in error.validator_value for k in sub["required"]]
+        names = [
+            f"{k!r} ({props[k]['description']})" if props.get(k, {}).get("description") else repr(k)
+            for sub in error.validator_value
+            for k in sub["required"]
+        ]
         return f"missing field {' or '.join(names)} (see `icqs schema {name}`)"
     if error.validator == "additionalProperties":
         known = error.schema.get("properties", {})
@@ -168,8 +186,11 @@ def check_yaml(name: str, data, root, path: str) -> None:
             if leaf.validator == "additionalProperties" and isinstance(node, yaml.MappingNode):
                 known = leaf.schema.get("properties", {})
                 where = f" in {_where(leaf.absolute_path)}" if leaf.absolute_path else ""
-                located |= {(k.start_mark.line + 1, unknown_key(k.value, known, where)) for k, _ in node.value
-                            if k.value not in known}
+                located |= {
+                    (k.start_mark.line + 1, unknown_key(k.value, known, where))
+                    for k, _ in node.value
+                    if k.value not in known
+                }
             else:
                 located.add((line, _message(name, leaf, node)))
     if not located:
@@ -188,8 +209,9 @@ def check_row(name: str, row, path, line: int | None, definition: str | None = N
     `example` rows); a violation is a UserError naming file:line."""
     import jsonschema
 
-    validator = _validator(name) if definition is None else \
-        jsonschema.Draft202012Validator(schema(name)["$defs"][definition])
+    validator = (
+        _validator(name) if definition is None else jsonschema.Draft202012Validator(schema(name)["$defs"][definition])
+    )
     error = jsonschema.exceptions.best_match(validator.iter_errors(row))
     if error is not None:
         raise UserError(_message(name, error), str(path), line)

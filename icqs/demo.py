@@ -6,6 +6,7 @@ their true label, Z_b other reviews with the label flipped. Four simulated model
 each correct on exactly a known share of them (1.0, 0.8, 0.6, 0.4): the true ranking is known, and the
 leaderboard prints it beside each method's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,44 @@ from .candidates import Candidate
 from .io import atomic_write
 from .task import Example, Task
 
-SUBJECTS = ["The movie", "This film", "The acting", "The story", "The soundtrack", "The ending", "The dialogue",
-            "The sequel", "The cast", "The plot", "This show", "The new series"]
-POSITIVE = ["was wonderful", "was a joy to watch", "made me smile all evening", "was brilliant",
-            "was beautiful and moving", "was delightful", "is a true masterpiece", "was fun from start to finish",
-            "deserves every award", "left me happy and inspired"]
-NEGATIVE = ["was terrible", "was a waste of time", "bored me to tears", "was awful", "was dull and lifeless",
-            "made me angry", "is a complete mess", "was painful to sit through", "deserves to be forgotten",
-            "left me sad and disappointed"]
+SUBJECTS = [
+    "The movie",
+    "This film",
+    "The acting",
+    "The story",
+    "The soundtrack",
+    "The ending",
+    "The dialogue",
+    "The sequel",
+    "The cast",
+    "The plot",
+    "This show",
+    "The new series",
+]
+POSITIVE = [
+    "was wonderful",
+    "was a joy to watch",
+    "made me smile all evening",
+    "was brilliant",
+    "was beautiful and moving",
+    "was delightful",
+    "is a true masterpiece",
+    "was fun from start to finish",
+    "deserves every award",
+    "left me happy and inspired",
+]
+NEGATIVE = [
+    "was terrible",
+    "was a waste of time",
+    "bored me to tears",
+    "was awful",
+    "was dull and lifeless",
+    "made me angry",
+    "is a complete mess",
+    "was painful to sit through",
+    "deserves to be forgotten",
+    "left me sad and disappointed",
+]
 LABELS = ["negative", "positive"]
 MODELS = {"model-A": 1.0, "model-B": 0.8, "model-C": 0.6, "model-D": 0.4}
 SIZES = {"pool": 16, "questions": 20, "M": 4, "N": 10, "L": 2}
@@ -48,19 +79,29 @@ def _flip(label: str) -> str:
 def demo_task(pool: int = SIZES["pool"], M: int = SIZES["M"], N: int = SIZES["N"], L: int = SIZES["L"]) -> Task:
     all_reviews = reviews()
     good = all_reviews[:pool]
-    bad = [Example(e.x, _flip(e.y)) for e in all_reviews[pool:2 * pool]]
-    return Task("demo-review-sentiment", "Review: {x}\nSentiment: {y}", good, bad, labels=list(LABELS),
-                judge_question="Is the sentiment of the following review 'negative' or 'positive': {x}\n"
-                               "Respond with 'negative' or 'positive'.", M=M, N=N, L=L, seed=0)
+    bad = [Example(e.x, _flip(e.y)) for e in all_reviews[pool : 2 * pool]]
+    return Task(
+        "demo-review-sentiment",
+        "Review: {x}\nSentiment: {y}",
+        good,
+        bad,
+        labels=list(LABELS),
+        judge_question="Is the sentiment of the following review 'negative' or 'positive': {x}\n"
+        "Respond with 'negative' or 'positive'.",
+        M=M,
+        N=N,
+        L=L,
+        seed=0,
+    )
 
 
 def demo_candidates(task: Task, questions: int = SIZES["questions"], seed: int = 1) -> list[Candidate]:
     """Each simulated model answers the same held-out reviews, right on exactly round(accuracy * questions)."""
-    held_out = reviews()[len(task.good) + len(task.bad):][:questions]
+    held_out = reviews()[len(task.good) + len(task.bad) :][:questions]
     rng = np.random.default_rng(seed)
     out = []
     for model, accuracy in MODELS.items():
-        right = set(rng.permutation(questions)[:round(accuracy * questions)].tolist())
+        right = set(rng.permutation(questions)[: round(accuracy * questions)].tolist())
         for q, e in enumerate(held_out):
             ok = q in right
             out.append(Candidate(f"{model}/q{q}", model, e.x, e.y if ok else _flip(e.y), 1.0 if ok else 0.0))
@@ -68,9 +109,18 @@ def demo_candidates(task: Task, questions: int = SIZES["questions"], seed: int =
 
 
 def task_yaml(task: Task) -> str:
-    d = {"name": task.name, "template": task.template, "labels": task.labels, "judge_question": task.judge_question,
-         "M": task.M, "N": task.N, "L": task.L, "seed": task.seed,
-         "good": [{"x": e.x, "y": e.y} for e in task.good], "bad": [{"x": e.x, "y": e.y} for e in task.bad]}
+    d = {
+        "name": task.name,
+        "template": task.template,
+        "labels": task.labels,
+        "judge_question": task.judge_question,
+        "M": task.M,
+        "N": task.N,
+        "L": task.L,
+        "seed": task.seed,
+        "good": [{"x": e.x, "y": e.y} for e in task.good],
+        "bad": [{"x": e.x, "y": e.y} for e in task.bad],
+    }
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True, width=120)
 
 
@@ -86,11 +136,13 @@ def banner(args, draws: int, audit: bool) -> str:
     if getattr(args, "server", None):
         model = f"the server {args.server}"
     seconds = DEMO_SECONDS["audit" if audit else "no_audit"] * draws / 3
-    return (f"icqs demo: 4 simulated models answer {SIZES['questions']} generated movie reviews (right on "
-            f"{', '.join(f'{a:.0%}' for a in MODELS.values())}); the likelihood baselines, ICQS, ICQS-Epistemic, "
-            f"plain ICL and a verbalized judge on {model} rank them{', each method audited,' if audit else ''} and the leaderboard shows the "
-            f"true ranking beside theirs; about {max(1, round(seconds / 60))} min on 2 CPU cores"
-            + ("" if model.startswith("the embedded") else " with the embedded model"))
+    return (
+        f"icqs demo: 4 simulated models answer {SIZES['questions']} generated movie reviews (right on "
+        f"{', '.join(f'{a:.0%}' for a in MODELS.values())}); the likelihood baselines, ICQS, ICQS-Epistemic, "
+        f"plain ICL and a verbalized judge on {model} rank them{', each method audited,' if audit else ''} and the leaderboard shows the "
+        f"true ranking beside theirs; about {max(1, round(seconds / 60))} min on 2 CPU cores"
+        + ("" if model.startswith("the embedded") else " with the embedded model")
+    )
 
 
 def run_demo(out, args=None, progress: bool = True) -> str:
@@ -113,8 +165,18 @@ def run_demo(out, args=None, progress: bool = True) -> str:
     engine = engine_from_args(args, keep_cache=True)
     if progress:  # once the options and the model are checked: a bad one is a single error line
         print(banner(args, draws, audit), file=sys.stderr, flush=True)
-    rows = score_run(engine, task, candidates, run, METHODS, "coupled", progress=progress, draws=draws, audit=audit,
-                     model_info=describe_model(getattr(args, "server", None) or getattr(args, "model", None), engine))
+    rows = score_run(
+        engine,
+        task,
+        candidates,
+        run,
+        METHODS,
+        "coupled",
+        progress=progress,
+        draws=draws,
+        audit=audit,
+        model_info=describe_model(getattr(args, "server", None) or getattr(args, "model", None), engine),
+    )
     with run.start():
         atomic_write(run.path / "demo_task.yaml", task_yaml(task))  # `icqs score` reruns it with candidates.jsonl
         section = ScoreRun(run.path).leaderboard_of(task, rows, run.meta)
@@ -155,11 +217,18 @@ def write_example(folder) -> list:
     rng = np.random.default_rng(3)
     rows = []
     for model, accuracy in (("model-a", 0.9), ("model-b", 0.6), ("model-c", 0.3)):
-        right = set(rng.permutation(len(held_out))[:round(accuracy * len(held_out))].tolist())
+        right = set(rng.permutation(len(held_out))[: round(accuracy * len(held_out))].tolist())
         for q, e in enumerate(held_out):
             ok = q in right
-            rows.append({"id": f"{model}/q{q}", "model": model, "x": e.x, "y": e.y if ok else _flip(e.y),
-                         "truth": 1 if ok else 0})
+            rows.append(
+                {
+                    "id": f"{model}/q{q}",
+                    "model": model,
+                    "x": e.x,
+                    "y": e.y if ok else _flip(e.y),
+                    "truth": 1 if ok else 0,
+                }
+            )
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(paths[0], EXAMPLE_HEADER + task_yaml(task))
     atomic_write(paths[1], "".join(json.dumps(r) + "\n" for r in rows))

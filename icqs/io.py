@@ -5,6 +5,7 @@ bomb is a one-line error, not minutes of work and gigabytes of memory).
 Every output file gets the user's umask (0644 by default), whether appended to or written through a temporary
 file; a temporary file is removed on any exit that runs Python's cleanup (an error, Ctrl-C, SIGTERM: the CLIs turn
 it into SystemExit), and one left by a hard kill is removed by the next run in that directory (RunDir.start)."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from engine.errors import UserError
-from commands.jsonl import check_regular_file
 # re-exported: the icqs layer reads its inputs and keeps its result logs with these
-from commands.jsonl import ResultWriter, read_jsonl, read_results  # noqa: F401
+from commands.jsonl import ResultWriter, check_regular_file, read_jsonl, read_results  # noqa: F401
+from engine.errors import UserError
 
 TMP_SUFFIX = ".tmp"
 
@@ -96,8 +96,13 @@ def _expanded_size(root, budget: int) -> int:
         key = id(node)
         if key in sizes:
             continue
-        children = node.value if isinstance(node, yaml.SequenceNode) else \
-            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+        children = (
+            node.value
+            if isinstance(node, yaml.SequenceNode)
+            else [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else []
+        )
         if done:
             pending.discard(key)
             size = 1 + sum(sizes[id(c)] for c in children)
@@ -118,8 +123,10 @@ def read_yaml(path, what: str = "a YAML file") -> tuple[object, object]:
     path = str(path)
     check_regular_file(path, what)
     if os.path.getsize(path) > MAX_YAML_BYTES:
-        raise UserError(f"larger than the cap of {MAX_YAML_BYTES >> 20} MiB for {what} (put large example pools in a "
-                        "JSONL file)", path)
+        raise UserError(
+            f"larger than the cap of {MAX_YAML_BYTES >> 20} MiB for {what} (put large example pools in a JSONL file)",
+            path,
+        )
     try:
         with open(path, "rb") as f:
             text = f.read(MAX_YAML_BYTES + 1).decode("utf-8")
@@ -136,8 +143,10 @@ def read_yaml(path, what: str = "a YAML file") -> tuple[object, object]:
         except ValueError as e:
             raise UserError(f"invalid YAML: {e}", path) from None
         if size > MAX_YAML_NODES:
-            raise UserError(f"too large: more than {MAX_YAML_NODES:,} YAML nodes once its aliases are expanded (an "
-                            "alias bomb?)", path)
+            raise UserError(
+                f"too large: more than {MAX_YAML_NODES:,} YAML nodes once its aliases are expanded (an alias bomb?)",
+                path,
+            )
         return node, loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

@@ -8,6 +8,7 @@ Infinity and overflowing numbers such as `1e400`.
 
 `validator(schema)` turns a schema into the `validate(row) -> message or None` that commands.jsonl's readers take.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -44,88 +45,165 @@ def _row(properties: dict, required: tuple[str, ...]) -> dict:
 def loglik_schema(M: int, repeats: int | None = None) -> dict:
     """loglik.jsonl (icqs / epistemic): one curve of M + 1 log-likelihoods per (sampler, demo-set repeat, id)."""
     l_range = {"type": "integer", "minimum": 0, **({"maximum": repeats - 1} if repeats else {})}
-    return _row({"sampler": {"type": "string"}, "l": l_range, "id": _ID, "loglik": _logprobs(M + 1),
-                 "loglik_cf": _logprobs(M + 1), "tokens": {"type": "integer", "minimum": 1}},
-                ("sampler", "l", "id", "loglik"))
+    return _row(
+        {
+            "sampler": {"type": "string"},
+            "l": l_range,
+            "id": _ID,
+            "loglik": _logprobs(M + 1),
+            "loglik_cf": _logprobs(M + 1),
+            "tokens": {"type": "integer", "minimum": 1},
+        },
+        ("sampler", "l", "id", "loglik"),
+    )
 
 
 def zeroshot_schema() -> dict:
     """zeroshot.jsonl (loglik / loglik_norm): the answer's log-likelihood with no demos and its token count."""
-    return _row({"id": _ID, "loglik": _LOGPROB, "tokens": {"type": "integer", "minimum": 1}},
-                ("id", "loglik", "tokens"))
+    return _row(
+        {"id": _ID, "loglik": _LOGPROB, "tokens": {"type": "integer", "minimum": 1}}, ("id", "loglik", "tokens")
+    )
 
 
 def icl_schema(labels: list[str]) -> dict:
     """icl.jsonl: the label options' log-probs and the predicted label."""
-    return _row({"id": _ID, "label_logprobs": _logprobs(len(labels)), "predicted": {"enum": list(labels)}},
-                ("id", "label_logprobs", "predicted"))
+    return _row(
+        {"id": _ID, "label_logprobs": _logprobs(len(labels)), "predicted": {"enum": list(labels)}},
+        ("id", "label_logprobs", "predicted"),
+    )
 
 
 def judge_schema() -> dict:
     """judge.jsonl (the verbalized-judge baseline): the rating tokens' log-probs and the generated text."""
-    return _row({"id": _ID, "rating_logprobs": _logprobs(len(RATING_OPTIONS)), "text": {"type": "string"}},
-                ("id", "rating_logprobs", "text"))
+    return _row(
+        {"id": _ID, "rating_logprobs": _logprobs(len(RATING_OPTIONS)), "text": {"type": "string"}},
+        ("id", "rating_logprobs", "text"),
+    )
 
 
 def grades_schema() -> dict:
     """grades.jsonl (`icqs judge`): the rating distribution of one (item, shots, run)."""
     n = HIGH - LOW + 1
-    return _row({"id": _ID, "k": _COUNT, "run": _COUNT, "seed": _COUNT, "probs": _probs(n),
-                 "expected": {"type": "number", "minimum": LOW - 1e-3, "maximum": HIGH + 1e-3},
-                 "argmax": {"type": "integer", "minimum": LOW, "maximum": HIGH}, "generated": {"type": "string"},
-                 "parsed": {"type": ["integer", "null"], "minimum": LOW, "maximum": HIGH}},
-                ("id", "k", "run", "probs", "expected", "argmax"))
+    return _row(
+        {
+            "id": _ID,
+            "k": _COUNT,
+            "run": _COUNT,
+            "seed": _COUNT,
+            "probs": _probs(n),
+            "expected": {"type": "number", "minimum": LOW - 1e-3, "maximum": HIGH + 1e-3},
+            "argmax": {"type": "integer", "minimum": LOW, "maximum": HIGH},
+            "generated": {"type": "string"},
+            "parsed": {"type": ["integer", "null"], "minimum": LOW, "maximum": HIGH},
+        },
+        ("id", "k", "run", "probs", "expected", "argmax"),
+    )
 
 
 def verdicts_schema() -> dict:
     """verdicts.jsonl (`icqs pairwise`): per-variant outcome distributions and verdicts, and their aggregate."""
     outcome = {"enum": list(OUTCOMES)}
     names = [v.name for v in VARIANTS]
-    probs = {"type": "object", "required": list(OUTCOMES), "additionalProperties": False,  # labeled: {model_a, ...}
-             "properties": {o: {"type": "number", "minimum": 0, "maximum": 1 + 1e-6} for o in OUTCOMES}}
+    probs = {
+        "type": "object",
+        "required": list(OUTCOMES),
+        "additionalProperties": False,  # labeled: {model_a, ...}
+        "properties": {o: {"type": "number", "minimum": 0, "maximum": 1 + 1e-6} for o in OUTCOMES},
+    }
     per = {"type": "object", "properties": {n: probs for n in names}, "required": names}
     verdicts = {"type": "object", "properties": {n: outcome for n in names}, "required": names}
-    return _row({"id": _ID, "model_a": {"type": "string"}, "model_b": {"type": "string"},
-                 "winner": {"enum": [*OUTCOMES, None]}, "variants": per, "verdicts": verdicts,
-                 "aggregate": probs, "verdict": outcome, "generated": {"type": "object"}},
-                ("id", "variants", "verdicts", "aggregate", "verdict"))
+    return _row(
+        {
+            "id": _ID,
+            "model_a": {"type": "string"},
+            "model_b": {"type": "string"},
+            "winner": {"enum": [*OUTCOMES, None]},
+            "variants": per,
+            "verdicts": verdicts,
+            "aggregate": probs,
+            "verdict": outcome,
+            "generated": {"type": "object"},
+        },
+        ("id", "variants", "verdicts", "aggregate", "verdict"),
+    )
 
 
 def allure_stage_schema() -> dict:
     """stages.jsonl (`icqs allure run`): a stage's name, kind and the memory ids of its ICL examples."""
-    return _row({"stage": {"type": "string"}, "kind": {"type": "string"},
-                 "icl_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
-                ("stage", "kind", "icl_ids"))
+    return _row(
+        {
+            "stage": {"type": "string"},
+            "kind": {"type": "string"},
+            "icl_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        },
+        ("stage", "kind", "icl_ids"),
+    )
 
 
 def allure_eval_schema() -> dict:
     """evals.jsonl (`icqs allure run`): one item's label in one stage."""
-    return _row({"stage": {"type": "string"}, "id": _ID, "split": {"type": "string"},
-                 "truth": {"enum": [0, 1]}, "p_correct": _PROB, "label": {"enum": [0, 1]}},
-                ("stage", "id", "split", "truth", "p_correct", "label"))
+    return _row(
+        {
+            "stage": {"type": "string"},
+            "id": _ID,
+            "split": {"type": "string"},
+            "truth": {"enum": [0, 1]},
+            "p_correct": _PROB,
+            "label": {"enum": [0, 1]},
+        },
+        ("stage", "id", "split", "truth", "p_correct", "label"),
+    )
 
 
 def allure_memory_schema() -> dict:
     """An example of the ALLURE ICL memory (SQLite, icqs.allure.memory), its provenance parsed from JSON."""
     text, maybe_text = {"type": "string"}, {"type": ["string", "null"]}
     label = {"enum": [0, 1]}
-    return _row({"id": {"type": "integer", "minimum": 0}, "item_id": text, "user_text": text, "assistant_text": text,
-                 "response": text, "answer": maybe_text, "correct_label": label,
-                 "evaluator_label": {"enum": [0, 1, None]},
-                 "evaluator_prob": {"anyOf": [_PROB, {"type": "null"}]}, "error_kind": maybe_text,
-                 "failure_mode": maybe_text, "status": {"enum": ["pending", "accepted", "rejected"]},
-                 "run_id": maybe_text, "round": {"type": ["integer", "null"], "minimum": 0},
-                 "provenance": {"type": "object"}, "created_at": text, "reviewed_at": maybe_text},
-                ("id", "item_id", "user_text", "assistant_text", "response", "correct_label", "status",
-                 "provenance", "created_at"))
+    return _row(
+        {
+            "id": {"type": "integer", "minimum": 0},
+            "item_id": text,
+            "user_text": text,
+            "assistant_text": text,
+            "response": text,
+            "answer": maybe_text,
+            "correct_label": label,
+            "evaluator_label": {"enum": [0, 1, None]},
+            "evaluator_prob": {"anyOf": [_PROB, {"type": "null"}]},
+            "error_kind": maybe_text,
+            "failure_mode": maybe_text,
+            "status": {"enum": ["pending", "accepted", "rejected"]},
+            "run_id": maybe_text,
+            "round": {"type": ["integer", "null"], "minimum": 0},
+            "provenance": {"type": "object"},
+            "created_at": text,
+            "reviewed_at": maybe_text,
+        },
+        (
+            "id",
+            "item_id",
+            "user_text",
+            "assistant_text",
+            "response",
+            "correct_label",
+            "status",
+            "provenance",
+            "created_at",
+        ),
+    )
 
 
 def run_task_schema() -> dict:
     """The task a score run's run.json records, as far as a report or leaderboard reads it: M, N, L in range."""
-    return {"type": "object", "properties": {
-        "M": {"type": "integer", "minimum": 1, "maximum": MAX_M},
-        "N": {"type": "integer", "minimum": 1, "maximum": MAX_N},
-        "L": {"type": "integer", "minimum": 1, "maximum": MAX_L}}, "required": ["M", "N", "L"]}
+    return {
+        "type": "object",
+        "properties": {
+            "M": {"type": "integer", "minimum": 1, "maximum": MAX_M},
+            "N": {"type": "integer", "minimum": 1, "maximum": MAX_N},
+            "L": {"type": "integer", "minimum": 1, "maximum": MAX_L},
+        },
+        "required": ["M", "N", "L"],
+    }
 
 
 def _where(error) -> str:
@@ -135,7 +213,7 @@ def _where(error) -> str:
 
 def _short(message: str, limit: int = 120) -> str:
     message = " ".join(message.split())
-    return message if len(message) <= limit else message[:limit - 3] + "..."
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def problem(schema_validator: Draft202012Validator, row) -> str | None:
@@ -173,4 +251,5 @@ def score_log_validator(method: str, task, ids=None, sampler: str | None = None)
         if bad is None and sampler is not None and "sampler" in row and row["sampler"] != sampler:
             bad = f"field 'sampler': {_short(repr(row['sampler']), 60)} is not this run's sampler ({sampler})"
         return bad
+
     return validate

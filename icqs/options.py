@@ -4,6 +4,7 @@
 engine's prefix tree computes each prompt once and only the option tokens on top of it. Options that are prefixes
 of one another ("1" and "10") should carry a terminator ("1]]", "10]]") so that each names one complete answer.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ import re
 import numpy as np
 
 
-def option_logprobs(engine, prompts: list[str], options: list[str], normalize: bool = True,
-                    progress: bool = False) -> np.ndarray:
+def option_logprobs(
+    engine, prompts: list[str], options: list[str], normalize: bool = True, progress: bool = False
+) -> np.ndarray:
     """log P(option | prompt) for every prompt x option -> float64 array [n_prompts, n_options].
 
     normalize: renormalise each row over the options (log-softmax), giving the judge's distribution restricted to

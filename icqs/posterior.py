@@ -5,6 +5,7 @@ with its `argmin` typo read as argmax). Beyond the paper, the curve is also read
 p(r_j | z) = softmax_j(l_j) under a uniform prior, giving a continuous expected quality E[r] and an equal-tailed
 90% credible interval on the ratio grid.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,6 +53,11 @@ def summarize(curve: np.ndarray, ratios, mass: float = 0.9) -> dict:
     """All of one candidate's ICQS numbers from its curve [M+1]."""
     post = posterior(curve)
     low, high = credible_interval(post, ratios, mass)
-    return {"score": float(argmax_ratio(curve, ratios)), "expected": float(expected_ratio(post, ratios)),
-            "ci_low": float(low), "ci_high": float(high), "posterior": [float(p) for p in post],
-            "curve": [float(v) for v in curve]}
+    return {
+        "score": float(argmax_ratio(curve, ratios)),
+        "expected": float(expected_ratio(post, ratios)),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "posterior": [float(p) for p in post],
+        "curve": [float(v) for v in curve],
+    }

@@ -5,6 +5,7 @@ engine requests the run would send (every demo draw) and the audit after it; the
 engine computes a shared prefix once: the tokens of all requests less their longest common prefix with another
 request); and a time estimate from this machine's measured rate on a small sample of them.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,12 +23,13 @@ def _requests(task, candidates, methods, sampler: str, draws: int, audit: bool) 
         method = METHODS[name]
         run, aud = [], []
         for d in range(draws if method.demos else 1):
-            run += [(r.context, r.continuation, r.generated) for r in
-                    method.requests(draw_task(task, d), candidates, sampler)]
+            run += [
+                (r.context, r.continuation, r.generated)
+                for r in method.requests(draw_task(task, d), candidates, sampler)
+            ]
             if audit:
                 for train, cands in folds(task, d):
-                    aud += [(r.context, r.continuation, r.generated) for r in
-                            method.requests(train, cands, sampler)]
+                    aud += [(r.context, r.continuation, r.generated) for r in method.requests(train, cands, sampler)]
         out[name] = (run, aud)
     return out
 
@@ -75,12 +77,15 @@ def preview(engine, task, candidates: list[Candidate], methods, sampler: str, dr
     plan = _requests(task, candidates, methods, sampler, draws, audit and skipped is None)
     all_requests = [r for run, aud in plan.values() for r in run + aud]
     rate = measure_rate(engine, all_requests) if all_requests else 0.0
-    lines = [f"preview of task {task.name}: {len(candidates)} candidates, M = {task.M}, N = {task.N}, "
-             f"L = {task.L}, {sampler} demo sets, {draws} demo draw(s), audit "
-             f"{'off' if not audit else f'skipped ({skipped})' if skipped else 'on'}; "
-             f"measured rate on this machine: {rate:,.0f} tokens/s",
-             "prompt layout: " + (f"the header {task.header!r}, then " if task.header else "")
-             + f"the demos, each followed by the separator {task.separator!r}, then the candidate"]
+    lines = [
+        f"preview of task {task.name}: {len(candidates)} candidates, M = {task.M}, N = {task.N}, "
+        f"L = {task.L}, {sampler} demo sets, {draws} demo draw(s), audit "
+        f"{'off' if not audit else f'skipped ({skipped})' if skipped else 'on'}; "
+        f"measured rate on this machine: {rate:,.0f} tokens/s",
+        "prompt layout: "
+        + (f"the header {task.header!r}, then " if task.header else "")
+        + f"the demos, each followed by the separator {task.separator!r}, then the candidate",
+    ]
     generated_total = sum(g for _, _, g in all_requests)
     total_tokens = unique_tokens(_tokens(tok, all_requests)) + generated_total  # methods share requests
     for name, (run, aud) in plan.items():
@@ -92,14 +97,20 @@ def preview(engine, task, candidates: list[Candidate], methods, sampler: str, dr
         aud_u = unique_tokens(_tokens(tok, aud))
         generated = sum(g for _, _, g in run + aud)
         seconds = (run_u + aud_u + generated) / rate if rate else float("nan")
-        lines += ["", f"== {name}: {METHODS[name].title}",
-                  f"one request ({tokens} tokens; the scored continuation after |||):",
-                  "  " + (ctx + "|||" + cont).replace("\n", "\n  "),
-                  f"requests: {len(run):,} for the run + {len(aud):,} for the audit; unique tokens to compute: "
-                  f"{run_u:,} + {aud_u:,}" + (f"; {generated:,} generated" if generated else "")
-                  + f"; estimated time: {seconds:.0f} s"]
+        lines += [
+            "",
+            f"== {name}: {METHODS[name].title}",
+            f"one request ({tokens} tokens; the scored continuation after |||):",
+            "  " + (ctx + "|||" + cont).replace("\n", "\n  "),
+            f"requests: {len(run):,} for the run + {len(aud):,} for the audit; unique tokens to compute: "
+            f"{run_u:,} + {aud_u:,}"
+            + (f"; {generated:,} generated" if generated else "")
+            + f"; estimated time: {seconds:.0f} s",
+        ]
     lines.append("")
-    lines.append(f"total (requests the methods share counted once): about {total_tokens:,} tokens, "
-                 f"{total_tokens / rate if rate else float('nan'):.0f} s on this machine (an estimate: the "
-                 f"measured rate moves with the machine's load)")
+    lines.append(
+        f"total (requests the methods share counted once): about {total_tokens:,} tokens, "
+        f"{total_tokens / rate if rate else float('nan'):.0f} s on this machine (an estimate: the "
+        f"measured rate moves with the machine's load)"
+    )
     return "\n".join(lines) + "\n"

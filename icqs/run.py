@@ -13,6 +13,7 @@ existing run.json agree); the command then validates its inputs and loads the mo
 takes the lock, checks run.json again under the lock, removes temporary files a hard kill left, and writes run.json.
 `read_run_json` reads an existing run directory for the commands that only report on it (leaderboard, report).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,10 @@ import socket
 import time
 from pathlib import Path
 
-from engine.errors import UserError
-from engine.stats import COUNTERS, EngineStats
 from commands.cli_args import check_output_path, output_path
 from commands.factory import seed_int
+from engine.errors import UserError
+from engine.stats import COUNTERS, EngineStats
 
 from .io import TMP_SUFFIX, atomic_write, strict_json
 
@@ -82,8 +83,15 @@ def check_output_dir(out, flag: str = "--out") -> Path:
 
 
 class RunDir:
-    def __init__(self, out, command: str, settings: dict, fixed: tuple[str, ...] | None = None,
-                 accumulate: dict | None = None, created: dict | None = None):
+    def __init__(
+        self,
+        out,
+        command: str,
+        settings: dict,
+        fixed: tuple[str, ...] | None = None,
+        accumulate: dict | None = None,
+        created: dict | None = None,
+    ):
         """Check, without writing anything, that OUT can hold this run: `settings` are recorded in run.json,
         `fixed` (default: all of them) must match an existing run.json, `accumulate` maps keys to lists that
         are merged with the existing ones, `created` holds values recorded by the run that creates OUT (kept by
@@ -100,13 +108,17 @@ class RunDir:
         meta = {"command": self.command, **self.created, **(old or {}), **self.given}
         if old is not None:
             if old.get("command", self.command) != self.command:
-                raise UserError(f"this directory holds a `{old['command']}` run, not a `{self.command}` one; use "
-                                f"another --out", str(self.path))
+                raise UserError(
+                    f"this directory holds a `{old['command']}` run, not a `{self.command}` one; use another --out",
+                    str(self.path),
+                )
             changed = [c for key in self.fixed for c in changes(key, old.get(key), self.given.get(key))]
             if changed:
-                raise UserError(f"this run directory holds results for other settings: {'; '.join(changed[:6])}"
-                                f"{'; ...' if len(changed) > 6 else ''}; use another --out (or the same settings)",
-                                str(self.path / "run.json"))
+                raise UserError(
+                    f"this run directory holds results for other settings: {'; '.join(changed[:6])}"
+                    f"{'; ...' if len(changed) > 6 else ''}; use another --out (or the same settings)",
+                    str(self.path / "run.json"),
+                )
         for key, values in self.accumulate.items():
             meta[key] = sorted(set((old or {}).get(key, [])) | set(values))
         return meta
@@ -126,8 +138,10 @@ class RunDir:
             holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
             self._depth -= 1
-            raise UserError(f"another command is working in this run directory ({holder}); wait for it to end or "
-                            f"use another --out", str(self.path)) from None
+            raise UserError(
+                f"another command is working in this run directory ({holder}); wait for it to end or use another --out",
+                str(self.path),
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
         self._fd = fd
@@ -183,8 +197,11 @@ def changes(name: str, old, new) -> list[str]:
     if old == new:
         return []
     if isinstance(old, dict) and isinstance(new, dict):
-        return [c for k in list(old) + [k for k in new if k not in old]
-                for c in changes(f"{name}.{k}", old.get(k), new.get(k))]
+        return [
+            c
+            for k in list(old) + [k for k in new if k not in old]
+            for c in changes(f"{name}.{k}", old.get(k), new.get(k))
+        ]
     if isinstance(old, list) and isinstance(new, list):
         if len(old) != len(new):
             return [f"{name}: {len(old)} items -> {len(new)} items"]
@@ -230,8 +247,10 @@ class MeteredEngine:
 
 def format_stats(stats: dict) -> str:
     """One line: tokens requested, computed, cached; seconds."""
-    return (f"{stats.get('tokens_requested', 0):,} tokens requested, {stats.get('tokens_computed', 0):,} computed, "
-            f"{stats.get('cache_hit_tokens', 0):,} cached, {stats.get('seconds', 0):.1f} s")
+    return (
+        f"{stats.get('tokens_requested', 0):,} tokens requested, {stats.get('tokens_computed', 0):,} computed, "
+        f"{stats.get('cache_hit_tokens', 0):,} cached, {stats.get('seconds', 0):.1f} s"
+    )
 
 
 # ---- the options every run command shares ------------------------------------------------------------------------
@@ -239,13 +258,20 @@ def add_run_args(p: argparse.ArgumentParser, seed_default: int | None = 0, seed_
     """--out (the run directory), --seed and --quiet, as every run command takes them."""
     p.add_argument("--out", required=True, type=output_path, help="run directory (a killed run resumes from it)")
     p.add_argument("--seed", type=seed_int, default=seed_default, help=seed_help)
-    p.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors (no progress bars, "
-                   "no tables: the results are in --out)")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing but warnings and errors (no progress bars, no tables: the results are in --out)",
+    )
 
 
 def deterministic_by_default(p: argparse.ArgumentParser) -> None:
     """Evaluation commands run the engine in its deterministic mode unless told otherwise: a score does not depend
     on what else is in the job, so adding a method or an option never moves another method's scores."""
     p.set_defaults(deterministic=True)
-    p.add_argument("--nondeterministic", dest="deterministic", action="store_false",
-                   help="faster batched kernels whose bf16 scores move with the batch (by up to ~0.1 nats)")
+    p.add_argument(
+        "--nondeterministic",
+        dest="deterministic",
+        action="store_false",
+        help="faster batched kernels whose bf16 scores move with the batch (by up to ~0.1 nats)",
+    )

@@ -3,6 +3,7 @@ failure_modes.json), each with its JSON Schema in icqs/schemas/ (RUN_FILES). `re
 bounds (a size cap, strict JSON: no NaN or Infinity, no nesting past Python's limit) and validates it, one line
 `file: field ...: what is wrong` otherwise. The schemas name the methods as a placeholder, filled in from
 icqs.methods.METHODS when loaded, so they cannot go stale."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,12 @@ from engine.errors import UserError
 from .contracts import SCHEMA_DIR
 from .methods import METHODS
 
-RUN_FILES = {"run.json": "run-meta", "audit.json": "run-audit", "leaderboard.json": "run-leaderboard",
-             "failure_modes.json": "run-failure-modes"}
+RUN_FILES = {
+    "run.json": "run-meta",
+    "audit.json": "run-audit",
+    "leaderboard.json": "run-leaderboard",
+    "failure_modes.json": "run-failure-modes",
+}
 MAX_RUN_FILE_BYTES = 64 << 20  # a run's JSON file: its largest, a leaderboard of 100k models, is a few MB
 METHODS_PLACEHOLDER = "<the methods of icqs.methods.METHODS>"  # in the run files' schemas: filled in when loaded
 
@@ -52,8 +57,9 @@ def read_run_file(path, fix: str = "run the command again to rewrite it") -> obj
         return None
     check_regular_file(str(path), "a JSON file")
     if path.stat().st_size > MAX_RUN_FILE_BYTES:
-        raise UserError(f"larger than the {MAX_RUN_FILE_BYTES >> 20} MiB a run's {path.name} may hold; {fix}",
-                        str(path))
+        raise UserError(
+            f"larger than the {MAX_RUN_FILE_BYTES >> 20} MiB a run's {path.name} may hold; {fix}", str(path)
+        )
     try:
         value = parse_line(path.read_bytes())
     except RecursionError:
@@ -65,6 +71,5 @@ def read_run_file(path, fix: str = "run the command again to rewrite it") -> obj
     if error is not None:
         message = " ".join(error.message.split())
         message = message if len(message) <= 160 else message[:157] + "..."
-        raise UserError(f"{_field(error.absolute_path)}: {message} (not what the command writes; {fix})",
-                        str(path))
+        raise UserError(f"{_field(error.absolute_path)}: {message} (not what the command writes; {fix})", str(path))
     return value

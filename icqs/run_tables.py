@@ -3,6 +3,7 @@ pairwise summaries (icqs.judges.results) build their tables once, as rows of alr
 `icqs pairwise`, `icqs leaderboard | audit DIR` print them and `icqs report DIR` puts them in the page
 (icqs.report_runs), so what the terminal says and what the report says cannot drift apart. Machines read the
 summaries themselves (`--json`), not these tables."""
+
 from __future__ import annotations
 
 import html
@@ -37,6 +38,7 @@ class Table:
     """`columns` and `rows` of formatted cells; a column of numbers (every cell a number, '-', a rank '#2' or an
     interval) is right-aligned, the others left. A row whose index is in `flagged` is marked: a leading '!' in
     text, a red row in HTML. `notes` follow the table (a note starting with '!' is a warning)."""
+
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
@@ -56,8 +58,10 @@ class Table:
         right = self._right()
 
         def line(cells, prefix: str) -> str:
-            return (prefix + "  ".join(c.rjust(w) if r else c.ljust(w)
-                                       for c, w, r in zip(cells, widths, right))).rstrip()
+            return (
+                prefix + "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right))
+            ).rstrip()
+
         out = [self.title] if self.title else []
         out.append(line(self.columns, mark))
         out += [line(r, ("! " if i in self.flagged else "  ") if self.flagged else "") for i, r in enumerate(self.rows)]
@@ -68,19 +72,29 @@ class Table:
         right = self._right()
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         body = "".join(
-            f"<tr{' class=flag' if i in self.flagged else ''}>" + "".join(
+            f"<tr{' class=flag' if i in self.flagged else ''}>"
+            + "".join(
                 f"<td class=num>{html.escape(c)}</td>" if r else f"<td>{html.escape(c)}</td>"
-                for c, r in zip(cells, right)) + "</tr>" for i, cells in enumerate(self.rows))
-        notes = "".join(f"<p class=warn>{html.escape(n)}</p>" if n.startswith("!") else f"<p>{html.escape(n)}</p>"
-                        for n in self.notes)
+                for c, r in zip(cells, right)
+            )
+            + "</tr>"
+            for i, cells in enumerate(self.rows)
+        )
+        notes = "".join(
+            f"<p class=warn>{html.escape(n)}</p>" if n.startswith("!") else f"<p>{html.escape(n)}</p>"
+            for n in self.notes
+        )
         title = f"<h3>{html.escape(self.title)}</h3>" if self.title else ""
         return f"{title}<table><tr>{head}</tr>{body}</table>{notes}"
 
 
 # ---- what a command prints ------------------------------------------------------------------------------------------
 def add_json_arg(p) -> None:
-    p.add_argument("--json", action="store_true",
-                   help="print the results as one JSON document on stdout (for machines) instead of tables")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as one JSON document on stdout (for machines) instead of tables",
+    )
 
 
 def show(args, data, text: str, warnings=()) -> None:

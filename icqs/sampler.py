@@ -26,6 +26,7 @@ Within a plan, the examples for a label (or the whole pool) are a random order o
 pool cycled again (in a new order) only when more slots need it than it holds. Everything is deterministic in
 (seed, sampler, l, j).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,8 +66,10 @@ def _draw_indices(rng: np.random.Generator, pool: np.ndarray, n: int) -> np.ndar
 def _by_label(examples: list[Example], label: str, which: str) -> np.ndarray:
     index = np.array([i for i, e in enumerate(examples) if e.y == label], dtype=np.int64)
     if not len(index):
-        raise UserError(f"balanced demo sets need {which} examples showing every label, and {which} has none "
-                        f"showing {label!r} (add some, or set balance: none)")
+        raise UserError(
+            f"balanced demo sets need {which} examples showing every label, and {which} has none "
+            f"showing {label!r} (add some, or set balance: none)"
+        )
     return index
 
 
@@ -101,8 +104,9 @@ def demo_set(task: Task, plan: SlotPlan, l: int, j: int, sampler: str = "coupled
     return DemoSet(l, j, float(good.mean()), examples, tuple(bool(k) for k in good))
 
 
-def demo_sets(task: Task, sampler: str = "coupled", repeats: int | None = None, seed: int | None = None
-              ) -> list[list[DemoSet]]:
+def demo_sets(
+    task: Task, sampler: str = "coupled", repeats: int | None = None, seed: int | None = None
+) -> list[list[DemoSet]]:
     """sets[l][j]: the demo set of repeat l (0..L-1) and ratio j (0..M). Deterministic in (seed, sampler)."""
     if sampler not in SAMPLERS:
         raise UserError(f"unknown sampler {sampler!r} (choose from {', '.join(SAMPLERS)})")
@@ -112,8 +116,12 @@ def demo_sets(task: Task, sampler: str = "coupled", repeats: int | None = None, 
     sets = []
     for l in range(repeats):
         if sampler == "independent":
-            sets.append([demo_set(task, slot_plan(np.random.default_rng([seed, l, j + 1]), task, sampler), l, j,
-                                  sampler) for j in range(task.M + 1)])
+            sets.append(
+                [
+                    demo_set(task, slot_plan(np.random.default_rng([seed, l, j + 1]), task, sampler), l, j, sampler)
+                    for j in range(task.M + 1)
+                ]
+            )
         else:
             plan = slot_plan(np.random.default_rng([seed, l]), task, sampler)
             sets.append([demo_set(task, plan, l, j, sampler) for j in range(task.M + 1)])

@@ -5,6 +5,7 @@ A score run directory holds run.json (task, candidates' digest, model, sampler, 
 stats per method), candidates.jsonl, the raw results as append-only logs (loglik.jsonl, icl.jsonl, judge.jsonl: a
 killed run resumes from them), and the derived scores.jsonl, leaderboard.txt and leaderboard.json, written whole.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,12 +14,11 @@ import json
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.requests import encode_pairs
-from engine.requests import RequestError, check_generate_length, check_score_length
+from engine.requests import RequestError, check_generate_length, check_score_length, encode_pairs
 
+from . import audit_state
 from .aggregate import format_leaderboards, leaderboard
 from .candidates import candidate_row, read_candidates
-from . import audit_state
 from .io import ResultWriter, atomic_write, read_results, strict_json
 from .logs import run_task_schema, score_log_validator, validator
 from .methods import DEFAULT_METHODS, METHODS, ordered
@@ -33,8 +33,13 @@ def _digest(obj) -> str:
 def score_run_dir(out, task, candidates, model: str, sampler: str, methods, draws: int = 1) -> RunDir:
     """The run directory of a score run, checked (an existing one must be for the same task, candidates, model,
     sampler and demo draws); nothing is written until it starts."""
-    settings = {"task": task_to_dict(task), "candidates": _digest([candidate_row(c) for c in candidates]),
-                "model": model, "sampler": sampler, "draws": draws}
+    settings = {
+        "task": task_to_dict(task),
+        "candidates": _digest([candidate_row(c) for c in candidates]),
+        "model": model,
+        "sampler": sampler,
+        "draws": draws,
+    }
     return RunDir(out, "score", settings, accumulate={"methods": list(methods)})
 
 
@@ -50,8 +55,11 @@ def check_lengths(engine, task, candidates, methods, sampler: str, path: str | N
         jobs = METHODS[name].requests(task, candidates, sampler)
         texts = list(dict.fromkeys([j.shared for j in jobs] + [j.rest + j.continuation for j in jobs]))
         length = dict(zip(texts, map(len, tok.encode_batch(texts))))
-        near = [j for j in jobs if length[j.shared] + length[j.rest + j.continuation] + j.generated + SLACK >
-                limits.max_request_tokens]
+        near = [
+            j
+            for j in jobs
+            if length[j.shared] + length[j.rest + j.continuation] + j.generated + SLACK > limits.max_request_tokens
+        ]
         encoded = encode_pairs(tok, [(j.context, j.continuation) for j in near])
         for j, (ctx, cont) in zip(near, encoded):
             try:  # the engine's own checks: a scored prompt, or a prompt and the tokens generated after it
@@ -60,8 +68,12 @@ def check_lengths(engine, task, candidates, methods, sampler: str, path: str | N
                 else:
                     check_score_length(len(ctx), len(cont), limits)
             except RequestError as e:
-                raise UserError(f"candidate {j.candidate.id!r}: its {name} prompt (demos, x and y): {e.reason}; "
-                                "shorten it or use fewer demos (--N)", path, j.candidate.line) from None
+                raise UserError(
+                    f"candidate {j.candidate.id!r}: its {name} prompt (demos, x and y): {e.reason}; "
+                    "shorten it or use fewer demos (--N)",
+                    path,
+                    j.candidate.line,
+                ) from None
 
 
 def describe_model(model: str | None, engine) -> dict:
@@ -74,6 +86,7 @@ def describe_model(model: str | None, engine) -> dict:
     params = None
     if config is not None:
         from .headline import model_params
+
         params = model_params(config)
     if model is not None and str(model).startswith(("http://", "https://")):
         return {"name": f"server {model}", "file": None, "params": params}
@@ -90,9 +103,20 @@ def describe_model(model: str | None, engine) -> dict:
     return {"name": name, "file": file or DEFAULT_GGUF, "params": params}
 
 
-def score_run(engine, task, candidates, out, methods=DEFAULT_METHODS, sampler: str = "coupled",
-              model: str = "default", progress: bool = True, path: str | None = None, draws: int = 1,
-              audit: bool = True, model_info: dict | None = None) -> list[dict]:
+def score_run(
+    engine,
+    task,
+    candidates,
+    out,
+    methods=DEFAULT_METHODS,
+    sampler: str = "coupled",
+    model: str = "default",
+    progress: bool = True,
+    path: str | None = None,
+    draws: int = 1,
+    audit: bool = True,
+    model_info: dict | None = None,
+) -> list[dict]:
     """Compute (or resume) the methods for every candidate into `out` (a directory or a RunDir from score_run_dir)
     and write scores.jsonl; returns the score rows, of these methods and of those earlier runs in `out` computed.
     `draws`: independent demo draws (seeds seed, seed + 1, ...) for the methods whose scores depend on them; a row
@@ -110,8 +134,10 @@ def score_run(engine, task, candidates, out, methods=DEFAULT_METHODS, sampler: s
             run.save()
         audit_state.start(run.meta, audit)  # before any work: a run killed from here on reads as pending
         run.save()
-        atomic_write(run.path / "candidates.jsonl", "".join(json.dumps(candidate_row(c), ensure_ascii=False) + "\n"
-                                                            for c in candidates))
+        atomic_write(
+            run.path / "candidates.jsonl",
+            "".join(json.dumps(candidate_row(c), ensure_ascii=False) + "\n" for c in candidates),
+        )
         for name in ordered(run.meta["methods"]):
             method = METHODS[name]
             metered = MeteredEngine(engine, on_call=lambda stats, name=name: run.add_stats(name, stats))
@@ -127,12 +153,23 @@ def score_run(engine, task, candidates, out, methods=DEFAULT_METHODS, sampler: s
                     results = read_results(run.path / draw_log(method, d), check)
                 parts.append(_score_rows(name, candidates, method.score(task_d, candidates, results, sampler), d))
             rows += _complete(parts)
-        atomic_write(run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n"
-                                                        for r in rows))
+        atomic_write(
+            run.path / "scores.jsonl", "".join(json.dumps(strict_json(r), ensure_ascii=False) + "\n" for r in rows)
+        )
         if audit:
             from .audit import compute_audit
-            entries = compute_audit(engine, task, run, run.meta["methods"], sampler, draws, progress=progress,
-                                    rows=rows, candidates=candidates)
+
+            entries = compute_audit(
+                engine,
+                task,
+                run,
+                run.meta["methods"],
+                sampler,
+                draws,
+                progress=progress,
+                rows=rows,
+                candidates=candidates,
+            )
             audit_state.finish(run.meta, entries)
             run.save()
     return rows
@@ -207,14 +244,19 @@ def check_complete(meta: dict, out, partial: bool) -> str | None:
         return None
     what = "; ".join(f"{name} lacks {v['missing']} of {v['of']} candidate results" for name, v in incomplete.items())
     if not partial:
-        raise UserError(f"{what} (a killed run, or a torn or lost log line): run `icqs score` again to finish it, or "
-                        "ask for a leaderboard of the complete methods alone with --partial", str(out))
+        raise UserError(
+            f"{what} (a killed run, or a torn or lost log line): run `icqs score` again to finish it, or "
+            "ask for a leaderboard of the complete methods alone with --partial",
+            str(out),
+        )
     return f"PARTIAL leaderboard: {what}"
 
 
 def _corrupt(out: Path, what: str) -> UserError:
-    return UserError(f"corrupt run.json ({what} is not what `icqs score` writes); remove the run directory to start "
-                     f"over", str(out / "run.json"))
+    return UserError(
+        f"corrupt run.json ({what} is not what `icqs score` writes); remove the run directory to start over",
+        str(out / "run.json"),
+    )
 
 
 TYPES = {"str": str, "int": int, "bool": bool}  # Task fields of these (annotated) types are checked
@@ -234,8 +276,14 @@ def _recorded_task(d, out: Path):
         if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
             raise _corrupt(out, f"its task's {f.name}")
     texts = [t for e in task.good + task.bad for t in (e.x, e.y)] + list(task.labels)
-    if min(task.M, task.N, task.L) < 1 or not task.good or not task.bad or not all(isinstance(t, str) for t in texts) \
-            or task.template.count("{x}") != 1 or task.template.count("{y}") != 1:
+    if (
+        min(task.M, task.N, task.L) < 1
+        or not task.good
+        or not task.bad
+        or not all(isinstance(t, str) for t in texts)
+        or task.template.count("{x}") != 1
+        or task.template.count("{y}") != 1
+    ):
         raise _corrupt(out, "its task")
     return task
 
@@ -251,8 +299,9 @@ def leaderboards(rows: list[dict], engine_stats: dict | None = None) -> list[dic
     return boards
 
 
-def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = None, head: dict | None = None,
-                      partial: str | None = None) -> str:
+def write_leaderboard(
+    out, rows: list[dict], task, engine_stats: dict | None = None, head: dict | None = None, partial: str | None = None
+) -> str:
     """leaderboard.txt and leaderboard.json in `out` (measures the audit marks carry ! or ?, measures without an
     audit are marked pending (icqs.audit_state); the headline first when given; `partial`: the line that marks a
     leaderboard of the complete methods alone); returns the leaderboard's text (without the headline)."""
@@ -264,8 +313,10 @@ def write_leaderboard(out, rows: list[dict], task, engine_stats: dict | None = N
     flags = {**status.pending_flags(boards), **flagged(status.entries)}
     title = f"task {task.name}, {len({r['id'] for r in rows})} candidates"
     if task.calibrate:
-        title += (f"\ncalibrated scores: each answer's log-likelihood minus its log-likelihood after the "
-                  f"content-free input {task.content_free!r} (task key content_free)")
+        title += (
+            f"\ncalibrated scores: each answer's log-likelihood minus its log-likelihood after the "
+            f"content-free input {task.content_free!r} (task key content_free)"
+        )
     if partial:  # marked in the text and in every board of leaderboard.json
         title += f"\n{partial}"
         boards = [{**b, "partial": partial} for b in boards]

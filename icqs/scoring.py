@@ -17,11 +17,13 @@ do not have). It removes what a demo set makes likely whatever the input, e.g. a
 shows more often; the scores read on it (`score_cal`, `expected_cal`) are reported beside the raw ones. It costs
 one more request per distinct answer and demo set, sharing the demo prefix.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from engine.progress import progress_bar
+
 from . import posterior as post
 from .candidates import Candidate
 from .io import ResultWriter
@@ -31,8 +33,9 @@ from .task import Task
 CHUNK = 64  # candidates per engine call (per repeat): the unit of resumption
 
 
-def mixture_requests(task: Task, sets: list[DemoSet], candidates: list[Candidate], x: str | None = None
-                     ) -> list[tuple[str, str]]:
+def mixture_requests(
+    task: Task, sets: list[DemoSet], candidates: list[Candidate], x: str | None = None
+) -> list[tuple[str, str]]:
     """(context, continuation) for every (demo set, candidate), demo set major; `x`: the same input for every
     candidate instead of its own (the content-free input of calibration)."""
     requests = []
@@ -42,36 +45,47 @@ def mixture_requests(task: Task, sets: list[DemoSet], candidates: list[Candidate
     return requests
 
 
-def compute_loglik(engine, task: Task, candidates: list[Candidate], writer: ResultWriter, sampler: str = "coupled",
-                   repeats: int = 1, chunk: int = CHUNK, progress: bool = True) -> np.ndarray:
+def compute_loglik(
+    engine,
+    task: Task,
+    candidates: list[Candidate],
+    writer: ResultWriter,
+    sampler: str = "coupled",
+    repeats: int = 1,
+    chunk: int = CHUNK,
+    progress: bool = True,
+) -> np.ndarray:
     """log P(y | demo set (l, j), x) for each candidate, repeat l < `repeats` and ratio j -> array [C, repeats,
     M + 1]. Rows already in `writer` (key: sampler, l, id) are reused, missing ones computed and appended. Each row
     holds `tokens`, the answer's token count (for per-token likelihoods); with task.calibrate also `loglik_cf`, the
     curve after the content-free input."""
     sets = demo_sets(task, sampler, repeats)
-    batches = [(l, candidates[i:i + chunk]) for l in range(repeats) for i in range(0, len(candidates), chunk)]
+    batches = [(l, candidates[i : i + chunk]) for l in range(repeats) for i in range(0, len(candidates), chunk)]
     todo = [(l, [c for c in part if not writer.done((sampler, l, c.id))]) for l, part in batches]
     todo = [(l, part) for l, part in todo if part]
-    for l, part in progress_bar(todo, desc=f"ICQS {sampler} demo sets", unit="batch",
-                                disable=not progress or not todo):
+    for l, part in progress_bar(todo, desc=f"ICQS {sampler} demo sets", unit="batch", disable=not progress or not todo):
         requests = mixture_requests(task, sets[l], part)
         answers = list({c.y: c for c in part}.values())  # calibration: one request per distinct answer
         if task.calibrate:
             requests += mixture_requests(task, sets[l], answers, x=task.content_free)
         results = engine.score(requests, share_prefix=True, progress=progress)
         lp = np.array([r.logprob for r in results], dtype=np.float64)
-        raw = lp[:len(part) * (task.M + 1)].reshape(task.M + 1, len(part))
-        tokens = [r.num_tokens for r in results[task.M * len(part):(task.M + 1) * len(part)]]  # after ratio 1
-        cf = {c.y: lp[len(raw.flat):].reshape(task.M + 1, len(answers))[:, i] for i, c in enumerate(answers)} \
-            if task.calibrate else {}
+        raw = lp[: len(part) * (task.M + 1)].reshape(task.M + 1, len(part))
+        tokens = [r.num_tokens for r in results[task.M * len(part) : (task.M + 1) * len(part)]]  # after ratio 1
+        cf = (
+            {c.y: lp[len(raw.flat) :].reshape(task.M + 1, len(answers))[:, i] for i, c in enumerate(answers)}
+            if task.calibrate
+            else {}
+        )
         for i, c in enumerate(part):
             row = {"sampler": sampler, "l": l, "id": c.id, "loglik": raw[:, i].tolist(), "tokens": tokens[i]}
             writer.write(row | ({"loglik_cf": cf[c.y].tolist()} if task.calibrate else {}))
     return loglik_table(writer.rows, candidates, sampler, repeats, task.M + 1)
 
 
-def loglik_table(rows: list[dict], candidates: list[Candidate], sampler: str, repeats: int, n_ratios: int,
-                 field: str = "loglik") -> np.ndarray:
+def loglik_table(
+    rows: list[dict], candidates: list[Candidate], sampler: str, repeats: int, n_ratios: int, field: str = "loglik"
+) -> np.ndarray:
     """The [C, repeats, M + 1] array of `field` (loglik, or loglik_cf) from result rows; NaN where missing."""
     index = {c.id: i for i, c in enumerate(candidates)}
     table = np.full((len(candidates), repeats, n_ratios), np.nan)
@@ -81,8 +95,9 @@ def loglik_table(rows: list[dict], candidates: list[Candidate], sampler: str, re
     return table
 
 
-def icqs_scores(table: np.ndarray, ratios: list[float], epistemic: bool, cf_table: np.ndarray | None = None
-                ) -> list[dict]:
+def icqs_scores(
+    table: np.ndarray, ratios: list[float], epistemic: bool, cf_table: np.ndarray | None = None
+) -> list[dict]:
     """Per-candidate ICQS numbers: `score` (argmax ratio), `expected` (posterior mean), `ci_low`/`ci_high` (90%
     credible interval), `posterior`, `curve`. ICQS uses repeat 0; ICQS-Epistemic the mean over the repeats.
     With `cf_table` (the content-free curves), also `score_cal`, `expected_cal` and `curve_cal` read on the
@@ -101,8 +116,9 @@ def answer_tokens(rows: list[dict], sampler: str) -> dict:
     return {r["id"]: r["tokens"] for r in rows if r["sampler"] == sampler and "tokens" in r}
 
 
-def method_scores(rows: list[dict], candidates: list[Candidate], task: Task, sampler: str, epistemic: bool
-                  ) -> list[dict] | None:
+def method_scores(
+    rows: list[dict], candidates: list[Candidate], task: Task, sampler: str, epistemic: bool
+) -> list[dict] | None:
     """ICQS (or ICQS-Epistemic) scores of every candidate from the result rows; None while some are missing."""
     repeats = task.L if epistemic else 1
     table = loglik_table(rows, candidates, sampler, repeats, task.M + 1)

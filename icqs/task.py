@@ -19,6 +19,7 @@ separators, the label options, the judge question, and the defaults for M, N, L 
                           # the calibrated curve (raw minus content-free) beside the raw one
     content_free: "N/A"   # the content-free input x used by calibrate
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -32,8 +33,17 @@ from engine.errors import UserError, did_you_mean
 from .contracts import check_row, check_yaml
 from .io import check_text, read_jsonl, read_yaml
 
-DEFAULTS = {"separator": "\n\n", "header": "", "M": 4, "N": 8, "L": 3, "seed": 0, "balance": "marginal",
-            "calibrate": False, "content_free": "N/A"}
+DEFAULTS = {
+    "separator": "\n\n",
+    "header": "",
+    "M": 4,
+    "N": 8,
+    "L": 3,
+    "seed": 0,
+    "balance": "marginal",
+    "calibrate": False,
+    "content_free": "N/A",
+}
 LIMITS = {"M": 256, "N": 4096, "L": 1024}  # ratios, demos per set, demo sets: beyond these no model context holds it
 BALANCE = ("marginal", "uniform", "none")
 
@@ -75,20 +85,29 @@ class Task:
     def check_ratio_grid(self, path: str | None = None, line: int | None = None) -> None:
         """Refuse an (M, N) whose rounded good counts repeat: two ratios would be the same hypothesis."""
         if self.M > self.N and self.M > LIMITS["M"]:  # before listing M + 1 counts: M may be huge
-            raise UserError(f"M = {self.M} ratios need N >= M demos per set (N = {self.N}); raise N or lower M",
-                            path, line)
+            raise UserError(
+                f"M = {self.M} ratios need N >= M demos per set (N = {self.N}); raise N or lower M", path, line
+            )
         counts = self.good_counts
         if len(set(counts)) != len(counts):
-            raise UserError(f"M = {self.M} ratios need N >= M demos per set: with N = {self.N} the good counts "
-                            f"round(j N / M) repeat ({counts}); raise N or lower M", path, line)
+            raise UserError(
+                f"M = {self.M} ratios need N >= M demos per set: with N = {self.N} the good counts "
+                f"round(j N / M) repeat ({counts}); raise N or lower M",
+                path,
+                line,
+            )
 
     def check_pool_size(self, path: str | None = None, line: int | None = None) -> None:
         """Refuse N larger than a pool: the all-good (all-bad) demo set would show the same example twice."""
         for key, pool in (("good", self.good), ("bad", self.bad)):
             if self.N > len(pool):
-                raise UserError(f"N = {self.N} demos per set, but {key!r} has only {len(pool)} examples (a demo "
-                                f"set would repeat them); lower N to at most {min(len(self.good), len(self.bad))} "
-                                f"or add examples", path, line)
+                raise UserError(
+                    f"N = {self.N} demos per set, but {key!r} has only {len(pool)} examples (a demo "
+                    f"set would repeat them); lower N to at most {min(len(self.good), len(self.bad))} "
+                    f"or add examples",
+                    path,
+                    line,
+                )
 
     @property
     def is_label_task(self) -> bool:
@@ -109,7 +128,7 @@ class Task:
             share /= share.sum()
         exact = share * self.N
         counts = np.floor(exact).astype(int)
-        for i in np.argsort(-(exact - counts), kind="stable")[:self.N - counts.sum()]:
+        for i in np.argsort(-(exact - counts), kind="stable")[: self.N - counts.sum()]:
             counts[i] += 1
         return {lab: int(c) for lab, c in zip(self.labels, counts)}
 
@@ -157,8 +176,12 @@ def _examples(value, key: str, path: str, lines: dict, labels: list | None) -> l
     known = None if labels is None else {str(v) for v in labels}
     for row, where, line in located:
         if known is not None and row["y"] not in known:
-            raise UserError(f"{key!r} example answer {row['y']!r} is not among the task's labels "
-                            f"({', '.join(map(repr, map(str, labels)))}){did_you_mean(row['y'], known)}", where, line)
+            raise UserError(
+                f"{key!r} example answer {row['y']!r} is not among the task's labels "
+                f"({', '.join(map(repr, map(str, labels)))}){did_you_mean(row['y'], known)}",
+                where,
+                line,
+            )
     return [Example(row["x"], row["y"]) for row, _, _ in located]
 
 
@@ -190,10 +213,23 @@ def load_task(path, overrides: dict | None = None) -> Task:
     judge_question = values.get("judge_question")
     if judge_question is not None and judge_question.count("{x}") != 1:
         raise UserError("'judge_question' must contain {x} once", path, lines.get("judge_question"))
-    task = Task(name=str(values.get("name") or Path(path).stem), template=template, good=good, bad=bad,
-                separator=values["separator"], header=values["header"], labels=[str(v) for v in labels],
-                judge_question=judge_question, M=values["M"], N=values["N"], L=values["L"], seed=values["seed"],
-                balance=values["balance"], calibrate=values["calibrate"], content_free=values["content_free"])
+    task = Task(
+        name=str(values.get("name") or Path(path).stem),
+        template=template,
+        good=good,
+        bad=bad,
+        separator=values["separator"],
+        header=values["header"],
+        labels=[str(v) for v in labels],
+        judge_question=judge_question,
+        M=values["M"],
+        N=values["N"],
+        L=values["L"],
+        seed=values["seed"],
+        balance=values["balance"],
+        calibrate=values["calibrate"],
+        content_free=values["content_free"],
+    )
     where = (None, None) if {"M", "N"} & set(overrides) else (path, lines.get("N", lines.get("M")))
     task.check_ratio_grid(*where)
     task.check_pool_size(*((None, None) if "N" in overrides else (path, lines.get("N"))))

@@ -12,6 +12,7 @@ needs.
 tests/test_kernels_aot.py runs it in a subprocess (Triton's interpreter, which the other kernel tests use on a
 CPU, and its compiler cannot share one process) and fails if a kernel does not lower or needs more shared
 memory than the target has."""
+
 from __future__ import annotations
 
 import contextlib
@@ -111,10 +112,17 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         m["rmsnorm_triton"].rms_norm_triton(x, w, 1e-5, residual=x)
     out += rec
     with recording(m["rope_triton"]) as rec:
-        m["rope_triton"].rope_store_kv_triton(_meta(tokens, (H + 2 * Hkv) * D, dtype=dtype),
-                                              _meta(tokens, dtype=torch.int64), _meta(4096, D), _meta(4096, D),
-                                              _meta(1024, Hkv, D, dtype=dtype), _meta(1024, Hkv, D, dtype=dtype),
-                                              _meta(tokens, dtype=torch.int64), H, Hkv)
+        m["rope_triton"].rope_store_kv_triton(
+            _meta(tokens, (H + 2 * Hkv) * D, dtype=dtype),
+            _meta(tokens, dtype=torch.int64),
+            _meta(4096, D),
+            _meta(4096, D),
+            _meta(1024, Hkv, D, dtype=dtype),
+            _meta(1024, Hkv, D, dtype=dtype),
+            _meta(tokens, dtype=torch.int64),
+            H,
+            Hkv,
+        )
     out += rec
     with recording(m["swiglu_triton"]) as rec:
         m["swiglu_triton"].silu_and_mul_triton(_meta(tokens, 2 * shape["intermediate"], dtype=dtype))
@@ -122,7 +130,7 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
 
     # a small step (the constexprs depend only on the widths): sequences of 3 and 18 new tokens below a 21-token
     # segment shared by both, the second with 5 cached tokens of its own; q, K/V and the cache on meta
-    T, cu, scale = 21, [0, 3, 21], D ** -0.5
+    T, cu, scale = 21, [0, 3, 21], D**-0.5
     q, kv, cache = _meta(T, H, D, dtype=dtype), _meta(T, Hkv, D, dtype=dtype), _meta(26, Hkv, D, dtype=dtype)
     shared = Segment(torch.arange(T), torch.arange(21))
     plan = AttentionPlan(cu, [shared, Segment(torch.arange(3, T), torch.arange(21, 26))])
@@ -137,13 +145,23 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
         # the deterministic mode's merge: a causal limit per row, and under a window a first key too
         for starts in (None, torch.zeros_like(shared.rows)):
             attention.segment_attention_merge_triton(
-                q, shared.rows, cache, cache, shared.slots, scale, _meta(T, H, D), _meta(T, H),
-                torch.zeros_like(shared.rows), starts)
+                q,
+                shared.rows,
+                cache,
+                cache,
+                shared.slots,
+                scale,
+                _meta(T, H, D),
+                _meta(T, H),
+                torch.zeros_like(shared.rows),
+                starts,
+            )
     out += rec
     with recording(m["logprob_triton"]) as rec:
         for top_k in (0, 5):
-            m["logprob_triton"].target_logprobs_triton(x, _meta(shape["vocab"], shape["hidden"], dtype=dtype),
-                                                       _meta(tokens, dtype=torch.int64), top_k)
+            m["logprob_triton"].target_logprobs_triton(
+                x, _meta(shape["vocab"], shape["hidden"], dtype=dtype), _meta(tokens, dtype=torch.int64), top_k
+            )
     out += rec
     return out
 
@@ -180,8 +198,16 @@ def compile_launch(launch: Launch, target: str) -> Compiled:
     options, signature, constexprs, attrs = fn._pack_args(backend, launch.kwargs, bound, specialization, options)
     compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=gpu, options=options.__dict__)
     named = {fn.arg_names[k[0]]: v for k, v in constexprs.items() if len(k) == 1 and fn.params[k[0]].is_constexpr}
-    return Compiled(launch.name, target, named, compiled.metadata.num_warps, compiled.metadata.num_stages,
-                    compiled.metadata.shared, limit, compiled.asm["ptx"].count("\n"))
+    return Compiled(
+        launch.name,
+        target,
+        named,
+        compiled.metadata.num_warps,
+        compiled.metadata.num_stages,
+        compiled.metadata.shared,
+        limit,
+        compiled.asm["ptx"].count("\n"),
+    )
 
 
 def distinct(launches: list[Launch]) -> list[Launch]:
@@ -190,8 +216,11 @@ def distinct(launches: list[Launch]) -> list[Launch]:
 
     seen, out = set(), []
     for la in launches:
-        key = (la.name, tuple(mangle_type(a, True) if not isinstance(a, (str, bool)) else repr(a) for a in la.args),
-               tuple(sorted((k, repr(v)) for k, v in la.kwargs.items())))
+        key = (
+            la.name,
+            tuple(mangle_type(a, True) if not isinstance(a, (str, bool)) else repr(a) for a in la.args),
+            tuple(sorted((k, repr(v)) for k, v in la.kwargs.items())),
+        )
         if key not in seen:
             seen.add(key)
             out.append(la)
@@ -209,8 +238,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     failed = 0
     if not a.json:
-        print(f"{'model':14} {'dtype':9} {'target':6} {'kernel':24} {'warps':>5} {'stages':>6} {'shared KiB':>10} "
-              f"{'limit KiB':>9}  tiles")
+        print(
+            f"{'model':14} {'dtype':9} {'target':6} {'kernel':24} {'warps':>5} {'stages':>6} {'shared KiB':>10} "
+            f"{'limit KiB':>9}  tiles"
+        )
     for model in a.models:
         for dtype in a.dtypes:
             launches = distinct(model_launches(MODEL_SHAPES[model], getattr(torch, dtype)))
@@ -222,9 +253,11 @@ def main(argv=None) -> int:
                         print(json.dumps(dict(vars(c), model=model, dtype=dtype, fits=c.fits)), flush=True)
                         continue
                     tiles = " ".join(f"{k}={v}" for k, v in c.constexprs.items())
-                    print(f"{model:14} {dtype:9} {target:6} {c.kernel:24} {c.num_warps:5d} {c.num_stages:6d} "
-                          f"{c.shared / 1024:10.1f} {c.limit / 1024:9.0f}  {tiles}{'' if c.fits else '  TOO LARGE'}",
-                          flush=True)
+                    print(
+                        f"{model:14} {dtype:9} {target:6} {c.kernel:24} {c.num_warps:5d} {c.num_stages:6d} "
+                        f"{c.shared / 1024:10.1f} {c.limit / 1024:9.0f}  {tiles}{'' if c.fits else '  TOO LARGE'}",
+                        flush=True,
+                    )
     return 1 if failed else 0
 
 

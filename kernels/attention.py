@@ -9,6 +9,7 @@ The step's description is typed: a `Segment` (query rows, cache slots, and per r
 sees) and an `AttentionPlan` (the sequences, the segments, the new tokens' positions and slots), built once per step
 and passed to every layer; it keeps what an implementation derives from it for the step's other layers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ class Segment:
     """Query rows of a step that attend to cached keys: row i of `rows` sees slots[starts[i]] .. slots[limits[i]]
     (from the first slot where starts is None, up to the last where limits is None). `position`: the absolute
     position of slots[0] (the deterministic mode's fixed key chunks; 0 where no one asks)."""
+
     rows: torch.Tensor  # [R] int64 into the step's query rows
     slots: torch.Tensor  # [S] int64 cache slots, in increasing position
     starts: torch.Tensor | None = None  # [R] int64
@@ -36,10 +38,16 @@ class AttentionPlan:
     where a mode needs them), and `segments` are the cascade's cached segments, each shared by the rows below it.
     `derived(name, build, *keys)` keeps what an implementation computes from the plan (waves, fixed chunks,
     windowed forms) for the step's other layers, rebuilt when one of `keys` is another object."""
+
     __slots__ = ("cu_seqlens", "segments", "positions", "write_slots", "_derived")
 
-    def __init__(self, cu_seqlens: list[int], segments: list[Segment], positions: torch.Tensor | None = None,
-                 write_slots: torch.Tensor | None = None):
+    def __init__(
+        self,
+        cu_seqlens: list[int],
+        segments: list[Segment],
+        positions: torch.Tensor | None = None,
+        write_slots: torch.Tensor | None = None,
+    ):
         self.cu_seqlens, self.segments = cu_seqlens, segments
         self.positions, self.write_slots = positions, write_slots
         self._derived: dict[str, tuple] = {}
@@ -57,6 +65,7 @@ class AttentionWindow:
     positions [T]: the absolute positions of the step's new tokens; slot_positions [num_slots]: of each cache slot.
     The mask depends on absolute positions only, so a shared prefix's K/V and results are the same for every
     sequence below it."""
+
     size: int
     positions: torch.Tensor
     slot_positions: torch.Tensor
@@ -149,7 +158,8 @@ def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window: i
         lo, hi = cu_seqlens[b], cu_seqlens[e]
         seq = torch.repeat_interleave(
             torch.arange(e - b, device=q.device),
-            torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(b, e)], device=q.device))
+            torch.tensor([cu_seqlens[i + 1] - cu_seqlens[i] for i in range(b, e)], device=q.device),
+        )
         idx = torch.arange(hi - lo, device=q.device)
         mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
         if window > 0:
@@ -167,14 +177,16 @@ def merge_attention_ref(out_a, lse_a, out_b, lse_b):
     return out_a * wa + out_b * wb, lse
 
 
-def cascade_attention_ref(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale,
-                          window: AttentionWindow | None = None):
+def cascade_attention_ref(
+    q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window: AttentionWindow | None = None
+):
     """Full step attention: the new tokens of plan.cu_seqlens' sequences causally among themselves, and each
     plan.segments' rows over its cached slots. Returns out [T, H, D] in q's dtype. With a sliding `window`, each
     cached segment's keys are masked by absolute position; a row whose keys in a segment are all outside the
     window takes nothing from it."""
-    out, lse = varlen_causal_attention_ref(q, k_new, v_new, plan.cu_seqlens, scale,
-                                           0 if window is None else window.size)
+    out, lse = varlen_causal_attention_ref(
+        q, k_new, v_new, plan.cu_seqlens, scale, 0 if window is None else window.size
+    )
     for seg in plan.segments:
         rows, slots = seg.rows, seg.slots
         if window is None:

@@ -7,6 +7,7 @@ softmax in fp32 (log2 domain). The segment kernel reads K/V rows straight from t
 and starts its online softmax from the running (out, lse) of its rows, which is exactly the log-sum-exp merge of
 the cascade.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,9 +35,26 @@ def _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION: tl.conste
 
 
 @triton.jit
-def _varlen_causal_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, blk_seq_ptr, blk_start_ptr, qk_scale, H,
-                          Hkv, D, window, G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _varlen_causal_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    cu_ptr,
+    blk_seq_ptr,
+    blk_start_ptr,
+    qk_scale,
+    H,
+    Hkv,
+    D,
+    window,
+    G: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     # one program: BLOCK_R // G tokens x the G query heads of KV head kh, stacked as BLOCK_R query rows
     pid = tl.program_id(0)
     kh = tl.program_id(1)
@@ -73,10 +91,30 @@ def _varlen_causal_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, blk_seq
 
 
 @triton.jit
-def _segment_merge_kernel(q_ptr, rows_ptr, kc_ptr, vc_ptr, slots_ptr, out_ptr, lse_ptr, lim_ptr, start_ptr, R, S,
-                          qk_scale, H, Hkv, D, G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, HAS_LIMITS: tl.constexpr,
-                          HAS_STARTS: tl.constexpr):
+def _segment_merge_kernel(
+    q_ptr,
+    rows_ptr,
+    kc_ptr,
+    vc_ptr,
+    slots_ptr,
+    out_ptr,
+    lse_ptr,
+    lim_ptr,
+    start_ptr,
+    R,
+    S,
+    qk_scale,
+    H,
+    Hkv,
+    D,
+    G: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    HAS_LIMITS: tl.constexpr,
+    HAS_STARTS: tl.constexpr,
+):
     # one program: BLOCK_R // G of the stacked rows x the G query heads of KV head kh
     kh = tl.program_id(1)
     offs_r = tl.arange(0, BLOCK_R)
@@ -147,10 +185,26 @@ def varlen_causal_attention_triton(q, k, v, cu_seqlens, scale: float, window: in
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if seq:
         _varlen_causal_kernel[(len(seq), Hkv)](
-            q.contiguous(), k.contiguous(), v.contiguous(), out, lse, torch.tensor(cu, device=dev),
-            torch.tensor(seq, device=dev, dtype=torch.int32), torch.tensor(start, device=dev, dtype=torch.int32),
-            scale * LOG2E, H, Hkv, D, int(window), G=H // Hkv, BLOCK_R=br, BLOCK_N=bn, BLOCK_D=bd, PRECISION=prec,
-            num_warps=warps)
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            out,
+            lse,
+            torch.tensor(cu, device=dev),
+            torch.tensor(seq, device=dev, dtype=torch.int32),
+            torch.tensor(start, device=dev, dtype=torch.int32),
+            scale * LOG2E,
+            H,
+            Hkv,
+            D,
+            int(window),
+            G=H // Hkv,
+            BLOCK_R=br,
+            BLOCK_N=bn,
+            BLOCK_D=bd,
+            PRECISION=prec,
+            num_warps=warps,
+        )
     return out, lse
 
 
@@ -163,9 +217,30 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
     H, Hkv, D = q.shape[1], k_cache.shape[1], q.shape[2]
     br, bn, bd, prec, warps = _blocks(q, H // Hkv)
     _segment_merge_kernel[(triton.cdiv(R, br // (H // Hkv)), Hkv)](
-        q, rows, k_cache, v_cache, slots, out, lse, rows if limits is None else limits,
-        rows if starts is None else starts, R, S, scale * LOG2E, H, Hkv, D, G=H // Hkv, BLOCK_R=br, BLOCK_N=bn,
-        BLOCK_D=bd, PRECISION=prec, HAS_LIMITS=limits is not None, HAS_STARTS=starts is not None, num_warps=warps)
+        q,
+        rows,
+        k_cache,
+        v_cache,
+        slots,
+        out,
+        lse,
+        rows if limits is None else limits,
+        rows if starts is None else starts,
+        R,
+        S,
+        scale * LOG2E,
+        H,
+        Hkv,
+        D,
+        G=H // Hkv,
+        BLOCK_R=br,
+        BLOCK_N=bn,
+        BLOCK_D=bd,
+        PRECISION=prec,
+        HAS_LIMITS=limits is not None,
+        HAS_STARTS=starts is not None,
+        num_warps=warps,
+    )
 
 
 def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
@@ -174,14 +249,17 @@ def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionP
     positions, so the window is a distance in rows there). With `window`
     (attention.AttentionWindow), each segment's rows start at their first key inside the window."""
     q, cu_seqlens = q.contiguous(), plan.cu_seqlens
-    if (window is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and flash_attention.available()):
+    if window is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and flash_attention.available():
         out, lse = flash_attention.varlen_causal_attention_flash(q, k_new, v_new, list(cu_seqlens), scale)
     else:
-        out, lse = varlen_causal_attention_triton(q, k_new, v_new, cu_seqlens, scale,
-                                                  0 if window is None else window.size)
-    segments = plan.segments if window is None else \
-        plan.derived("windowed segments", lambda: segment_starts(plan.segments, window), window)
+        out, lse = varlen_causal_attention_triton(
+            q, k_new, v_new, cu_seqlens, scale, 0 if window is None else window.size
+        )
+    segments = (
+        plan.segments
+        if window is None
+        else plan.derived("windowed segments", lambda: segment_starts(plan.segments, window), window)
+    )
     for seg in segments:
         segment_attention_merge_triton(q, seg.rows, k_cache, v_cache, seg.slots, scale, out, lse, starts=seg.starts)
     return out.to(q.dtype)

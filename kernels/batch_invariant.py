@@ -24,6 +24,7 @@ sizes, and with row tiles the CPU thread count (torch's fp32 GEMM splits a [64, 
 threads; Engine.load then runs the mode on 1 thread unless `threads` is given). With the panels the thread count
 does not change the bits (StepKernels.thread_invariant; tests/test_deterministic.py), and the mode runs on the
 machine's free cores."""
+
 from __future__ import annotations
 
 import torch
@@ -49,12 +50,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     xp = _pad_rows(x, tile)
     out = torch.empty(xp.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     for r in range(0, xp.shape[0], tile):
-        out[r:r + tile] = F.linear(xp[r:r + tile], weight, bias)
+        out[r : r + tile] = F.linear(xp[r : r + tile], weight, bias)
     return out[:T]
 
 
-def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
-                    row_tile: int = LOGPROB_ROW_TILE, vocab_tile: int = VOCAB_TILE) -> LogProbs:
+def target_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    top_k: int = 0,
+    row_tile: int = LOGPROB_ROW_TILE,
+    vocab_tile: int = VOCAB_TILE,
+) -> LogProbs:
     """Contract of logprob.target_logprobs_ref, on fixed [row_tile, vocab_tile] tiles (rows zero-padded). On a
     GPU, the Triton kernel with one vocabulary split: each program walks the whole vocabulary for its rows, so no
     cross-program merge depends on the number of rows."""
@@ -63,8 +70,14 @@ def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
         from .logprob_triton import target_logprobs_triton
 
         return target_logprobs_triton(hidden, weight, targets, top_k, splits=1)
-    out = target_logprobs_ref(_pad_rows(hidden, row_tile), weight, _pad_rows(targets, row_tile), top_k=top_k,
-                              vocab_tile=vocab_tile, row_tile=row_tile)
+    out = target_logprobs_ref(
+        _pad_rows(hidden, row_tile),
+        weight,
+        _pad_rows(targets, row_tile),
+        top_k=top_k,
+        vocab_tile=vocab_tile,
+        row_tile=row_tile,
+    )
     return out.first(N)
 
 
@@ -107,7 +120,7 @@ def chunk_segments(plan: AttentionPlan, chunk: int = KV_CHUNK) -> list[Segment]:
             for first, s, sl in pieces:
                 a, z = max(c0, first), min(c1, first + sl.numel())
                 if a < z:
-                    parts.append(sl[a - first:z - first])
+                    parts.append(sl[a - first : z - first])
                     key.append(s)
             if c1 <= p0:  # cached keys only, seen whole by every row of the sequence: shared across sequences
                 entry = shared.setdefault(tuple(key), [[], parts])

@@ -21,6 +21,7 @@ construction) is chosen there, once, not in the model.
 
 Process settings are made by `configure_cpu` (called where the engine sets its thread count), never at import.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,38 +30,65 @@ import os
 
 import torch
 
-from . import batch_invariant, linear as _linear_forms, native_ops
+from . import batch_invariant, native_ops
+from . import linear as _linear_forms
 from .attention import AttentionPlan
-from .linear import Panels, linear as _packed_linear, prepack as _prepack
+from .linear import Panels
+from .linear import linear as _packed_linear
+from .linear import prepack as _prepack
 
 log = logging.getLogger("kernels")
 BACKENDS = ("auto", "torch", "triton", "native")
 
 # op -> {backend: "module:function"}
 IMPLS = {
-    "rms_norm": {"torch": "rmsnorm:rms_norm_ref", "triton": "rmsnorm_triton:rms_norm_triton",
-                 "native": "native_ops:rms_norm_native"},
-    "rope_store_kv": {"torch": "rope:rope_store_kv_ref", "triton": "rope_triton:rope_store_kv_triton",
-                      "native": "native_ops:rope_store_kv_native"},
-    "silu_and_mul": {"torch": "swiglu:silu_and_mul_ref", "triton": "swiglu_triton:silu_and_mul_triton",
-                     "native": "native_ops:silu_and_mul_native"},
-    "cascade_attention": {"torch": "attention:cascade_attention_ref",
-                          "triton": "attention_triton:cascade_attention_triton",
-                          "native": "native_ops:cascade_attention_native"},
-    "segment_attention_merge": {"torch": "attention:segment_attention_merge_ref",
-                                "triton": "attention_triton:segment_attention_merge_triton",
-                                "native": "native_ops:segment_attention_merge_native"},
-    "target_logprobs": {"torch": "logprob:target_logprobs_ref", "triton": "logprob_triton:target_logprobs_triton",
-                        "native": "native_ops:target_logprobs_native"},
+    "rms_norm": {
+        "torch": "rmsnorm:rms_norm_ref",
+        "triton": "rmsnorm_triton:rms_norm_triton",
+        "native": "native_ops:rms_norm_native",
+    },
+    "rope_store_kv": {
+        "torch": "rope:rope_store_kv_ref",
+        "triton": "rope_triton:rope_store_kv_triton",
+        "native": "native_ops:rope_store_kv_native",
+    },
+    "silu_and_mul": {
+        "torch": "swiglu:silu_and_mul_ref",
+        "triton": "swiglu_triton:silu_and_mul_triton",
+        "native": "native_ops:silu_and_mul_native",
+    },
+    "cascade_attention": {
+        "torch": "attention:cascade_attention_ref",
+        "triton": "attention_triton:cascade_attention_triton",
+        "native": "native_ops:cascade_attention_native",
+    },
+    "segment_attention_merge": {
+        "torch": "attention:segment_attention_merge_ref",
+        "triton": "attention_triton:segment_attention_merge_triton",
+        "native": "native_ops:segment_attention_merge_native",
+    },
+    "target_logprobs": {
+        "torch": "logprob:target_logprobs_ref",
+        "triton": "logprob_triton:target_logprobs_triton",
+        "native": "native_ops:target_logprobs_native",
+    },
     "greedy_logprobs": {"torch": "logprob:greedy_logprobs_ref", "native": "native_ops:greedy_logprobs_native"},
 }
-ENGINE_OPS = ("rms_norm", "rope_store_kv", "silu_and_mul", "cascade_attention", "segment_attention_merge",
-              "target_logprobs", "greedy_logprobs")
+ENGINE_OPS = (
+    "rms_norm",
+    "rope_store_kv",
+    "silu_and_mul",
+    "cascade_attention",
+    "segment_attention_merge",
+    "target_logprobs",
+    "greedy_logprobs",
+)
 # Ops whose native CPU version beat the torch reference in benchmarks/bench_kernels.py (bf16 and fp32, SmolLM2
 # shapes), and those measured so only in a library built for AVX2 without AVX-512 (kernels/linear.panels_available):
 # the target log-prob's fused LM head (on an AVX-512 build torch's own fp32 GEMM is twice as wide; not measured).
-CPU_NATIVE_OPS = frozenset({"cascade_attention", "segment_attention_merge", "rms_norm", "rope_store_kv",
-                            "silu_and_mul", "greedy_logprobs"})
+CPU_NATIVE_OPS = frozenset(
+    {"cascade_attention", "segment_attention_merge", "rms_norm", "rope_store_kv", "silu_and_mul", "greedy_logprobs"}
+)
 CPU_NATIVE_AVX2_OPS = frozenset({"target_logprobs"})
 
 _state = {"backend": None}
@@ -87,8 +115,10 @@ def _import_triton_module(module: str):
     (its own library functions are decorated then): the user starts the process with TRITON_INTERPRET=1 (the test
     suite does); it is not switched on behind their back."""
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("the Triton kernels on a machine without CUDA run in Triton's interpreter: start the "
-                           "process with TRITON_INTERPRET=1 (slow; meant for tests)")
+        raise RuntimeError(
+            "the Triton kernels on a machine without CUDA run in Triton's interpreter: start the "
+            "process with TRITON_INTERPRET=1 (slow; meant for tests)"
+        )
     return importlib.import_module(f"{__package__}.{module}")
 
 
@@ -98,15 +128,21 @@ def _pick(op: str, device: torch.device, backend: str) -> tuple[str, str]:
         if device.type == "cuda":
             return ("triton", "CUDA") if "triton" in impls else ("torch", "no Triton kernel for this op")
         if op in CPU_NATIVE_AVX2_OPS:
-            return ("native", "measured faster on an AVX2 build") if _linear_forms.panels_available() else \
-                ("torch", "no faster CPU path measured for this build")
+            return (
+                ("native", "measured faster on an AVX2 build")
+                if _linear_forms.panels_available()
+                else ("torch", "no faster CPU path measured for this build")
+            )
         if op in CPU_NATIVE_OPS:
             if native_ops.load():
                 return "native", f"measured faster on CPU ({native_ops.LIB_DIR.name}/libicqs_native.so)"
             if not _state.get("warned"):
                 _state["warned"] = True
-                log.warning("kernels: native CPU ops are not built (no libicqs_native.so in %s); the CPU runs the "
-                            "torch references", native_ops.LIB_DIR)
+                log.warning(
+                    "kernels: native CPU ops are not built (no libicqs_native.so in %s); the CPU runs the "
+                    "torch references",
+                    native_ops.LIB_DIR,
+                )
             return "torch", "native library absent"
         return "torch", "no faster CPU path measured"
     if backend == "native":
@@ -209,8 +245,7 @@ class StepKernels:
         AttentionPlan. Returns [T, H, D]. A sliding `window` (attention.AttentionWindow, Gemma-3's local layers)
         masks keys by absolute position in every backend and mode."""
         if self.deterministic:  # every key from the cache, in fixed absolute chunks
-            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge,
-                                                     window)
+            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge, window)
         return cascade_attention(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
@@ -221,8 +256,9 @@ class StepKernels:
         """The fused LM head and target log-prob: in the deterministic mode the batch-invariant form, unless the
         native op runs (a row's result there is the same whatever the other rows, by construction)."""
         fn = resolve("target_logprobs", hidden.device)
-        if self.deterministic and not (fn is native_ops.target_logprobs_native
-                                       and native_ops.target_logprobs_native_runs(hidden, weight, top_k)):
+        if self.deterministic and not (
+            fn is native_ops.target_logprobs_native and native_ops.target_logprobs_native_runs(hidden, weight, top_k)
+        ):
             return batch_invariant.target_logprobs(hidden, weight, targets, top_k)
         return fn(hidden, weight, targets, top_k)
 
@@ -234,8 +270,9 @@ def rms_norm(x, weight, eps, residual=None):
 def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads):
     """(q, k, v) of a layer from its fused projection, q and k rotated, k and v stored in the cache: see
     rope.rope_store_kv_ref."""
-    return resolve("rope_store_kv", qkv.device)(qkv, positions, cos, sin, k_cache, v_cache, slots, num_heads,
-                                                num_kv_heads)
+    return resolve("rope_store_kv", qkv.device)(
+        qkv, positions, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads
+    )
 
 
 def silu_and_mul(gate_up):
@@ -250,8 +287,9 @@ def cascade_attention(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, sc
 def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
     """The deterministic mode's attention step (kernels/batch_invariant.py): rows attend to cached slots, each from
     its start up to its limit, merged into their running (out, lse) in place."""
-    return resolve("segment_attention_merge", q.device)(q, rows, k_cache, v_cache, slots, scale, out, lse, limits,
-                                                        starts)
+    return resolve("segment_attention_merge", q.device)(
+        q, rows, k_cache, v_cache, slots, scale, out, lse, limits, starts
+    )
 
 
 def greedy_logprobs(logits):
@@ -263,4 +301,3 @@ def target_logprobs(hidden, weight, targets, top_k=0):
     """A LogProbs (log-prob and is_greedy per row, and with top_k > 0 the top ids and their log-probs): see
     logprob.target_logprobs_ref."""
     return resolve("target_logprobs", hidden.device)(hidden, weight, targets, top_k)
-

@@ -1,5 +1,6 @@
 """Optional CUDA path for the cascade's self part (contiguous varlen causal prefill) through flash-attn 2
 (`pip install .[cuda]`). The engine runs without it: attention_triton uses its own kernel when it is absent."""
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,9 @@ def varlen_causal_attention_flash(q, k, v, cu_seqlens: list[int], scale: float):
 
     cu = torch.tensor(cu_seqlens, dtype=torch.int32, device=q.device)
     longest = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))
-    out, lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, softmax_scale=scale, causal=True,
-                                         return_attn_probs=True)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu, cu, longest, longest, softmax_scale=scale, causal=True, return_attn_probs=True
+    )
     if lse.shape != (q.shape[1], q.shape[0]):
         raise RuntimeError(f"flash-attn returned softmax_lse of shape {tuple(lse.shape)}; flash-attn>=2.5 is needed")
     return out.float().contiguous(), lse.t().float().contiguous()

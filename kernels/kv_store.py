@@ -1,4 +1,5 @@
 """Writes new keys and values into the paged KV cache through slot indices (slot = page * page_size + offset)."""
+
 from __future__ import annotations
 
 import torch

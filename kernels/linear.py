@@ -21,6 +21,7 @@ panels were not measured there). Other dtypes and devices keep the plain weight:
 A packed weight is opaque: only `linear` may use it (no slicing, no .T). The model keeps plain copies where
 other code reads the weight (the embedding and the LM head in the fused target log-prob).
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,6 +35,7 @@ PANEL = 24  # output columns per panel of the native op (kPanel in kernels/nativ
 
 class Packed:
     """A weight in oneDNN's blocked layout, usable only by linear()."""
+
     __slots__ = ("blocked",)
 
     def __init__(self, blocked: torch.Tensor):
@@ -43,6 +45,7 @@ class Packed:
 class Panels(Packed):
     """An fp32 or bf16 weight [N, K] as the native op's panels: `blocked` is [ceil(N / PANEL), K, PANEL] in the
     weight's dtype, panel p holding output columns p * PANEL .. (p + 1) * PANEL - 1 (zero rows past N)."""
+
     __slots__ = ("out_features",)
 
     def __init__(self, weight: torch.Tensor):
@@ -70,8 +73,11 @@ def _pack(weight: torch.Tensor, rows_hint: int, panels: bool):
         return None
     if panels and weight.dim() == 2 and panels_for(weight.dtype, weight.device):
         return Panels(weight)
-    if weight.dtype in (torch.bfloat16, torch.float32) and torch.backends.mkldnn.is_available() \
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+    if (
+        weight.dtype in (torch.bfloat16, torch.float32)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    ):
         return Packed(torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint))
     return None
 
@@ -104,7 +110,7 @@ def _float_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     weight (twice its bytes) beside its packed form while a model loads."""
     rows = max(1, (1 << 20) // weight.shape[1])
     xf = x.float()
-    return torch.cat([F.linear(xf, weight[i:i + rows].float()) for i in range(0, weight.shape[0], rows)], dim=-1)
+    return torch.cat([F.linear(xf, weight[i : i + rows].float()) for i in range(0, weight.shape[0], rows)], dim=-1)
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:

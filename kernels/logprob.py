@@ -3,6 +3,7 @@ most likely tokens with their log-probs.
 
 The vocabulary is walked in tiles with an online log-sum-exp and a running top-k (merged tile by tile), so no
 [tokens x vocab] tensor is ever written."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ ROW_TILE = 512
 @dataclass(frozen=True, slots=True)
 class TokenLogProb:
     """One row of a LogProbs in Python values: what scoring one token computed (the prefix cache's memo entry)."""
+
     logprob: float
     greedy: bool
     top_ids: list[int] | None = None
@@ -25,6 +27,7 @@ class TokenLogProb:
 @dataclass(frozen=True, slots=True)
 class LogProbs:
     """What every target log-prob implementation returns for N rows (hidden state, target token)."""
+
     logprob: torch.Tensor  # [N] fp32: log P(target)
     greedy: torch.Tensor  # [N] bool: the target's logit is the largest (lm-evaluation-harness's is_greedy)
     top_ids: torch.Tensor | None = None  # [N, k] int64 with top_k > 0: the k most likely tokens, best first
@@ -35,8 +38,12 @@ class LogProbs:
 
     def first(self, n: int) -> "LogProbs":
         """The first n rows."""
-        return LogProbs(self.logprob[:n], self.greedy[:n], None if self.top_ids is None else self.top_ids[:n],
-                        None if self.top_logprobs is None else self.top_logprobs[:n])
+        return LogProbs(
+            self.logprob[:n],
+            self.greedy[:n],
+            None if self.top_ids is None else self.top_ids[:n],
+            None if self.top_logprobs is None else self.top_logprobs[:n],
+        )
 
     def rows(self) -> list[TokenLogProb]:
         """Each row in Python values (one transfer per field)."""
@@ -46,8 +53,14 @@ class LogProbs:
         return [TokenLogProb(*row) for row in zip(lp, greedy, self.top_ids.tolist(), self.top_logprobs.tolist())]
 
 
-def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
-                        vocab_tile: int = VOCAB_TILE, row_tile: int = ROW_TILE) -> LogProbs:
+def target_logprobs_ref(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    top_k: int = 0,
+    vocab_tile: int = VOCAB_TILE,
+    row_tile: int = ROW_TILE,
+) -> LogProbs:
     """hidden [N, Dm], weight [V, Dm], targets [N] int64 -> LogProbs: logprob [N] fp32, is_greedy [N] bool, and
     with top_k > 0 also top ids [N, k] int64 and top logprobs [N, k] fp32, best first, ties to the lower token id.
 
@@ -60,7 +73,7 @@ def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
     top_ids = torch.empty(N, k, dtype=torch.long, device=hidden.device)
     top_lps = torch.empty(N, k, dtype=torch.float32, device=hidden.device)
     for r0 in range(0, N, row_tile):
-        h, t = hidden[r0:r0 + row_tile], targets[r0:r0 + row_tile]
+        h, t = hidden[r0 : r0 + row_tile], targets[r0 : r0 + row_tile]
         n = h.shape[0]
         run_max = torch.full((n,), float("-inf"), device=h.device)
         run_sum = torch.zeros(n, device=h.device)
@@ -69,7 +82,7 @@ def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
         best_ids = torch.empty(n, 0, dtype=torch.long, device=h.device)
         for v0 in range(0, V, vocab_tile):
             # fp32 product: bf16 logits (ulp 0.125 at 20) would quantise the log-probs the scores are made of
-            logits = h.float() @ weight[v0:v0 + vocab_tile].float().T  # [n, tile]
+            logits = h.float() @ weight[v0 : v0 + vocab_tile].float().T  # [n, tile]
             tile_max = logits.max(dim=-1).values
             new_max = torch.maximum(run_max, tile_max)
             run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[:, None]).sum(-1)
@@ -85,10 +98,10 @@ def target_logprobs_ref(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
                 order = torch.sort(vals, dim=-1, descending=True, stable=True).indices[:, :k]
                 best, best_ids = vals.gather(1, order), ids.gather(1, order)
         log_sum = torch.log(run_sum)
-        logprob[r0:r0 + n] = tgt - run_max - log_sum
-        greedy[r0:r0 + n] = tgt >= run_max
+        logprob[r0 : r0 + n] = tgt - run_max - log_sum
+        greedy[r0 : r0 + n] = tgt >= run_max
         if k:
-            top_ids[r0:r0 + n], top_lps[r0:r0 + n] = best_ids, best - run_max[:, None] - log_sum[:, None]
+            top_ids[r0 : r0 + n], top_lps[r0 : r0 + n] = best_ids, best - run_max[:, None] - log_sum[:, None]
     return LogProbs(logprob, greedy, top_ids, top_lps) if top_k > 0 else LogProbs(logprob, greedy)
 
 

@@ -5,20 +5,38 @@ A program owns BLOCK_M rows and one slice of the vocabulary: it computes the log
 and, with TOP_K > 0, a running top-k (each tile merged into it by TOP_K max-extractions, ties to the lower token
 id), and writes only those numbers per row. The slices are merged on the host side of the launch (log-sum-exp,
 and a stable sort of the slices' top-k). No [tokens x vocab] tensor exists at any point."""
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from .tiles import gpu_tiles
 from .logprob import LogProbs
+from .tiles import gpu_tiles
 
 
 @triton.jit
-def _target_logprob_kernel(h_ptr, w_ptr, t_ptr, m_ptr, l_ptr, tgt_ptr, topv_ptr, topi_ptr, N, V, Dm, v_per_split,
-                           BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                           PRECISION: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr):
+def _target_logprob_kernel(
+    h_ptr,
+    w_ptr,
+    t_ptr,
+    m_ptr,
+    l_ptr,
+    tgt_ptr,
+    topv_ptr,
+    topi_ptr,
+    N,
+    V,
+    Dm,
+    v_per_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    TOP_K: tl.constexpr,
+    KP: tl.constexpr,
+):
     split = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < N
@@ -38,10 +56,16 @@ def _target_logprob_kernel(h_ptr, w_ptr, t_ptr, m_ptr, l_ptr, tgt_ptr, topv_ptr,
         logits = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
         for k0 in range(0, Dm, BLOCK_K):
             k_mask = (k0 + offs_k) < Dm
-            h = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * Dm + k0 + offs_k[None, :],
-                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_ptr + offs_v[:, None].to(tl.int64) * Dm + k0 + offs_k[None, :],
-                        mask=v_mask[:, None] & k_mask[None, :], other=0.0)
+            h = tl.load(
+                h_ptr + offs_m[:, None].to(tl.int64) * Dm + k0 + offs_k[None, :],
+                mask=m_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                w_ptr + offs_v[:, None].to(tl.int64) * Dm + k0 + offs_k[None, :],
+                mask=v_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
             logits = tl.dot(h, tl.trans(w), acc=logits, input_precision=PRECISION)
         logits = tl.where(v_mask[None, :], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, 1))
@@ -76,8 +100,9 @@ def _target_logprob_kernel(h_ptr, w_ptr, t_ptr, m_ptr, l_ptr, tgt_ptr, topv_ptr,
         tl.store(topi_ptr + top, best_i, mask=m_mask[:, None])
 
 
-def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0,
-                           splits: int | None = None) -> LogProbs:
+def target_logprobs_triton(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, top_k: int = 0, splits: int | None = None
+) -> LogProbs:
     """splits: vocabulary slices run in parallel (default: enough programs to fill a GPU, 1 elsewhere)."""
     N, Dm = hidden.shape
     V = weight.shape[0]
@@ -101,8 +126,25 @@ def target_logprobs_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     if N:
         prec = "ieee" if hidden.dtype == torch.float32 else "tf32"
         _target_logprob_kernel[(row_blocks, splits)](
-            hidden.contiguous(), weight.contiguous(), targets.contiguous(), m, l, tgt, top_v, top_i, N, V, Dm,
-            v_per_split, BLOCK_M=bm, BLOCK_V=bv, BLOCK_K=bk, PRECISION=prec, TOP_K=k, KP=kp)
+            hidden.contiguous(),
+            weight.contiguous(),
+            targets.contiguous(),
+            m,
+            l,
+            tgt,
+            top_v,
+            top_i,
+            N,
+            V,
+            Dm,
+            v_per_split,
+            BLOCK_M=bm,
+            BLOCK_V=bv,
+            BLOCK_K=bk,
+            PRECISION=prec,
+            TOP_K=k,
+            KP=kp,
+        )
     run_max = m.max(0).values
     log_sum = torch.log((l * torch.exp(m - run_max)).sum(0))
     target_logit = tgt.max(0).values

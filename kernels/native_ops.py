@@ -3,6 +3,7 @@ Python functions with the signatures of their torch references: the cascade atte
 and its segments read from the KV cache in place (attention.cpp); RMSNorm, RoPE with the KV-cache store, SwiGLU
 and greedy decoding's argmax (pointwise.cpp); fp32 and bf16 linear layers on packed weight panels, and the LM head
 fused with the log-softmax of each row's target (linear.cpp). `load()` is False when the library is absent."""
+
 from __future__ import annotations
 
 import functools
@@ -20,8 +21,18 @@ LIB_DIR = Path(__file__).parent / "native"
 
 
 # every op this module calls: a library built from older sources lacks some (a renamed op)
-OPS = ("varlen_causal_attention", "segment_attention_merge_", "segments_attention_merge_", "rms_norm",
-       "rope_store_kv", "silu_and_mul", "greedy_logprobs", "linear_panels", "target_logprobs", "simd")
+OPS = (
+    "varlen_causal_attention",
+    "segment_attention_merge_",
+    "segments_attention_merge_",
+    "rms_norm",
+    "rope_store_kv",
+    "silu_and_mul",
+    "greedy_logprobs",
+    "linear_panels",
+    "target_logprobs",
+    "simd",
+)
 
 
 @functools.cache
@@ -38,8 +49,12 @@ def load() -> bool:
         return False
     missing = [op for op in OPS if not hasattr(_ops(), op)]
     if missing:
-        log.warning("native CPU ops in %s were built from older sources (no %s): using the torch references; "
-                    "rebuild them (pip install -e . or cmake, CMakeLists.txt)", libs[-1], ", ".join(missing))
+        log.warning(
+            "native CPU ops in %s were built from older sources (no %s): using the torch references; "
+            "rebuild them (pip install -e . or cmake, CMakeLists.txt)",
+            libs[-1],
+            ", ".join(missing),
+        )
         return False
     return True
 
@@ -58,12 +73,12 @@ def simd() -> str:
 def varlen_causal_attention_native(q, k, v, cu_seqlens, scale: float, window: int = 0, plan=None):
     """Contract of attention.varlen_causal_attention_ref (the cascade's self part). Returns (out fp32, lse fp32).
     With the step's AttentionPlan, cu_seqlens' tensor is built once per step."""
+
     def index():
         return torch.as_tensor(cu_seqlens, dtype=torch.long)
 
     cu = index() if plan is None else plan.derived("native self part", index)
-    return _ops().varlen_causal_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, float(scale),
-                                          int(window))
+    return _ops().varlen_causal_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, float(scale), int(window))
 
 
 def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
@@ -113,6 +128,7 @@ def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) ->
 class Wave:
     """Segments that share no query row, concatenated for one native call: segment i is rows[row_offsets[i]:
     row_offsets[i + 1]] over slots[slot_offsets[i]:slot_offsets[i + 1]], each row from its entry of starts."""
+
     rows: torch.Tensor
     row_offsets: torch.Tensor
     slots: torch.Tensor
@@ -139,11 +155,14 @@ def segment_waves(segments: list[Segment], n_rows: int) -> list[Wave]:
         waves[w].append(seg)
     out = []
     for wave in waves:
-        row_off, slot_off = (torch.tensor([0] + [len(x) for x in xs]).cumsum(0)
-                             for xs in ([s.rows for s in wave], [s.slots for s in wave]))
+        row_off, slot_off = (
+            torch.tensor([0] + [len(x) for x in xs]).cumsum(0)
+            for xs in ([s.rows for s in wave], [s.slots for s in wave])
+        )
         starts = torch.cat([s.starts for s in wave]) if wave[0].starts is not None else None
-        out.append(Wave(torch.cat([s.rows for s in wave]), row_off, torch.cat([s.slots for s in wave]), slot_off,
-                        starts))
+        out.append(
+            Wave(torch.cat([s.rows for s in wave]), row_off, torch.cat([s.slots for s in wave]), slot_off, starts)
+        )
     return out
 
 
@@ -153,8 +172,9 @@ def cascade_attention_native(q, k_new, v_new, k_cache, v_cache, plan: AttentionP
     (attention.AttentionWindow): keys at window.size or more positions before the query are masked, by absolute
     position."""
     q = q.contiguous()
-    out, lse = varlen_causal_attention_native(q, k_new, v_new, plan.cu_seqlens, scale,
-                                              0 if window is None else window.size, plan)
+    out, lse = varlen_causal_attention_native(
+        q, k_new, v_new, plan.cu_seqlens, scale, 0 if window is None else window.size, plan
+    )
 
     def waves():
         segs = fold_short_segments(plan.segments)
@@ -163,8 +183,9 @@ def cascade_attention_native(q, k_new, v_new, k_cache, v_cache, plan: AttentionP
     # a model with local and global layers (Gemma-3) keeps the waves of both kinds for the step
     name = "native waves" if window is None else "native windowed waves"
     for w in plan.derived(name, waves, window):
-        _ops().segments_attention_merge_(q, w.rows, w.row_offsets, k_cache, v_cache, w.slots, w.slot_offsets,
-                                         float(scale), out, lse, w.starts)
+        _ops().segments_attention_merge_(
+            q, w.rows, w.row_offsets, k_cache, v_cache, w.slots, w.slot_offsets, float(scale), out, lse, w.starts
+        )
     return out.to(q.dtype)
 
 
@@ -195,8 +216,9 @@ def rms_norm_native(x, weight, eps, residual=None):
     if weight.dtype != x.dtype:
         raise TypeError(f"rms_norm_native: weight {weight.dtype} and x {x.dtype} differ (use rms_norm_ref)")
     x = x.contiguous()
-    out, new_res = _ops().rms_norm(x, weight.contiguous(), float(eps),
-                                   None if residual is None else residual.contiguous())
+    out, new_res = _ops().rms_norm(
+        x, weight.contiguous(), float(eps), None if residual is None else residual.contiguous()
+    )
     return out, (x if residual is None else new_res)
 
 

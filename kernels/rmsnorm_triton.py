@@ -1,4 +1,5 @@
 """Triton RMSNorm fused with the residual add; same contract as rmsnorm.rms_norm_ref."""
+
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, eps, HAS_RES: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -33,7 +33,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
     else:
         res, res_out = x2, x2
     if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, res, weight, out, res_out, n, eps, HAS_RES=residual is not None,
-                                         BLOCK=triton.next_power_of_2(n))
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, res, weight, out, res_out, n, eps, HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n)
+        )
     new_res = res_out.view(x.shape) if residual is not None else x
     return out.view(x.shape), new_res

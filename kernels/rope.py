@@ -1,6 +1,7 @@
 """Rotary position embeddings (rotate-half layout, as HF Llama/Qwen2), with Llama 3 frequency scaling, and the
 op the model calls: a layer's attention inputs from its fused q/k/v projection, rotated and stored in the KV cache
 (`rope_store_kv_ref`)."""
+
 from __future__ import annotations
 
 import math
@@ -52,9 +53,17 @@ def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, co
     k.copy_(_rotate(k, c, s))
 
 
-def rope_store_kv_ref(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, num_heads: int,
-                      num_kv_heads: int):
+def rope_store_kv_ref(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+):
     """A layer's attention inputs from its fused projection qkv [T, (H + 2 Hkv) * D]: q and k rotated
     (apply_rope_ref), k and v written into the cache at `slots` (store_kv_ref). Returns contiguous q [T, H, D],
     k and v [T, Hkv, D]; qkv is not modified."""

@@ -2,6 +2,7 @@
 its row of the fused q/k/v projection once: q and k rotated (rotate-half layout) into contiguous outputs, v copied
 out, k and v written into the paged cache at the token's slot. The cos/sin tables (rope.rope_cos_sin) already
 carry the Llama 3 frequency scaling."""
+
 from __future__ import annotations
 
 import torch
@@ -42,9 +43,25 @@ def _rotate(x1, x2, c1, c2, s1, s2):
 
 
 @triton.jit
-def _rope_store_kv_kernel(qkv_ptr, row_stride, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr,
-                          slots_ptr, H, Hkv, D, BLOCK_H: tl.constexpr, BLOCK_HKV: tl.constexpr,
-                          HALF: tl.constexpr):
+def _rope_store_kv_kernel(
+    qkv_ptr,
+    row_stride,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slots_ptr,
+    H,
+    Hkv,
+    D,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    HALF: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     slot = tl.load(slots_ptr + t).to(tl.int64)
@@ -68,9 +85,17 @@ def _rope_store_kv_kernel(qkv_ptr, row_stride, pos_ptr, cos_ptr, sin_ptr, q_ptr,
     _store_halves(vc_ptr + slot * Hkv * D, v1, v2, Hkv, D, BLOCK_HKV, HALF)
 
 
-def rope_store_kv_triton(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, num_heads: int,
-                         num_kv_heads: int):
+def rope_store_kv_triton(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+):
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the cache must be contiguous"
     T = qkv.shape[0]
     D = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
@@ -80,9 +105,23 @@ def rope_store_kv_triton(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
     k = torch.empty(T, num_kv_heads, D, dtype=qkv.dtype, device=qkv.device)
     v = torch.empty_like(k)
     if T:
-        _rope_store_kv_kernel[(T,)](qkv, qkv.stride(0), positions, cos.contiguous(), sin.contiguous(), q, k, v,
-                                    k_cache, v_cache, slots, num_heads, num_kv_heads, D,
-                                    BLOCK_H=triton.next_power_of_2(num_heads),
-                                    BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
-                                    HALF=triton.next_power_of_2(D // 2))
+        _rope_store_kv_kernel[(T,)](
+            qkv,
+            qkv.stride(0),
+            positions,
+            cos.contiguous(),
+            sin.contiguous(),
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slots,
+            num_heads,
+            num_kv_heads,
+            D,
+            BLOCK_H=triton.next_power_of_2(num_heads),
+            BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+            HALF=triton.next_power_of_2(D // 2),
+        )
     return q, k, v

@@ -1,4 +1,5 @@
 """SwiGLU activation of the Llama MLP: silu(gate) * up, on the fused [.., 2 * intermediate] gate_up projection."""
+
 from __future__ import annotations
 
 import torch

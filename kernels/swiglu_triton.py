@@ -1,4 +1,5 @@
 """Triton SwiGLU: silu(gate) * up on the fused [.., 2 * intermediate] projection; as swiglu.silu_and_mul_ref."""
+
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,7 @@
 """The tile policy of the Triton launchers: GPU tile sizes for CUDA tensors, small ones under the CPU interpreter.
 `forced_gpu_tiles()` makes the launchers pick the GPU's tiles for CPU (or meta) tensors too: the ahead-of-time
 compilation (kernels/aot.py) records the launches a GPU step makes that way."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 """Random attention problems with the engine's layouts, shared by the kernel tests and benchmarks: packed new
 tokens of several sequences (the causal self part), and for the cascade a one-layer paged cache and its segments
 (a prefix shared by all sequences, then a private cached segment per sequence)."""
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ def _packed(seq_lens, H, Hkv, D, dtype, gen):
 def varlen_problem(seq_lens, H, Hkv, D, dtype=torch.float32, seed=0):
     """Arguments of varlen_causal_attention: the new tokens of len(seq_lens) sequences packed back to back."""
     q, k, v, cu, _ = _packed(seq_lens, H, Hkv, D, dtype, torch.Generator().manual_seed(seed))
-    return dict(q=q, k=k, v=v, cu_seqlens=cu, scale=D ** -0.5)
+    return dict(q=q, k=k, v=v, cu_seqlens=cu, scale=D**-0.5)
 
 
 def cascade_problem(seq_lens, shared_len, own_lens, H, Hkv, D, dtype=torch.float32, seed=0):
@@ -39,10 +40,17 @@ def cascade_problem(seq_lens, shared_len, own_lens, H, Hkv, D, dtype=torch.float
         used = shared_len
     for b, n in enumerate(own_lens):
         if n:
-            segments.append(Segment(torch.arange(cu[b], cu[b + 1]), slots[used:used + n]))
+            segments.append(Segment(torch.arange(cu[b], cu[b + 1]), slots[used : used + n]))
             used += n
-    return dict(q=q, k_new=k, v_new=v, k_cache=rand(num_slots, Hkv, D), v_cache=rand(num_slots, Hkv, D),
-                plan=AttentionPlan(cu, segments), scale=D ** -0.5)
+    return dict(
+        q=q,
+        k_new=k,
+        v_new=v,
+        k_cache=rand(num_slots, Hkv, D),
+        v_cache=rand(num_slots, Hkv, D),
+        plan=AttentionPlan(cu, segments),
+        scale=D**-0.5,
+    )
 
 
 def with_segments(problem: dict, segments: list[Segment]) -> dict:
@@ -52,8 +60,10 @@ def with_segments(problem: dict, segments: list[Segment]) -> dict:
 
 def upcast(problem: dict) -> dict:
     """The same problem in fp32 (to compare a bf16 kernel with the fp32 reference), with a fresh plan."""
+
     def f(x):
         return x.float() if torch.is_tensor(x) and x.is_floating_point() else x
+
     out = {k: f(x) for k, x in problem.items()}
     if "plan" in out:
         out["plan"] = AttentionPlan(problem["plan"].cu_seqlens, list(problem["plan"].segments))
@@ -63,7 +73,7 @@ def upcast(problem: dict) -> dict:
 def cascade_window(p: dict, shared_len: int, own_lens: list[int], size: int):
     """The AttentionWindow of a cascade_problem: its shared segment at positions 0.., each sequence's own cached
     segment after it, then its new tokens."""
-    slot_positions = torch.full((p["k_cache"].shape[0],), -10 ** 6, dtype=torch.long)
+    slot_positions = torch.full((p["k_cache"].shape[0],), -(10**6), dtype=torch.long)
     segs = iter(p["plan"].segments)
     if shared_len:
         slot_positions[next(segs).slots] = torch.arange(shared_len)

@@ -1,11 +1,12 @@
 """Session fixtures: tiny random HF model directories for every architecture, and the real SmolLM2 GGUF."""
+
 from __future__ import annotations
 
 import pytest
+from tiny_models import ARCHS, make_tiny_model
 
 from engine.errors import UserError
 from engine.loader import default_model_path
-from tiny_models import ARCHS, make_tiny_model
 
 
 @pytest.fixture(scope="session")

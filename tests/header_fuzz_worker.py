@@ -3,6 +3,7 @@ request a line ({"model", "input", "output"}) and scores the model as `python -m
 this process, so that the cases share one start-up), answering one JSON line: the exit status ("crash" with the
 traceback when an exception escaped the command), what the command printed on stderr, the scores, and this
 process's peak resident memory so far."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,24 @@ def score(model: str, inp: str, out: str) -> dict:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            status = main(["score", "--model", model, "--input", inp, "--output", out, "--dtype", "float32",
-                           "--threads", "1", "--kv-tokens", "4096", "--quiet"])
+            status = main(
+                [
+                    "score",
+                    "--model",
+                    model,
+                    "--input",
+                    inp,
+                    "--output",
+                    out,
+                    "--dtype",
+                    "float32",
+                    "--threads",
+                    "1",
+                    "--kv-tokens",
+                    "4096",
+                    "--quiet",
+                ]
+            )
     except SystemExit as e:
         status = e.code
     except BaseException:  # noqa: BLE001 - what the test must see: an exception the command did not handle
@@ -30,8 +47,11 @@ def score(model: str, inp: str, out: str) -> dict:
     if status == 0:
         with open(out, encoding="utf-8") as f:
             rows = [json.loads(line)["logprob"] for line in f]
-    return {"status": status, "stderr": err.getvalue(), "logprobs": [lp if math.isfinite(lp) else str(lp)
-                                                                     for lp in rows]}
+    return {
+        "status": status,
+        "stderr": err.getvalue(),
+        "logprobs": [lp if math.isfinite(lp) else str(lp) for lp in rows],
+    }
 
 
 def main() -> None:

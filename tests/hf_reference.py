@@ -1,5 +1,6 @@
 """The naive reference for parity tests: a transformers model holding our weights, and continuation log-probs
 from one full forward per (context, continuation) request, with no cache and no prefix sharing."""
+
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -48,7 +49,7 @@ def hf_logprobs(model, tokenizer, requests: Sequence[tuple]) -> list[RefScore]:
     for context, continuation in requests:
         context, continuation = encode_pair(tokenizer, context, continuation)
         ids = torch.tensor([context + continuation], device=model.device)
-        logits = model(input_ids=ids).logits[0, len(context) - 1:-1].double()
+        logits = model(input_ids=ids).logits[0, len(context) - 1 : -1].double()
         logp = torch.log_softmax(logits, dim=-1)
         target = torch.tensor(continuation, device=model.device)
         token_lp = logp.gather(1, target[:, None])[:, 0]

@@ -1,4 +1,5 @@
 """Writing JSONL input files for the command-line tests."""
+
 import json
 
 
@@ -13,8 +14,26 @@ def write_label_task(root, L: int = 2):
     their truth (c.jsonl) in folder `root`; returns root."""
     good = [{"x": f"item {i}", "y": ["no", "yes"][i % 2]} for i in range(8)]
     bad = [{"x": f"item {i}", "y": ["yes", "no"][i % 2]} for i in range(8, 16)]
-    (root / "task.yaml").write_text(json.dumps({"name": "t", "template": "Q: {x}\nA: {y}", "good": good,
-                                                "bad": bad, "labels": ["no", "yes"], "M": 2, "N": 2, "L": L}))
-    write_jsonl(root / "c.jsonl", [{"id": f"{m}{q}", "model": m, "x": f"q {q}", "y": y, "truth": t}
-                                   for m, y, t in (("m1", "yes", 1), ("m2", "no", 0)) for q in range(3)])
+    (root / "task.yaml").write_text(
+        json.dumps(
+            {
+                "name": "t",
+                "template": "Q: {x}\nA: {y}",
+                "good": good,
+                "bad": bad,
+                "labels": ["no", "yes"],
+                "M": 2,
+                "N": 2,
+                "L": L,
+            }
+        )
+    )
+    write_jsonl(
+        root / "c.jsonl",
+        [
+            {"id": f"{m}{q}", "model": m, "x": f"q {q}", "y": y, "truth": t}
+            for m, y, t in (("m1", "yes", 1), ("m2", "no", 0))
+            for q in range(3)
+        ],
+    )
     return root

@@ -1,4 +1,5 @@
 """A live server for tests: uvicorn on 127.0.0.1 on a free port, in a thread, bounded in time, stopped on exit."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,11 +1,12 @@
 """`icqs allure run|review|report` end to end on a tiny random model, and its one-line errors."""
+
 import json
 
 import pytest
 
 from icqs.cli import main
 
-TEMPLATE_YAML = "system: Grade.\nuser: \"R: {response}\\nA: {answer}\"\nmatch: number\n"
+TEMPLATE_YAML = 'system: Grade.\nuser: "R: {response}\\nA: {answer}"\nmatch: number\n'
 
 
 @pytest.fixture
@@ -20,8 +21,20 @@ def files(tmp_path):
 
 def run_args(files, tiny_model_dir, out, *extra):
     items, template = files
-    return ["allure", "run", str(items), "--out", str(out), "--model", str(tiny_model_dir), "--dtype", "float32",
-            "--template", str(template), *extra]
+    return [
+        "allure",
+        "run",
+        str(items),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--dtype",
+        "float32",
+        "--template",
+        str(template),
+        *extra,
+    ]
 
 
 def test_run_resume_report(files, tiny_model_dir, tmp_path, capsys):
@@ -53,8 +66,23 @@ def test_review_accept_reject_tag(files, tiny_model_dir, tmp_path, capsys):
     with Memory(mem) as m:
         pending = [e.id for e in m.examples(status="pending")]
     assert pending and "await review" in err
-    assert main(["allure", "review", "--memory", mem, "--accept", str(pending[0]), "--reject",
-                 ",".join(map(str, pending[1:])), "--tag", f"{pending[0]}=deceived by keywords"]) == 0
+    assert (
+        main(
+            [
+                "allure",
+                "review",
+                "--memory",
+                mem,
+                "--accept",
+                str(pending[0]),
+                "--reject",
+                ",".join(map(str, pending[1:])),
+                "--tag",
+                f"{pending[0]}=deceived by keywords",
+            ]
+        )
+        == 0
+    )
     with Memory(mem) as m:
         assert [e.id for e in m.accepted()] == [pending[0]]
         assert m.get(pending[0]).failure_mode == "deceived by keywords"
@@ -65,13 +93,16 @@ def test_review_accept_reject_tag(files, tiny_model_dir, tmp_path, capsys):
     assert [s["icl_ids"] for s in stages if s["kind"] == "round"] == [[], [pending[0]]]
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    ('{"id": "x", "response": "so 4"}', "missing field 'answer' (the task's correct answer) or 'label'"),
-    ('{"id": "x", "response": "so 4", "answer": true}', "'answer' is the boolean true, not text"),
-    ('{"id": "x", "response": "so 4", "answer": "4", "match": "digits"}', "unknown match kind"),
-    ('{"id": "q1", "response": "so 4", "answer": "4"}', "duplicate id 'q1'"),
-    ('{"id": "x", "response": "so 4", "answer": "4"', "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('{"id": "x", "response": "so 4"}', "missing field 'answer' (the task's correct answer) or 'label'"),
+        ('{"id": "x", "response": "so 4", "answer": true}', "'answer' is the boolean true, not text"),
+        ('{"id": "x", "response": "so 4", "answer": "4", "match": "digits"}', "unknown match kind"),
+        ('{"id": "q1", "response": "so 4", "answer": "4"}', "duplicate id 'q1'"),
+        ('{"id": "x", "response": "so 4", "answer": "4"', "not valid JSON"),
+    ],
+)
 def test_bad_items_one_line_error_no_output(files, tiny_model_dir, tmp_path, capsys, bad_line, message):
     items, _ = files
     items.write_text(items.read_text() + "\n" + bad_line + "\n")  # line 10 (line 9 is blank)
@@ -84,7 +115,7 @@ def test_bad_items_one_line_error_no_output(files, tiny_model_dir, tmp_path, cap
 
 def test_bad_template_and_flags(files, tiny_model_dir, tmp_path, capsys):
     items, template = files
-    template.write_text("system: Grade.\nuser: \"R: {response\"\n")
+    template.write_text('system: Grade.\nuser: "R: {response"\n')
     assert main(run_args(files, tiny_model_dir, tmp_path / "a")) == 2
     assert "bad 'user' format string" in capsys.readouterr().err
     template.write_text(TEMPLATE_YAML)

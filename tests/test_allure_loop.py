@@ -1,5 +1,6 @@
 """ALLURE loop on a tiny random model: round bookkeeping, memory growth from audit errors, resume after a kill,
 human review, convergence, the ICL-size sweep and the cluster ablation with an injected embedding."""
+
 import json
 
 import numpy as np

@@ -1,5 +1,6 @@
 """ALLURE ground truth: the match kinds (exact, contains, regex, number, option), the rule each states, the counts
 and examples printed before any work, and the warning for a constant evaluator (issue 37)."""
+
 import json
 
 import numpy as np
@@ -15,23 +16,26 @@ from icqs.allure.template import template_from_dict
 from icqs.cli import main
 
 
-@pytest.mark.parametrize("kind, response, answer, right", [
-    ("exact", "I think the answer is Paris.", "Paris", 1),  # the issue's response: the final answer after the mark
-    ("exact", "The answer is: **Paris**", "Paris", 1),
-    ("exact", "Answer:\nParis\nIt is the capital.", "paris", 1),
-    ("exact", "Paris.", "paris", 1),
-    ("exact", "Paris, France", "Paris", 0),
-    ("exact", "I think the answer is Lyon.", "Paris", 0),
-    ("exact", "The answer is not Paris.", "Paris", 0),
-    ("text", "I think the answer is Paris.", "Paris", 1),  # the earlier name, matched by the exact rule
-    ("contains", "It is Paris, I think.", "Paris", 1),
-    ("contains", "Parisian cafes", "Paris", 0),  # whole words only
-    ("contains", "I think it is Lyon", "Paris", 0),
-    ("contains", "It costs $3.50 today", "$3.50", 1),
-    ("number", "I think the answer is Paris.", "Paris", 1),  # a text answer under number: the exact rule
-    ("number", "so there are 9 in all", "9 apples", 1),
-    ("option", "I would pick (C) here", "C", 1),
-])
+@pytest.mark.parametrize(
+    "kind, response, answer, right",
+    [
+        ("exact", "I think the answer is Paris.", "Paris", 1),  # the issue's response: the final answer after the mark
+        ("exact", "The answer is: **Paris**", "Paris", 1),
+        ("exact", "Answer:\nParis\nIt is the capital.", "paris", 1),
+        ("exact", "Paris.", "paris", 1),
+        ("exact", "Paris, France", "Paris", 0),
+        ("exact", "I think the answer is Lyon.", "Paris", 0),
+        ("exact", "The answer is not Paris.", "Paris", 0),
+        ("text", "I think the answer is Paris.", "Paris", 1),  # the earlier name, matched by the exact rule
+        ("contains", "It is Paris, I think.", "Paris", 1),
+        ("contains", "Parisian cafes", "Paris", 0),  # whole words only
+        ("contains", "I think it is Lyon", "Paris", 0),
+        ("contains", "It costs $3.50 today", "$3.50", 1),
+        ("number", "I think the answer is Paris.", "Paris", 1),  # a text answer under number: the exact rule
+        ("number", "so there are 9 in all", "9 apples", 1),
+        ("option", "I would pick (C) here", "C", 1),
+    ],
+)
 def test_match_kinds(kind, response, answer, right):
     assert is_correct(response, answer, MatchSpec.parse(kind)).right == right
 
@@ -57,19 +61,24 @@ def test_unknown_kind_suggests_the_close_one():
         MatchSpec.parse({"kind": "regex", "patern": "x"})
 
 
-CITIES = [("France", "Paris", "I think the answer is Paris."), ("Italy", "Rome", "The answer is Rome"),
-          ("Spain", "Madrid", "Madrid."), ("Japan", "Tokyo", "I think the answer is Kyoto."),
-          ("Peru", "Lima", "It must be Cusco, I believe."), ("Chile", "Santiago", "Answer: Santiago")]
+CITIES = [
+    ("France", "Paris", "I think the answer is Paris."),
+    ("Italy", "Rome", "The answer is Rome"),
+    ("Spain", "Madrid", "Madrid."),
+    ("Japan", "Tokyo", "I think the answer is Kyoto."),
+    ("Peru", "Lima", "It must be Cusco, I believe."),
+    ("Chile", "Santiago", "Answer: Santiago"),
+]
 TRUTH = [1, 1, 1, 0, 0, 1]
 
 
 def _city_items(tmp_path, match="text"):
     items = tmp_path / "items.jsonl"
-    items.write_text("".join(json.dumps(dict(id=c, question=f"Capital of {c}?", response=r, answer=a)) + "\n"
-                             for c, a, r in CITIES))
+    items.write_text(
+        "".join(json.dumps(dict(id=c, question=f"Capital of {c}?", response=r, answer=a)) + "\n" for c, a, r in CITIES)
+    )
     template = tmp_path / "t.yaml"
-    template.write_text("system: Grade.\nuser: \"Q: {question}\\nR: {response}\\nA: {answer}\"\n"
-                        f"match: {match}\n")
+    template.write_text(f'system: Grade.\nuser: "Q: {{question}}\\nR: {{response}}\\nA: {{answer}}"\nmatch: {match}\n')
     return items, template
 
 
@@ -77,12 +86,30 @@ def test_free_text_run_gets_the_right_ground_truth(tmp_path, tiny_model_dir, cap
     """The issue's run: free-text answers embedded in sentences, `match: text` (a task file of today)."""
     items, template = _city_items(tmp_path)
     out = tmp_path / "run"
-    assert main(["allure", "run", str(items), "--out", str(out), "--model", str(tiny_model_dir), "--dtype",
-                 "float32", "--template", str(template), "--rounds", "1"]) == 0
+    assert (
+        main(
+            [
+                "allure",
+                "run",
+                str(items),
+                "--out",
+                str(out),
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--template",
+                str(template),
+                "--rounds",
+                "1",
+            ]
+        )
+        == 0
+    )
     evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
     assert [e["truth"] for e in evals] == TRUTH
     err = capsys.readouterr().err
-    head = err[:err.index("round-1") if "round-1" in err else len(err)]  # printed before the evaluator runs
+    head = err[: err.index("round-1") if "round-1" in err else len(err)]  # printed before the evaluator runs
     assert "ground truth: 4 of 6 responses right" in head
     assert f"  exact (for match 'text'): 4 right, 2 wrong of 6; {RULES['exact']}" in head
     assert "    right  France: 'I think the answer is Paris.' -> read 'paris' = expected 'paris'" in head
@@ -91,8 +118,9 @@ def test_free_text_run_gets_the_right_ground_truth(tmp_path, tiny_model_dir, cap
     assert sum(line.startswith("    wrong") for line in head.splitlines()) == 2
     truth = json.loads((out / "summary.json").read_text())["ground_truth"]  # and the report keeps it
     assert [(g["kind"], g["named"], g["right"], g["wrong"]) for g in truth] == [("exact", "text", 4, 2)]
-    assert truth[0]["examples"]["wrong"][0] == dict(id="Japan", response="I think the answer is Kyoto.",
-                                                    read="kyoto", expected="tokyo")
+    assert truth[0]["examples"]["wrong"][0] == dict(
+        id="Japan", response="I think the answer is Kyoto.", read="kyoto", expected="tokyo"
+    )
     assert "<h2>Ground truth</h2>" in (out / "report.html").read_text()
 
 
@@ -141,16 +169,38 @@ def test_evaluator_warnings():
     assert evaluator_warnings([]) == []
 
 
-def test_rows_without_ids_are_found_again_however_the_path_is_spelled(tmp_path, tiny_model_dir, monkeypatch,
-                                                                      capsys):
+def test_rows_without_ids_are_found_again_however_the_path_is_spelled(tmp_path, tiny_model_dir, monkeypatch, capsys):
     """Why: the default id was the path as given ("items.jsonl:1"), and `icqs audit | report DIR` re-read the items
     by their absolute path ("/tmp/.../items.jsonl:1"): no row matched, "no completed round yet"."""
     items, template = _city_items(tmp_path)
-    items.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "id"}) + "\n"
-                             for line in items.read_text().splitlines()))
+    items.write_text(
+        "".join(
+            json.dumps({k: v for k, v in json.loads(line).items() if k != "id"}) + "\n"
+            for line in items.read_text().splitlines()
+        )
+    )
     monkeypatch.chdir(tmp_path)
-    assert main(["allure", "run", "items.jsonl", "--out", "run", "--model", str(tiny_model_dir), "--dtype", "float32",
-                 "--template", "t.yaml", "--rounds", "1", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "allure",
+                "run",
+                "items.jsonl",
+                "--out",
+                "run",
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--template",
+                "t.yaml",
+                "--rounds",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     monkeypatch.chdir(tmp_path.parent)
     capsys.readouterr()
     assert main(["audit", str(tmp_path / "run"), "--json"]) == 0

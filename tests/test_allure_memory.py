@@ -1,4 +1,5 @@
 """ALLURE memory: SQLite round trip, de-duplication, review decisions, failure-mode tags, bad files."""
+
 import sqlite3
 
 import pytest
@@ -8,9 +9,20 @@ from icqs.allure.memory import Example, Memory
 
 
 def _example(i: int, **kw) -> Example:
-    d = dict(item_id=f"q{i}", user_text=f"Response: {i}\nExpected answer: 9", assistant_text="label: 0",
-             response=str(i), answer="9", correct_label=0, evaluator_label=1, evaluator_prob=0.8,
-             error_kind="false_positive", run_id="r1", round=1, provenance={"tasks": "t.jsonl", "model": "tiny"})
+    d = dict(
+        item_id=f"q{i}",
+        user_text=f"Response: {i}\nExpected answer: 9",
+        assistant_text="label: 0",
+        response=str(i),
+        answer="9",
+        correct_label=0,
+        evaluator_label=1,
+        evaluator_prob=0.8,
+        error_kind="false_positive",
+        run_id="r1",
+        round=1,
+        provenance={"tasks": "t.jsonl", "model": "tiny"},
+    )
     d.update(kw)
     return Example(**d)
 

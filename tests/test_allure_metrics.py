@@ -1,4 +1,5 @@
 """ALLURE metrics against scikit-learn: F1, AUC (with ties), Cohen's kappa, accuracy, error counts."""
+
 import math
 
 import numpy as np

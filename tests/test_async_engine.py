@@ -1,5 +1,6 @@
 """AsyncEngine: coroutines submit work to the one engine loop running in a worker thread; results equal the
 synchronous engine's, tokens stream as they are generated, a cancelled caller aborts its request."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,10 @@ def test_concurrent_scoring_generation_and_streams_match_the_engine(eng):
     async def main():
         a = AsyncEngine(eng)
         scores, gen, events = await asyncio.gather(
-            a.score(pairs, top_k=2), a.generate("Once upon a time", max_tokens=12),
-            collect(a.stream("Once upon a time", max_tokens=12)))
+            a.score(pairs, top_k=2),
+            a.generate("Once upon a time", max_tokens=12),
+            collect(a.stream("Once upon a time", max_tokens=12)),
+        )
         stats = a.stats()
         await a.shutdown()
         return scores, gen, events, stats
@@ -44,8 +47,18 @@ def test_concurrent_scoring_generation_and_streams_match_the_engine(eng):
     assert "".join(e.text_delta for e in events) == want_gen.text
     assert [e.finish_reason for e in events][-1] == want_gen.finish_reason
     assert all(e.finish_reason is None for e in events[:-1])
-    for key in ("requests", "tokens_requested", "tokens_computed", "cache_hit_tokens", "queue_depth", "running",
-                "kv_pages_used", "kv_pages_total", "forward_steps", "step_seconds"):
+    for key in (
+        "requests",
+        "tokens_requested",
+        "tokens_computed",
+        "cache_hit_tokens",
+        "queue_depth",
+        "running",
+        "kv_pages_used",
+        "kv_pages_total",
+        "forward_steps",
+        "step_seconds",
+    ):
         assert key in stats
     assert stats["requests"] >= 5 and stats["step_seconds"]
 
@@ -59,7 +72,7 @@ def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
         with pytest.raises(asyncio.CancelledError):
             await task
         with pytest.raises(UserError, match="token id"):
-            await a.score([([1, 10 ** 6], [2])])
+            await a.score([([1, 10**6], [2])])
         with pytest.raises(QueueFull):
             await a.score([("a", " b")] * 5)
         stream = a.stream("Hello", max_tokens=400)

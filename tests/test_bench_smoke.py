@@ -1,5 +1,6 @@
 """Smoke tests of the engine benchmarks on a tiny model: they run end to end through their main functions and their
 numbers make sense (no timing assertions: the machine may be shared)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,9 +13,25 @@ import bench_scoring  # noqa: E402
 
 
 def test_icqs_workload_benchmark(tiny_model_dir, capsys):
-    out = bench_icqs_workload.main(["--model", str(tiny_model_dir), "--dtype", "float32", "--scale", "0.04",
-                                    "--ratios", "3", "--demo-sets", "2", "--demos", "2", "--sample", "6",
-                                    "--skip-llamacpp"])
+    out = bench_icqs_workload.main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--scale",
+            "0.04",
+            "--ratios",
+            "3",
+            "--demo-sets",
+            "2",
+            "--demos",
+            "2",
+            "--sample",
+            "6",
+            "--skip-llamacpp",
+        ]
+    )
     stats = out["stats"]
     assert out["requests"] == stats["requests"] == 3 * 2 * 2 * 4  # ratios x demo sets x questions x models
     # the demo sets and each question are computed once, not once per request
@@ -31,8 +48,7 @@ def test_icqs_workload_benchmark(tiny_model_dir, capsys):
 
 
 def test_scoring_benchmark(tiny_model_dir):
-    out = bench_scoring.main(["--model", str(tiny_model_dir), "--dtype", "float32", "--requests", "3",
-                              "--repeat", "1"])
+    out = bench_scoring.main(["--model", str(tiny_model_dir), "--dtype", "float32", "--requests", "3", "--repeat", "1"])
     assert out["requests"] == 3
     assert out["tokens_computed"] == out["tokens_requested"] > 3 * 100  # no sharing: every token computed
     assert out["spread"]["engine float32"] <= 1e-4

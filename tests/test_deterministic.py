@@ -5,20 +5,20 @@ budgets 5 / 37 / 1024, from a warm online cache and from a cold one, and in the 
 time between steps beside other scoring requests and greedy generations, in bf16 and fp32. Contexts are long enough
 (up to ~420 tokens) to cross the attention's fixed KV chunks, and requests share demo prefixes of different lengths
 so node boundaries fall inside chunks. The kernel-level tests check each batch-invariant op on its own."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
 import torch
+from attention_problems import cascade_problem, with_segments
 
 import kernels.linear
 from engine import Engine
 from engine.loader import load_model_files
 from kernels import StepKernels, batch_invariant, native_ops
-from kernels.attention import cascade_attention_ref, segment_attention_merge_ref
-from kernels.attention import AttentionPlan, Segment
-from attention_problems import cascade_problem, with_segments
+from kernels.attention import AttentionPlan, Segment, cascade_attention_ref, segment_attention_merge_ref
 
 pytestmark = pytest.mark.skipif(not native_ops.load(), reason="the batch-invariant CPU attention is the native op")
 DTYPES = [torch.float32, torch.bfloat16]
@@ -207,10 +207,12 @@ def _chunked_attention(p, rows_of_interest, chunk):
     cached = [sum(s.slots.numel() for s in segments if bool((s.rows == cu[b]).any())) for b in range(len(cu) - 1)]
     positions = torch.cat([torch.arange(cached[b], cached[b] + cu[b + 1] - cu[b]) for b in range(len(cu) - 1)])
     plan = AttentionPlan(cu, segments, positions, write)
-    out = batch_invariant.cascade_attention(q, k_cache, v_cache, plan, p["scale"],
-                                            native_ops.segment_attention_merge_native, chunk=chunk)
-    ref = batch_invariant.cascade_attention(q, k_cache, v_cache, plan, p["scale"], segment_attention_merge_ref,
-                                            chunk=chunk)
+    out = batch_invariant.cascade_attention(
+        q, k_cache, v_cache, plan, p["scale"], native_ops.segment_attention_merge_native, chunk=chunk
+    )
+    ref = batch_invariant.cascade_attention(
+        q, k_cache, v_cache, plan, p["scale"], segment_attention_merge_ref, chunk=chunk
+    )
     return out[rows_of_interest], ref[rows_of_interest]
 
 
@@ -231,14 +233,22 @@ def test_chunked_attention_is_batch_invariant_and_exact(dtype):
     pad = torch.arange(base["k_cache"].shape[0], base["k_cache"].shape[0] + 73)  # the other sequences' caches
     more["k_cache"] = torch.cat([base["k_cache"], torch.randn(73, 2, 32).to(dtype)])
     more["v_cache"] = torch.cat([base["v_cache"], torch.randn(73, 2, 32).to(dtype)])
-    more = with_segments(more, [Segment(torch.arange(74), slots[:50]), Segment(torch.arange(25), slots[50:]),
-                                Segment(torch.arange(25, 34), pad[:3]), Segment(torch.arange(34, 74), pad[3:73])])
+    more = with_segments(
+        more,
+        [
+            Segment(torch.arange(74), slots[:50]),
+            Segment(torch.arange(25), slots[50:]),
+            Segment(torch.arange(25, 34), pad[:3]),
+            Segment(torch.arange(34, 74), pad[3:73]),
+        ],
+    )
     got, ref = _chunked_attention(more, torch.arange(25), chunk=32)
     variants.append(got)
     for v in variants[1:]:
         assert torch.equal(v, variants[0])
-    want = cascade_attention_ref(**{k: (x.float() if torch.is_tensor(x) and x.is_floating_point() else x)
-                                    for k, x in base.items()})
+    want = cascade_attention_ref(
+        **{k: (x.float() if torch.is_tensor(x) and x.is_floating_point() else x) for k, x in base.items()}
+    )
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(variants[0].float(), want, **tol)
     torch.testing.assert_close(ref.float(), want, **tol)

@@ -1,4 +1,5 @@
 """`python -m engine score`: output rows, and bad input -> one line `error: ...`, exit 2, no output file."""
+
 from __future__ import annotations
 
 import json
@@ -9,17 +10,21 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from engine.errors import UserError
-from engine.requests import RequestError
 from tiny_models import make_tiny_model
+
+from engine.requests import RequestError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "engine", "score", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "engine", "score", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def write(path: Path, lines: list[str]) -> Path:
@@ -28,9 +33,14 @@ def write(path: Path, lines: list[str]) -> Path:
 
 
 def test_scores_and_passes_fields_through(tiny_model_dir, tmp_path):
-    pairs = write(tmp_path / "pairs.jsonl", [json.dumps({"context": "Reading is a", "continuation": " quiet way",
-                                                         "id": 7}), "", json.dumps({"context": "Time",
-                                                                                     "continuation": " flies!"})])
+    pairs = write(
+        tmp_path / "pairs.jsonl",
+        [
+            json.dumps({"context": "Reading is a", "continuation": " quiet way", "id": 7}),
+            "",
+            json.dumps({"context": "Time", "continuation": " flies!"}),
+        ],
+    )
     out = tmp_path / "out.jsonl"
     r = run("--model", tiny_model_dir, "--input", pairs, "--output", out, "--dtype", "float32", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -40,21 +50,26 @@ def test_scores_and_passes_fields_through(tiny_model_dir, tmp_path):
     assert "tokens computed" in r.stderr
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("malformed", "pairs.jsonl:2: not valid JSON"),
-    ("empty_continuation", "pairs.jsonl:1: empty continuation"),
-    ("missing_field", "pairs.jsonl:1: missing or non-text field 'continuation'"),
-    ("too_long", "pairs.jsonl:1: "),
-    ("missing_model", "no-such-model"),
-    ("corrupt_gguf", "broken.gguf"),
-    ("unsupported_arch", "unsupported architecture"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("malformed", "pairs.jsonl:2: not valid JSON"),
+        ("empty_continuation", "pairs.jsonl:1: empty continuation"),
+        ("missing_field", "pairs.jsonl:1: missing or non-text field 'continuation'"),
+        ("too_long", "pairs.jsonl:1: "),
+        ("missing_model", "no-such-model"),
+        ("corrupt_gguf", "broken.gguf"),
+        ("unsupported_arch", "unsupported architecture"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_no_output(case, expected, tiny_model_dir, tmp_path):
     good = json.dumps({"context": "a", "continuation": " b"})
-    lines = {"malformed": [good, "{not json"],
-             "empty_continuation": [json.dumps({"context": "a", "continuation": ""})],
-             "missing_field": [json.dumps({"context": "a"})],
-             "too_long": [json.dumps({"context": "word " * 2000, "continuation": " end"})]}.get(case, [good])
+    lines = {
+        "malformed": [good, "{not json"],
+        "empty_continuation": [json.dumps({"context": "a", "continuation": ""})],
+        "missing_field": [json.dumps({"context": "a"})],
+        "too_long": [json.dumps({"context": "word " * 2000, "continuation": " end"})],
+    }.get(case, [good])
     pairs = write(tmp_path / "pairs.jsonl", lines)
     model = tiny_model_dir
     if case == "missing_model":
@@ -76,6 +91,7 @@ def test_bad_input_is_one_line_exit_2_no_output(case, expected, tiny_model_dir, 
 
 # --- in-process: validation before any work, resume, strict JSON, file modes -------------------------------------
 
+
 def score_main(capsys, *args) -> tuple[int, str]:
     from commands.engine_cli import main
 
@@ -87,26 +103,40 @@ def score_main(capsys, *args) -> tuple[int, str]:
 
 
 def pairs_file(path: Path, n: int) -> Path:
-    return write(path, [json.dumps({"context": f"Reading is a quiet way {i % 3}", "continuation": f" of thinking {i}",
-                                    **({"id": f"r{i}"} if i % 2 else {})}) for i in range(n)])
+    return write(
+        path,
+        [
+            json.dumps(
+                {
+                    "context": f"Reading is a quiet way {i % 3}",
+                    "continuation": f" of thinking {i}",
+                    **({"id": f"r{i}"} if i % 2 else {}),
+                }
+            )
+            for i in range(n)
+        ],
+    )
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("missing_folder", "does not exist"),
-    ("output_is_folder", "is a directory; expected a file"),
-    ("output_is_device", "/dev/null: not a regular file"),
-    ("input_is_folder", "is a directory, expected a JSONL file"),
-    ("binary_input", "pairs.jsonl:2: a binary file"),
-    ("latin1_input", "pairs.jsonl:2: not UTF-8 text (byte 0xe9)"),
-    ("lone_surrogate", "pairs.jsonl:2: a lone UTF-16 surrogate"),
-    ("nan_field", "pairs.jsonl:2: not valid JSON (NaN is not standard JSON)"),
-    ("empty_input", "no rows to score"),
-    ("token_budget_0", "argument --token-budget: expected a positive integer, got 0"),
-    ("kv_tokens_x", "argument --kv-tokens: expected a positive integer, got 'x'"),
-    ("device_tpu", "--device 'tpu': expected cpu, cuda or cuda:N"),
-    ("input_is_output", "is also an input file"),
-    ("other_jobs_output", "out.jsonl: row 1 is not the request at"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing_folder", "does not exist"),
+        ("output_is_folder", "is a directory; expected a file"),
+        ("output_is_device", "/dev/null: not a regular file"),
+        ("input_is_folder", "is a directory, expected a JSONL file"),
+        ("binary_input", "pairs.jsonl:2: a binary file"),
+        ("latin1_input", "pairs.jsonl:2: not UTF-8 text (byte 0xe9)"),
+        ("lone_surrogate", "pairs.jsonl:2: a lone UTF-16 surrogate"),
+        ("nan_field", "pairs.jsonl:2: not valid JSON (NaN is not standard JSON)"),
+        ("empty_input", "no rows to score"),
+        ("token_budget_0", "argument --token-budget: expected a positive integer, got 0"),
+        ("kv_tokens_x", "argument --kv-tokens: expected a positive integer, got 'x'"),
+        ("device_tpu", "--device 'tpu': expected cpu, cuda or cuda:N"),
+        ("input_is_output", "is also an input file"),
+        ("other_jobs_output", "out.jsonl: row 1 is not the request at"),
+    ],
+)
 def test_bad_paths_and_options_fail_before_any_work(case, expected, tmp_path, capsys, monkeypatch):
     """Checked before the model loads (a model path that does not exist is never reached) and before any file is
     written; one line, exit 2. Before: a bad --output was found only after all scoring, with a traceback."""
@@ -124,9 +154,12 @@ def test_bad_paths_and_options_fail_before_any_work(case, expected, tmp_path, ca
     elif case == "input_is_folder":
         pairs = tmp_path
     elif case in ("binary_input", "latin1_input", "lone_surrogate", "nan_field"):
-        bad = {"binary_input": b'{"context": "a\x00"}', "latin1_input": '{"context": "caf\xe9"}'.encode("latin-1"),
-               "lone_surrogate": b'{"context": "a\\ud800", "continuation": " b"}',
-               "nan_field": b'{"context": "a", "continuation": " b", "w": NaN}'}[case]
+        bad = {
+            "binary_input": b'{"context": "a\x00"}',
+            "latin1_input": '{"context": "caf\xe9"}'.encode("latin-1"),
+            "lone_surrogate": b'{"context": "a\\ud800", "continuation": " b"}',
+            "nan_field": b'{"context": "a", "continuation": " b", "w": NaN}',
+        }[case]
         pairs.write_bytes(pairs.read_bytes().splitlines(keepends=True)[0] + bad + b"\n")
     elif case == "empty_input":
         pairs.write_text("\n")
@@ -135,21 +168,29 @@ def test_bad_paths_and_options_fail_before_any_work(case, expected, tmp_path, ca
     elif case == "other_jobs_output":
         out.write_text(json.dumps({"context": "something else", "continuation": " x", "logprob": -1.0}) + "\n")
     else:
-        options = {"token_budget_0": ["--token-budget", "0"], "kv_tokens_x": ["--kv-tokens", "x"],
-                   "device_tpu": ["--device", "tpu"]}[case]
+        options = {
+            "token_budget_0": ["--token-budget", "0"],
+            "kv_tokens_x": ["--kv-tokens", "x"],
+            "device_tpu": ["--device", "tpu"],
+        }[case]
     if case == "device_tpu":  # the device is checked with the engine options, still before the model loads
         monkeypatch.undo()
         monkeypatch.setattr("engine.engine.Engine.load", lambda *a, **k: pytest.fail("the model was loaded"))
     before = sorted(p.name for p in tmp_path.iterdir())
-    status, err = score_main(capsys, "--model", tmp_path / "no-such-model", "--input", pairs, "--output", out,
-                             *options)
+    status, err = score_main(capsys, "--model", tmp_path / "no-such-model", "--input", pairs, "--output", out, *options)
     assert status == 2 and err.count("\n") == 1 and err.startswith("error: ") and expected in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_too_long_names_the_input_line(tiny_model_dir, tmp_path, capsys):
-    pairs = write(tmp_path / "pairs.jsonl", [json.dumps({"context": "a", "continuation": " b"}), "",
-                                             json.dumps({"context": "word " * 600, "continuation": " end"})])
+    pairs = write(
+        tmp_path / "pairs.jsonl",
+        [
+            json.dumps({"context": "a", "continuation": " b"}),
+            "",
+            json.dumps({"context": "word " * 600, "continuation": " end"}),
+        ],
+    )
     status, err = score_main(capsys, "--model", tiny_model_dir, "--input", pairs, "--output", tmp_path / "o.jsonl")
     assert status == 2 and f"{pairs}:3: " in err and "exceed the model's maximum context length of 512" in err, err
     assert not (tmp_path / "o.jsonl").exists()
@@ -196,8 +237,9 @@ def test_output_is_strict_json_and_follows_the_umask(tiny_model_dir, tmp_path, c
     pairs = pairs_file(tmp_path / "pairs.jsonl", 2)
     old = os.umask(0o027)
     try:
-        status, _ = score_main(capsys, "--model", tiny_model_dir, "--dtype", "float32", "--input", pairs,
-                               "--output", tmp_path / "o.jsonl")
+        status, _ = score_main(
+            capsys, "--model", tiny_model_dir, "--dtype", "float32", "--input", pairs, "--output", tmp_path / "o.jsonl"
+        )
     finally:
         os.umask(old)
     assert status == 0 and stat.S_IMODE((tmp_path / "o.jsonl").stat().st_mode) == 0o640
@@ -208,8 +250,9 @@ def test_output_is_strict_json_and_follows_the_umask(tiny_model_dir, tmp_path, c
 def test_nan_logprob_is_an_error_not_written(tiny_model_dir, tmp_path, capsys, monkeypatch):
     from engine.engine import Engine, ScoreResult
 
-    monkeypatch.setattr(Engine, "score", lambda self, reqs, **k: [ScoreResult(float("nan"), [float("nan")], 1, False)
-                                                                  for _ in reqs])
+    monkeypatch.setattr(
+        Engine, "score", lambda self, reqs, **k: [ScoreResult(float("nan"), [float("nan")], 1, False) for _ in reqs]
+    )
     pairs = pairs_file(tmp_path / "pairs.jsonl", 2)
     status, err = score_main(capsys, "--model", tiny_model_dir, "--input", pairs, "--output", tmp_path / "o.jsonl")
     assert status == 2 and f"{pairs}:1: log-prob nan is not finite" in err, err
@@ -224,11 +267,14 @@ def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tm
 
     pairs = pairs_file(tmp_path / "pairs.jsonl", 200)
     args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--deterministic", "--input", pairs]
-    code = ("import sys, commands.engine_cli as c; c.CHUNK_ROWS = 2; "
-            "sys.exit(c.main(['score', *sys.argv[1:]]))")
+    code = "import sys, commands.engine_cli as c; c.CHUNK_ROWS = 2; sys.exit(c.main(['score', *sys.argv[1:]]))"
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args), "--output", str(out)], cwd=tmp_path,
-                            stderr=subprocess.DEVNULL, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args), "--output", str(out)],
+        cwd=tmp_path,
+        stderr=subprocess.DEVNULL,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and not (out.exists() and out.stat().st_size > 0):
         time.sleep(0.005)
@@ -243,8 +289,9 @@ def test_kill_9_mid_run_leaves_only_finished_rows_and_resumes(tiny_model_dir, tm
     assert run(*args, "--output", tmp_path / "full.jsonl", cwd=tmp_path).returncode == 0
     resumed = [json.loads(x) for x in out.read_text().splitlines()]
     full = [json.loads(x) for x in (tmp_path / "full.jsonl").read_text().splitlines()]
-    assert [(r.get("id"), r["context"], r["continuation"]) for r in resumed] == \
-        [(r.get("id"), r["context"], r["continuation"]) for r in full]
+    assert [(r.get("id"), r["context"], r["continuation"]) for r in resumed] == [
+        (r.get("id"), r["context"], r["continuation"]) for r in full
+    ]
     # float32; the killed run packed its forward steps from chunks of 2 rows, the uninterrupted one from 256
     assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(resumed, full)) < 1e-4
 
@@ -267,7 +314,8 @@ def test_an_engine_error_for_one_request_names_its_input_line(tiny_model_dir, tm
     monkeypatch.setattr(Engine, "score", fails_in_second_chunk)
     pairs = pairs_file(tmp_path / "pairs.jsonl", 5)
     pairs.write_text("\n" + pairs.read_text())  # rows on lines 2..6: the failed request (row 4) is on line 5
-    status, err = score_main(capsys, "--model", tiny_model_dir, "--dtype", "float32", "--input", pairs, "--output",
-                             tmp_path / "o.jsonl")
+    status, err = score_main(
+        capsys, "--model", tiny_model_dir, "--dtype", "float32", "--input", pairs, "--output", tmp_path / "o.jsonl"
+    )
     assert status == 2 and err.strip().endswith(f"error: {pairs}:5: the log-prob is NaN (corrupt weights?)"), err
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 2

@@ -2,6 +2,7 @@
 greedy tokens however they arrive (one batch, one by one, shuffled, interleaved with running work, scoring and
 generation mixed); page reference counts are checked; KV pressure changes nothing but the work done; a request
 that cannot fit, or whose log-probs are not finite, fails alone; seeded sampling is per request."""
+
 from __future__ import annotations
 
 import random
@@ -44,8 +45,11 @@ def add(eng, item):
 
 def outcome(handle):
     r = handle.result()
-    return ("score", r.token_logprobs, r.greedy_tokens) if isinstance(r, ScoreResult) else (
-        "gen", r.token_ids, r.token_logprobs)
+    return (
+        ("score", r.token_logprobs, r.greedy_tokens)
+        if isinstance(r, ScoreResult)
+        else ("gen", r.token_ids, r.token_logprobs)
+    )
 
 
 def assert_same(got, want):
@@ -295,7 +299,7 @@ def test_streamed_text_is_the_final_text_and_stops_before_the_stop_string(tiny_m
     h = eng.add_generate("Once upon a time", max_tokens=24, stop=[stop], on_token=events.append)
     eng.run()
     g = h.result()
-    assert g.finish_reason == "stop" and g.text == free.text[:free.text.find(stop)]
+    assert g.finish_reason == "stop" and g.text == free.text[: free.text.find(stop)]
     assert "".join(e.text_delta for e in events) == g.text
     assert [e.finish_reason for e in events] == [None] * (len(events) - 1) + ["stop"]
     assert [e.token_id for e in events] == g.token_ids
@@ -320,6 +324,7 @@ def test_default_threads_counts_other_processes_not_this_one(monkeypatch):
     """default_threads: cores less what the rest of the machine keeps busy; this process's own CPU time is not
     counted (a program that has just been computing still gets every free core)."""
     import engine.engine as ee
+
     monkeypatch.setattr(ee.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(ee, "_runnable_others", lambda: 0)
     busy = iter([100.0, 100.0 + 0.3])  # the machine busy for 0.3 s during a 0.3 s window

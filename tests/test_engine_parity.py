@@ -1,4 +1,5 @@
 """Engine log-probs against HF transformers (naive: one forward per request) on the same weights."""
+
 from __future__ import annotations
 
 import os
@@ -10,11 +11,12 @@ import torch
 if not torch.cuda.is_available():  # the Triton cases run in the interpreter: on before kernels.*_triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
 
+from hf_reference import hf_logprobs, hf_model_from_weights  # noqa: E402
+from tiny_models import ARCHS  # noqa: E402
+
 import kernels  # noqa: E402
 from engine import Engine  # noqa: E402
 from engine.loader import load_model_files  # noqa: E402
-from hf_reference import hf_logprobs, hf_model_from_weights  # noqa: E402
-from tiny_models import ARCHS  # noqa: E402
 
 SENTENCES = [
     ("The capital of France is", " Paris."),
@@ -74,8 +76,9 @@ def test_gemma3_deterministic_mode_matches_transformers(tiny_model_dirs):
     hf = hf_model_from_weights(config, weights)
     reqs = _random_requests(config.vocab_size, 12, seed=5)
     ref = hf_logprobs(hf, tok, reqs)
-    got = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=2048, token_budget=16,
-                 deterministic=True).score(reqs)
+    got = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=2048, token_budget=16, deterministic=True).score(
+        reqs
+    )
     for g, r in zip(got, ref):
         assert g.token_logprobs == pytest.approx(r.token_logprobs, abs=1e-4)
 
@@ -93,8 +96,13 @@ def test_gemma3_triton_window_matches_transformers(tiny_model_dirs, monkeypatch,
     assert config.sliding_window == 8 and any(config.sliding_layers)
     rng = random.Random(11)
     prefixes = [[rng.randrange(4, config.vocab_size) for _ in range(n)] for n in (12, 30)]
-    reqs = [(p + [rng.randrange(4, config.vocab_size) for _ in range(rng.randrange(0, 4))],
-             [rng.randrange(4, config.vocab_size) for _ in range(rng.randrange(1, 4))]) for p in prefixes * 3]
+    reqs = [
+        (
+            p + [rng.randrange(4, config.vocab_size) for _ in range(rng.randrange(0, 4))],
+            [rng.randrange(4, config.vocab_size) for _ in range(rng.randrange(1, 4))],
+        )
+        for p in prefixes * 3
+    ]
     ref = hf_logprobs(hf_model_from_weights(config, weights), tok, reqs)
     windowed = {"cascade": 0, "merge": 0}
     cascade, merge = attention_triton.cascade_attention_triton, attention_triton.segment_attention_merge_triton
@@ -111,8 +119,9 @@ def test_gemma3_triton_window_matches_transformers(tiny_model_dirs, monkeypatch,
     monkeypatch.setattr(attention_triton, "segment_attention_merge_triton", merge_spy)
     kernels.set_backend("triton")  # also forgets the functions dispatch resolved before the spies
     try:
-        got = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=1024, token_budget=16,
-                     deterministic=deterministic).score(reqs)
+        got = Engine(
+            config, weights, tok, dtype=torch.float32, kv_tokens=1024, token_budget=16, deterministic=deterministic
+        ).score(reqs)
     finally:
         kernels.set_backend(None)
     assert windowed["merge" if deterministic else "cascade"] > 0, windowed
@@ -128,9 +137,10 @@ def test_greedy_generation_matches_transformers(tiny_model_dirs, arch):
     prompts = [[5, 17, 99, 23], [5, 17, 99, 23, 41, 7], [200, 3, 8]]
     out = eng.generate(prompts, max_tokens=10)
     for p, g in zip(prompts, out):
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=-1,
-                          pad_token_id=0)[0, len(p):].tolist()
-        assert g.token_ids == ref[:len(g.token_ids)]
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=-1, pad_token_id=0)[
+            0, len(p) :
+        ].tolist()
+        assert g.token_ids == ref[: len(g.token_ids)]
         assert g.finish_reason == "length" or g.finish_reason == "eos"
     assert eng.kv.used_pages == 0
 
@@ -153,7 +163,8 @@ def test_smollm2_matches_transformers_fp32(smollm2):
     gen = eng.generate(["The capital of France is", "List three fruits:"], max_tokens=12)
     for prompt, g in zip(["The capital of France is", "List three fruits:"], gen):
         ids = tok.encode(prompt)
-        want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_ids,
-                           pad_token_id=tok.eos_id)[0, len(ids):].tolist()
+        want = hf.generate(
+            torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_ids, pad_token_id=tok.eos_id
+        )[0, len(ids) :].tolist()
         want = [t for t in want if t not in tok.eos_ids]
-        assert g.token_ids == want[:len(g.token_ids)] and len(g.token_ids) >= min(len(want), 1)
+        assert g.token_ids == want[: len(g.token_ids)] and len(g.token_ids) >= min(len(want), 1)

@@ -2,6 +2,7 @@
 HTTP Client and DistributedEngine the closed-job one (JobEngine), with the protocol's signatures (names, order and
 defaults of its parameters); the fronts (the asyncio front, the server) use nothing of the engine but the protocol's
 members."""
+
 from __future__ import annotations
 
 import ast
@@ -46,12 +47,18 @@ def signature_problems(impl: type, proto) -> list[str]:
             if q is None:
                 problems.append(f"{impl.__name__}.{name}: no parameter {p.name!r}")
             elif q.default != p.default:
-                problems.append(f"{impl.__name__}.{name}({p.name}): default {q.default!r}, the protocol's "
-                                f"{p.default!r}")
+                problems.append(
+                    f"{impl.__name__}.{name}({p.name}): default {q.default!r}, the protocol's {p.default!r}"
+                )
             elif p.kind is p.POSITIONAL_OR_KEYWORD and (i >= len(g) or g[i].name != p.name):
                 problems.append(f"{impl.__name__}.{name}({p.name}): not parameter {i + 1}")
-        extra = [q.name for q in g if q.name not in {p.name for p in w} and q.default is q.empty
-                 and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)]
+        extra = [
+            q.name
+            for q in g
+            if q.name not in {p.name for p in w}
+            and q.default is q.empty
+            and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)
+        ]
         problems += [f"{impl.__name__}.{name}: extra parameter {n!r} without a default" for n in extra]
     return problems
 
@@ -68,10 +75,11 @@ def test_engine_implements_the_loop_and_the_job_protocols(eng):
 
 
 def test_client_implements_the_job_protocol(eng):
+    from live_server import live_server
+
     from engine.async_engine import AsyncEngine
     from engine.client import Client
     from engine.server import create_app
-    from live_server import live_server
 
     assert signature_problems(Client, JobEngine) == []
     with live_server(create_app(eng, model_name="tiny")) as url:
@@ -79,8 +87,9 @@ def test_client_implements_the_job_protocol(eng):
         try:
             assert isinstance(client, JobEngine) and not isinstance(client, EngineProtocol)
             assert client.limits == eng.limits and client.max_request_tokens == eng.max_request_tokens
-            assert client.score([("a b", " c")])[0].logprob == pytest.approx(eng.score([("a b", " c")])[0].logprob,
-                                                                              abs=1e-4)
+            assert client.score([("a b", " c")])[0].logprob == pytest.approx(
+                eng.score([("a b", " c")])[0].logprob, abs=1e-4
+            )
             assert isinstance(client.last_stats, EngineStats) and client.last_stats.requests >= 1
         finally:
             client.close()
@@ -103,8 +112,9 @@ def test_the_signature_check_sees_a_mismatch():
         def score(self, requests, progress=False, share_prefix=True):  # two parameters swapped
             pass
 
-        def generate(self, prompts, max_tokens=64, temperature=0.0, top_p=1.0, seed=None, stop=None, progress=False,
-                     *, extra):
+        def generate(
+            self, prompts, max_tokens=64, temperature=0.0, top_p=1.0, seed=None, stop=None, progress=False, *, extra
+        ):
             pass
 
     problems = signature_problems(Wrong, JobEngine)
@@ -119,14 +129,23 @@ def engine_members_used(path: Path, names: tuple[str, ...]) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Attribute):
             owner = node.value
-            if (isinstance(owner, ast.Attribute) and owner.attr in names) or \
-                    (isinstance(owner, ast.Name) and owner.id in names):
+            if (isinstance(owner, ast.Attribute) and owner.attr in names) or (
+                isinstance(owner, ast.Name) and owner.id in names
+            ):
                 used.add(node.attr)
     return used
 
 
-@pytest.mark.parametrize("front", ["engine/async_engine.py", "engine/server/state.py", "engine/server/app.py",
-                                   "engine/server/native.py", "engine/server/completions.py"])
+@pytest.mark.parametrize(
+    "front",
+    [
+        "engine/async_engine.py",
+        "engine/server/state.py",
+        "engine/server/app.py",
+        "engine/server/native.py",
+        "engine/server/completions.py",
+    ],
+)
 def test_the_fronts_use_only_the_protocol(front):
     used = engine_members_used(ROOT / front, ("engine",))
     assert used <= members(EngineProtocol), sorted(used - members(EngineProtocol))

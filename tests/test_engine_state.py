@@ -1,5 +1,6 @@
 """The engine's state contracts: counters are an EngineStats snapshot (attributes, not string keys), taken under the
 engine's lock so that another thread may add, abort and read stats while the loop thread steps."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,11 +75,14 @@ def test_step_returns_the_events_the_handles_consumed(tiny):
     """Every score, token and end a step produced comes back as an event; the handles' results are exactly the
     events' contents (the scheduler writes nothing into a handle)."""
     from engine.requests import Admitted, Finished, ScoreOut, StepTime, TokenOut
+
     eng = engine(tiny, token_budget=16)
     rng = random.Random(1)
     demo = [rng.randrange(4, 200) for _ in range(30)]
-    scores = [eng.add_score(demo + [rng.randrange(4, 200)], [rng.randrange(4, 200) for _ in range(3)], top_k=2)
-              for _ in range(4)]
+    scores = [
+        eng.add_score(demo + [rng.randrange(4, 200)], [rng.randrange(4, 200) for _ in range(3)], top_k=2)
+        for _ in range(4)
+    ]
     gen = eng.add_generate(demo[:12], max_tokens=5)
     aborted = eng.add_score(demo + [7], [8, 9])
     eng.abort(aborted)
@@ -94,6 +98,6 @@ def test_step_returns_the_events_the_handles_consumed(tiny):
         assert [e.logprob for e in outs] == res.token_logprobs and [e.greedy for e in outs] == res.greedy_tokens
         assert [list(zip(e.top_ids[:2], e.top_logprobs[:2])) for e in outs] == res.top_logprobs
     toks = [e.token for e in events if type(e) is TokenOut and e.request is gen]
-    assert toks[:len(gen.result().token_ids)] == gen.result().token_ids
+    assert toks[: len(gen.result().token_ids)] == gen.result().token_ids
     ends = {e.request.id: e.status for e in events if type(e) is Finished}
     assert ends[aborted.id].value == "aborted" and all(ends[h.id].value == "finished" for h in scores + [gen])

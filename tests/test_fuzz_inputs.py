@@ -6,6 +6,7 @@ Input that is wrong on its own is refused before the model loads: Engine.load is
 that gets that far fails at once (and fast). Only a broken --model reaches the loader, which must refuse it.
 Each command's untouched baseline is checked to reach the model (or, for leaderboard/report, to succeed), so every
 refusal is caused by the one thing a case breaks."""
+
 from __future__ import annotations
 
 import io
@@ -48,28 +49,58 @@ class Case:
 
 # --- valid baselines ---------------------------------------------------------------------------------------------
 
+
 def jsonl(rows) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-TASK = {"name": "tiny", "template": "Q: {x}\nA: {y}", "good": [{"x": "one", "y": "yes"}, {"x": "two", "y": "no"}],
-        "bad": [{"x": "one", "y": "no"}, {"x": "two", "y": "yes"}], "labels": ["yes", "no"], "M": 2, "N": 2, "L": 1}
+TASK = {
+    "name": "tiny",
+    "template": "Q: {x}\nA: {y}",
+    "good": [{"x": "one", "y": "yes"}, {"x": "two", "y": "no"}],
+    "bad": [{"x": "one", "y": "no"}, {"x": "two", "y": "yes"}],
+    "labels": ["yes", "no"],
+    "M": 2,
+    "N": 2,
+    "L": 1,
+}
 
 ROWS = {
-    "engine score": [{"context": "Reading is a", "continuation": " quiet way", "id": 1},
-                     {"context": "Time", "continuation": " flies"}],
-    "icqs score": [{"id": "g0", "model": "good", "x": "four", "y": "yes", "truth": 1.0},
-                   {"id": "b0", "model": "bad", "x": "four", "y": "no", "truth": 0.0}],
-    "icqs judge": [{"id": "a", "question": "What is 2+2?", "response": "4"},
-                   {"id": "b", "question": "Capital of France?", "response": "Paris"}],
-    "icqs pairwise": [{"id": "p", "question": "2+2?", "answer_a": "4", "answer_b": "5", "model_a": "m1",
-                       "model_b": "m2", "winner": "model_a"}],
-    "icqs allure run": [{"id": "i1", "response": "The answer is 4", "answer": "4"},
-                        {"id": "i2", "response": "It is 7", "answer": "6"}],
+    "engine score": [
+        {"context": "Reading is a", "continuation": " quiet way", "id": 1},
+        {"context": "Time", "continuation": " flies"},
+    ],
+    "icqs score": [
+        {"id": "g0", "model": "good", "x": "four", "y": "yes", "truth": 1.0},
+        {"id": "b0", "model": "bad", "x": "four", "y": "no", "truth": 0.0},
+    ],
+    "icqs judge": [
+        {"id": "a", "question": "What is 2+2?", "response": "4"},
+        {"id": "b", "question": "Capital of France?", "response": "Paris"},
+    ],
+    "icqs pairwise": [
+        {
+            "id": "p",
+            "question": "2+2?",
+            "answer_a": "4",
+            "answer_b": "5",
+            "model_a": "m1",
+            "model_b": "m2",
+            "winner": "model_a",
+        }
+    ],
+    "icqs allure run": [
+        {"id": "i1", "response": "The answer is 4", "answer": "4"},
+        {"id": "i2", "response": "It is 7", "answer": "6"},
+    ],
 }
-TEXT_FIELDS = {"engine score": ("context", "continuation"), "icqs score": ("model", "x", "y"),
-               "icqs judge": ("question", "response"), "icqs pairwise": ("question", "answer_a", "answer_b"),
-               "icqs allure run": ("response",)}
+TEXT_FIELDS = {
+    "engine score": ("context", "continuation"),
+    "icqs score": ("model", "x", "y"),
+    "icqs judge": ("question", "response"),
+    "icqs pairwise": ("question", "answer_a", "answer_b"),
+    "icqs allure run": ("response",),
+}
 REQUIRED = {**TEXT_FIELDS, "icqs score": ("id", "model", "x", "y"), "icqs allure run": ("response", "answer")}
 HAS_IDS = ("icqs score", "icqs judge", "icqs pairwise", "icqs allure run")
 
@@ -117,11 +148,31 @@ def with_option(case: Case, flag: str, value: str, kind: str) -> Case:
 
 # --- malformed rows (JSONL) --------------------------------------------------------------------------------------
 
-NOT_AN_OBJECT = ["{", "[1, 2]", "null", '"text"', "42", '{"a": 1,}', "{'single': 'quotes'}", "NaN", "[]", "true",
-                 '{"a": }', '{"a": 1} {"b": 2}', "\ufeff{}x", "[" * 5000 + "]" * 5000, "1" * 5000]
-WRONG_VALUES = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.none(),
-                         st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(),
-                                                                               max_size=2))
+NOT_AN_OBJECT = [
+    "{",
+    "[1, 2]",
+    "null",
+    '"text"',
+    "42",
+    '{"a": 1,}',
+    "{'single': 'quotes'}",
+    "NaN",
+    "[]",
+    "true",
+    '{"a": }',
+    '{"a": 1} {"b": 2}',
+    "\ufeff{}x",
+    "[" * 5000 + "]" * 5000,
+    "1" * 5000,
+]
+WRONG_VALUES = st.one_of(
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 
 
 def _json_line_strategy():
@@ -130,9 +181,13 @@ def _json_line_strategy():
             return not isinstance(json.loads(text), dict)
         except ValueError:
             return True
-    return st.one_of(st.sampled_from(NOT_AN_OBJECT),
-                     st.text(min_size=1, max_size=30).filter(lambda t: t.strip() and "\n" not in t
-                                                            and "\r" not in t and not_object(t)))
+
+    return st.one_of(
+        st.sampled_from(NOT_AN_OBJECT),
+        st.text(min_size=1, max_size=30).filter(
+            lambda t: t.strip() and "\n" not in t and "\r" not in t and not_object(t)
+        ),
+    )
 
 
 @st.composite
@@ -141,12 +196,28 @@ def malformed_rows(draw, command: str) -> Case:
     rows = [dict(r) for r in ROWS[command]]
     i = draw(st.integers(0, len(rows) - 1))
     lines = [json.dumps(r).encode() for r in rows]
-    options = ["not_json", "missing_field", "wrong_type", "lone_surrogate", "nan", "bad_bytes", "no_rows",
-               "input_is_folder", "input_missing", "binary_file", "huge_number", "input_is_fifo", "input_is_device"]
+    options = [
+        "not_json",
+        "missing_field",
+        "wrong_type",
+        "lone_surrogate",
+        "nan",
+        "bad_bytes",
+        "no_rows",
+        "input_is_folder",
+        "input_missing",
+        "binary_file",
+        "huge_number",
+        "input_is_fifo",
+        "input_is_device",
+    ]
     options += ["duplicate_id"] if command in HAS_IDS else []
-    options += {"engine score": ["empty_continuation"], "icqs pairwise": ["bad_winner"],
-                "icqs score": ["bad_truth", "bad_truth_dist"], "icqs allure run": ["bad_split", "bad_match"]
-                }.get(command, [])
+    options += {
+        "engine score": ["empty_continuation"],
+        "icqs pairwise": ["bad_winner"],
+        "icqs score": ["bad_truth", "bad_truth_dist"],
+        "icqs allure run": ["bad_split", "bad_match"],
+    }.get(command, [])
     kind = draw(st.sampled_from(options))
     row = rows[i]
     if kind == "not_json":
@@ -159,8 +230,9 @@ def malformed_rows(draw, command: str) -> Case:
         key = draw(st.sampled_from(TEXT_FIELDS[command]))
         row[key] = draw(st.text(max_size=5)) + chr(draw(st.integers(0xD800, 0xDFFF))) + row[key]
     elif kind == "nan":
-        row[draw(st.sampled_from(["score", "weight", *row]))] = draw(st.sampled_from([float("nan"), float("inf"),
-                                                                                    float("-inf")]))
+        row[draw(st.sampled_from(["score", "weight", *row]))] = draw(
+            st.sampled_from([float("nan"), float("inf"), float("-inf")])
+        )
     elif kind == "huge_number":  # parses as infinity: refused naming its field
         number = draw(st.sampled_from(["1e400", "-1e999", "2.5e308", "1E+309"]))
         key = draw(st.sampled_from(["weight", "meta", *row]))
@@ -170,8 +242,9 @@ def malformed_rows(draw, command: str) -> Case:
     elif kind == "bad_bytes":
         text = json.dumps(row, ensure_ascii=False).encode()
         cut = text.index(b'"', text.index(b":") + 1) + 1  # inside the first string value
-        lines[i] = text[:cut] + draw(st.sampled_from([b"\xff", b"\xc3(", b"\xed\xa0\x80", b"\x00", b"\x80abc"])) \
-            + text[cut:]
+        lines[i] = (
+            text[:cut] + draw(st.sampled_from([b"\xff", b"\xc3(", b"\xed\xa0\x80", b"\x00", b"\x80abc"])) + text[cut:]
+        )
     elif kind == "no_rows":
         lines = [b""] * draw(st.integers(0, 3))
     elif kind == "duplicate_id":
@@ -181,20 +254,38 @@ def malformed_rows(draw, command: str) -> Case:
     elif kind == "empty_continuation":
         row["continuation"] = ""
     elif kind == "bad_winner":
-        row["winner"] = draw(st.one_of(st.text(max_size=8), st.integers())
-                             .filter(lambda w: w not in ("model_a", "model_b", "tie")))
+        row["winner"] = draw(
+            st.one_of(st.text(max_size=8), st.integers()).filter(lambda w: w not in ("model_a", "model_b", "tie"))
+        )
     elif kind == "bad_truth":
-        row["truth"] = draw(st.one_of(st.floats(min_value=1.0, exclude_min=True), st.floats(max_value=0.0,
-                                                                                           exclude_max=True),
-                                      st.text(max_size=3), st.lists(st.integers(), max_size=2)))
+        row["truth"] = draw(
+            st.one_of(
+                st.floats(min_value=1.0, exclude_min=True),
+                st.floats(max_value=0.0, exclude_max=True),
+                st.text(max_size=3),
+                st.lists(st.integers(), max_size=2),
+            )
+        )
     elif kind == "bad_truth_dist":
-        row["truth_dist"] = draw(st.one_of(st.lists(st.floats(0, 1), max_size=4).filter(
-            lambda d: len(d) < 2 or abs(sum(d) - 1) > 1e-2), st.text(max_size=3), st.just([0.25] * 4)))  # M + 1 = 3
+        row["truth_dist"] = draw(
+            st.one_of(
+                st.lists(st.floats(0, 1), max_size=4).filter(lambda d: len(d) < 2 or abs(sum(d) - 1) > 1e-2),
+                st.text(max_size=3),
+                st.just([0.25] * 4),
+            )
+        )  # M + 1 = 3
     elif kind == "bad_split":
         row["split"] = draw(st.text(max_size=8).filter(lambda s: s not in ("audit", "holdout")))
     elif kind == "bad_match":
-        row["match"] = draw(st.one_of(st.text(max_size=8).filter(lambda s: s not in (
-            "number", "option", "node_list", "regex", "label", "exact")), st.integers(), st.just({"kind": "regex"})))
+        row["match"] = draw(
+            st.one_of(
+                st.text(max_size=8).filter(
+                    lambda s: s not in ("number", "option", "node_list", "regex", "label", "exact")
+                ),
+                st.integers(),
+                st.just({"kind": "regex"}),
+            )
+        )
     if kind not in ("not_json", "bad_bytes", "no_rows", "duplicate_id", "huge_number"):
         lines[i] = json.dumps(row).encode()
     files = dict(case.files)
@@ -208,16 +299,35 @@ def malformed_rows(draw, command: str) -> Case:
     elif kind == "input_is_fifo":  # opening it would block for ever
         files = {**{k: v for k, v in files.items() if k != "in.jsonl"}, "in.jsonl|": b""}
     elif kind == "input_is_device":  # reading it would never end
-        return Case(command, f"row:{kind}", files, [a.replace("{d}/in.jsonl", draw(st.sampled_from(
-            ["/dev/zero", "/dev/urandom"]))) for a in case.argv])
+        return Case(
+            command,
+            f"row:{kind}",
+            files,
+            [a.replace("{d}/in.jsonl", draw(st.sampled_from(["/dev/zero", "/dev/urandom"]))) for a in case.argv],
+        )
     return Case(command, f"row:{kind}", files, case.argv)
 
 
 # --- malformed task YAML (icqs score) ----------------------------------------------------------------------------
 
-TASK_KINDS = ["missing_key", "bad_count", "bad_template", "unknown_key", "bad_pool", "bad_labels", "bad_judge_question",
-              "yaml_syntax", "not_mapping", "bad_bytes", "bad_seed", "task_is_folder", "bad_separator", "alias_bomb",
-              "count_too_large", "task_is_fifo"]
+TASK_KINDS = [
+    "missing_key",
+    "bad_count",
+    "bad_template",
+    "unknown_key",
+    "bad_pool",
+    "bad_labels",
+    "bad_judge_question",
+    "yaml_syntax",
+    "not_mapping",
+    "bad_bytes",
+    "bad_seed",
+    "task_is_folder",
+    "bad_separator",
+    "alias_bomb",
+    "count_too_large",
+    "task_is_fifo",
+]
 
 
 def _alias_bomb(levels: int, width: int) -> str:
@@ -237,33 +347,64 @@ def malformed_task(draw) -> Case:
     if kind == "missing_key":
         del task[draw(st.sampled_from(["template", "good", "bad"]))]
     elif kind == "bad_count":
-        task[draw(st.sampled_from(["M", "N", "L"]))] = draw(st.one_of(st.integers(max_value=0), st.text(max_size=3),
-                                                                     st.floats(0.1, 9.9), st.booleans(), st.none()))
+        task[draw(st.sampled_from(["M", "N", "L"]))] = draw(
+            st.one_of(st.integers(max_value=0), st.text(max_size=3), st.floats(0.1, 9.9), st.booleans(), st.none())
+        )
     elif kind == "bad_template":
-        task["template"] = draw(st.one_of(st.sampled_from(["no fields", "{y} before {x}", "{x} {x} {y}", "{x} only",
-                                                           "{y} only", "{x}{y}{y}"]), st.integers(), st.none()))
+        task["template"] = draw(
+            st.one_of(
+                st.sampled_from(["no fields", "{y} before {x}", "{x} {x} {y}", "{x} only", "{y} only", "{x}{y}{y}"]),
+                st.integers(),
+                st.none(),
+            )
+        )
     elif kind == "unknown_key":
-        task[draw(st.text(min_size=1, max_size=8).filter(lambda k: k not in TASK and k not in (
-            "separator", "header", "judge_question", "seed")))] = 1
+        task[
+            draw(
+                st.text(min_size=1, max_size=8).filter(
+                    lambda k: k not in TASK and k not in ("separator", "header", "judge_question", "seed")
+                )
+            )
+        ] = 1
     elif kind == "bad_pool":
-        task[draw(st.sampled_from(["good", "bad"]))] = draw(st.one_of(
-            st.just([]), st.integers(), st.just([{"x": "only x"}]), st.just(["plain"]), st.just("missing.jsonl"),
-            st.just({"x": "a", "y": "b"})))
+        task[draw(st.sampled_from(["good", "bad"]))] = draw(
+            st.one_of(
+                st.just([]),
+                st.integers(),
+                st.just([{"x": "only x"}]),
+                st.just(["plain"]),
+                st.just("missing.jsonl"),
+                st.just({"x": "a", "y": "b"}),
+            )
+        )
     elif kind == "bad_labels":
         task["labels"] = draw(st.one_of(st.just(["only"]), st.just(["a", "a"]), st.just("yes"), st.integers()))
     elif kind == "bad_judge_question":
         task["judge_question"] = draw(st.one_of(st.just("no x here"), st.just("{x} and {x}"), st.integers()))
     elif kind == "count_too_large":  # M, N, L beyond what any context holds: before any list of that size
         key = draw(st.sampled_from(["M", "N", "L"]))
-        task[key] = draw(st.integers(min_value={"M": 257, "N": 4097, "L": 1025}[key], max_value=10 ** 30))
+        task[key] = draw(st.integers(min_value={"M": 257, "N": 4097, "L": 1025}[key], max_value=10**30))
     elif kind == "bad_seed":
         task["seed"] = draw(st.one_of(st.integers(max_value=-1), st.text(max_size=3), st.floats(0.1, 9.9)))
     elif kind == "bad_separator":
-        task[draw(st.sampled_from(["separator", "header"]))] = draw(st.one_of(st.integers(), st.lists(st.integers(),
-                                                                                                      max_size=2)))
+        task[draw(st.sampled_from(["separator", "header"]))] = draw(
+            st.one_of(st.integers(), st.lists(st.integers(), max_size=2))
+        )
     elif kind == "yaml_syntax":
-        text = draw(st.sampled_from(["name: [unclosed", "template: 'Q: {x}\nA: {y}", "a: b: c", "\t- tab", "{", "]",
-                                     "key: &anchor\nother: *missing", "%YAML 9.9\n---\na: 1"]))
+        text = draw(
+            st.sampled_from(
+                [
+                    "name: [unclosed",
+                    "template: 'Q: {x}\nA: {y}",
+                    "a: b: c",
+                    "\t- tab",
+                    "{",
+                    "]",
+                    "key: &anchor\nother: *missing",
+                    "%YAML 9.9\n---\na: 1",
+                ]
+            )
+        )
     elif kind == "not_mapping":
         text = draw(st.sampled_from(["- a\n- b", "just text", "42", "", "null", "[1, 2]"]))
     files = dict(case.files)
@@ -287,35 +428,69 @@ def malformed_task(draw) -> Case:
 NON_INTEGER = st.sampled_from(["x", "1.5", "", "1e3", "one", "--", "0x10", "nan"])
 NOT_POSITIVE = st.one_of(st.integers(max_value=0).map(str), NON_INTEGER)
 NEGATIVE = st.one_of(st.integers(max_value=-1).map(str), NON_INTEGER)
-BAD_DEVICES = ["tpu", "gpu", "cpu:0", "cuda:x", "", "mps", "CPU", "cuda:-1", "cuda:99"] + \
-    ([] if torch.cuda.is_available() else ["cuda", "cuda:0", "cuda:1"])
-BAD_MODELS = {"missing": None, "empty_folder": "dir", "text_file": b"not a model\n", "truncated_gguf": b"GGUF\x03\x00",
-              "garbage_gguf": b"GGUF" + bytes(range(256)) * 2}
+BAD_DEVICES = ["tpu", "gpu", "cpu:0", "cuda:x", "", "mps", "CPU", "cuda:-1", "cuda:99"] + (
+    [] if torch.cuda.is_available() else ["cuda", "cuda:0", "cuda:1"]
+)
+BAD_MODELS = {
+    "missing": None,
+    "empty_folder": "dir",
+    "text_file": b"not a model\n",
+    "truncated_gguf": b"GGUF\x03\x00",
+    "garbage_gguf": b"GGUF" + bytes(range(256)) * 2,
+}
 
 OPTIONS = {  # command -> {flag: strategy of bad values}
-    "engine": {"--token-budget": NOT_POSITIVE, "--kv-tokens": NOT_POSITIVE, "--threads": NOT_POSITIVE,
-               "--dtype": st.text(max_size=8).filter(lambda t: t not in ("bfloat16", "float32")),
-               "--device": st.sampled_from(BAD_DEVICES)},
-    "engine score": {"--output": st.sampled_from(["{d}", "{d}/missing/out.jsonl", "{d}/in.jsonl", "{d}/other.jsonl",
-                                                  "{d}/notes.txt", "/dev/null"]),
-                     "--input": st.sampled_from(["{d}", "{d}/missing.jsonl"])},
-    "icqs score": {"--M": st.one_of(NOT_POSITIVE, st.integers(257, 10 ** 40).map(str)),
-                   "--N": st.one_of(NOT_POSITIVE, st.integers(4097, 10 ** 40).map(str)),
-                   "--L": st.one_of(NOT_POSITIVE, st.integers(1025, 10 ** 40).map(str)), "--seed": NEGATIVE,
-                   "--method": st.sampled_from(["bogus", "ICQS", ""]), "--sampler": st.sampled_from(["random", ""]),
-                   "--out": st.sampled_from(["{d}/in.jsonl", "{d}/task.yaml"])},
-    "icqs judge": {"--batch": NOT_POSITIVE, "--runs": NOT_POSITIVE, "--demo-tokens": NEGATIVE, "--seed": NEGATIVE,
-                   "--max-tokens": NEGATIVE, "--method": st.sampled_from(["bogus", ""]),
-                   "--shots": st.sampled_from(["x", "1,,a", "-1", "0,-2", "", "auto,1", "1.5"]),
-                   "--demos": st.sampled_from(["{d}/missing.jsonl", "{d}"]), "--out": st.just("{d}/in.jsonl")},
-    "icqs pairwise": {"--batch": NOT_POSITIVE, "--bootstrap": NEGATIVE, "--seed": NEGATIVE, "--max-tokens": NEGATIVE,
-                      "--out": st.just("{d}/in.jsonl")},
-    "icqs allure run": {"--rounds": NOT_POSITIVE, "--seed": NEGATIVE, "--max-icl": NEGATIVE,
-                        "--clusters": NOT_POSITIVE,
-                        "--holdout": st.sampled_from(["-0.1", "1", "1.5", "nan", "inf", "x", ""]),
-                        "--sweep": st.sampled_from(["a", "1,b", "-1", "4,-8", "1.5"]),
-                        "--template": st.sampled_from(["bogus", "{d}/missing.yaml", "{d}", "{d}/wide.yaml"]),
-                        "--memory": st.just("{d}"), "--out": st.just("{d}/in.jsonl")},
+    "engine": {
+        "--token-budget": NOT_POSITIVE,
+        "--kv-tokens": NOT_POSITIVE,
+        "--threads": NOT_POSITIVE,
+        "--dtype": st.text(max_size=8).filter(lambda t: t not in ("bfloat16", "float32")),
+        "--device": st.sampled_from(BAD_DEVICES),
+    },
+    "engine score": {
+        "--output": st.sampled_from(
+            ["{d}", "{d}/missing/out.jsonl", "{d}/in.jsonl", "{d}/other.jsonl", "{d}/notes.txt", "/dev/null"]
+        ),
+        "--input": st.sampled_from(["{d}", "{d}/missing.jsonl"]),
+    },
+    "icqs score": {
+        "--M": st.one_of(NOT_POSITIVE, st.integers(257, 10**40).map(str)),
+        "--N": st.one_of(NOT_POSITIVE, st.integers(4097, 10**40).map(str)),
+        "--L": st.one_of(NOT_POSITIVE, st.integers(1025, 10**40).map(str)),
+        "--seed": NEGATIVE,
+        "--method": st.sampled_from(["bogus", "ICQS", ""]),
+        "--sampler": st.sampled_from(["random", ""]),
+        "--out": st.sampled_from(["{d}/in.jsonl", "{d}/task.yaml"]),
+    },
+    "icqs judge": {
+        "--batch": NOT_POSITIVE,
+        "--runs": NOT_POSITIVE,
+        "--demo-tokens": NEGATIVE,
+        "--seed": NEGATIVE,
+        "--max-tokens": NEGATIVE,
+        "--method": st.sampled_from(["bogus", ""]),
+        "--shots": st.sampled_from(["x", "1,,a", "-1", "0,-2", "", "auto,1", "1.5"]),
+        "--demos": st.sampled_from(["{d}/missing.jsonl", "{d}"]),
+        "--out": st.just("{d}/in.jsonl"),
+    },
+    "icqs pairwise": {
+        "--batch": NOT_POSITIVE,
+        "--bootstrap": NEGATIVE,
+        "--seed": NEGATIVE,
+        "--max-tokens": NEGATIVE,
+        "--out": st.just("{d}/in.jsonl"),
+    },
+    "icqs allure run": {
+        "--rounds": NOT_POSITIVE,
+        "--seed": NEGATIVE,
+        "--max-icl": NEGATIVE,
+        "--clusters": NOT_POSITIVE,
+        "--holdout": st.sampled_from(["-0.1", "1", "1.5", "nan", "inf", "x", ""]),
+        "--sweep": st.sampled_from(["a", "1,b", "-1", "4,-8", "1.5"]),
+        "--template": st.sampled_from(["bogus", "{d}/missing.yaml", "{d}", "{d}/wide.yaml"]),
+        "--memory": st.just("{d}"),
+        "--out": st.just("{d}/in.jsonl"),
+    },
     "icqs demo": {"--out": st.just("{d}/file.txt")},
 }
 
@@ -341,9 +516,21 @@ def malformed_option(draw, command: str) -> Case:
 
 # --- corrupt run directories (leaderboard, report) ---------------------------------------------------------------
 
-RUN_KINDS = ["run_json_not_json", "run_json_not_object", "run_json_missing_key", "run_json_bad_task",
-             "run_json_binary", "candidates_missing", "candidates_corrupt", "results_corrupt", "no_run_json",
-             "dir_missing", "dir_is_file", "results_bad_row", "run_json_huge_count"]
+RUN_KINDS = [
+    "run_json_not_json",
+    "run_json_not_object",
+    "run_json_missing_key",
+    "run_json_bad_task",
+    "run_json_binary",
+    "candidates_missing",
+    "candidates_corrupt",
+    "results_corrupt",
+    "no_run_json",
+    "dir_missing",
+    "dir_is_file",
+    "results_bad_row",
+    "run_json_huge_count",
+]
 
 
 @st.composite
@@ -351,8 +538,11 @@ def corrupt_run(draw, command: str) -> Case:
     case = baseline(command)
     files = dict(case.files)
     meta = json.loads(files["run/run.json"])
-    kinds = RUN_KINDS + (["output_is_folder", "output_folder_missing", "output_in_run_dir", "output_not_a_report"]
-                         if command == "icqs report" else [])
+    kinds = RUN_KINDS + (
+        ["output_is_folder", "output_folder_missing", "output_in_run_dir", "output_not_a_report"]
+        if command == "icqs report"
+        else []
+    )
     kind = draw(st.sampled_from(kinds))
     argv = list(case.argv)
     if kind == "run_json_not_json":
@@ -364,8 +554,14 @@ def corrupt_run(draw, command: str) -> Case:
         files["run/run.json"] = json.dumps(meta).encode()
     elif kind == "run_json_bad_task":
         key = draw(st.sampled_from(["M", "L", "template", "good", "bad"]))
-        meta["task"][key] = draw(st.one_of(st.none(), st.integers(max_value=0), st.just("no fields"),
-                                           st.just([[1]]) if key in ("good", "bad") else st.just([])))
+        meta["task"][key] = draw(
+            st.one_of(
+                st.none(),
+                st.integers(max_value=0),
+                st.just("no fields"),
+                st.just([[1]]) if key in ("good", "bad") else st.just([]),
+            )
+        )
         files["run/run.json"] = json.dumps(meta).encode()
     elif kind == "run_json_binary":
         files["run/run.json"] = b"\xff\xfe\x00garbage"
@@ -380,16 +576,22 @@ def corrupt_run(draw, command: str) -> Case:
         j = draw(st.integers(0, len(rows) - 1))
         row = json.loads(rows[j])
         field_ = draw(st.sampled_from(["loglik", "l", "sampler", "id"]))
-        row[field_] = draw(st.one_of(st.sampled_from([[1], [], "x", None, [0.0, "a", 0.0], -1, 10 ** 6, {}]),
-                                     st.lists(st.floats(-5, 0), min_size=4, max_size=6)))
+        row[field_] = draw(
+            st.one_of(
+                st.sampled_from([[1], [], "x", None, [0.0, "a", 0.0], -1, 10**6, {}]),
+                st.lists(st.floats(-5, 0), min_size=4, max_size=6),
+            )
+        )
         rows[j] = json.dumps(row).encode()
         files["run/loglik.jsonl"] = b"".join(r + b"\n" for r in rows)
     elif kind == "run_json_huge_count":
-        meta["task"][draw(st.sampled_from(["M", "N", "L"]))] = draw(st.integers(5000, 10 ** 12))
+        meta["task"][draw(st.sampled_from(["M", "N", "L"]))] = draw(st.integers(5000, 10**12))
         files["run/run.json"] = json.dumps(meta).encode()
     elif kind == "output_in_run_dir":
-        argv += ["--output", "{d}/run/" + draw(st.sampled_from(["run.json", "loglik.jsonl", "candidates.jsonl",
-                                                                 "other.html"]))]
+        argv += [
+            "--output",
+            "{d}/run/" + draw(st.sampled_from(["run.json", "loglik.jsonl", "candidates.jsonl", "other.html"])),
+        ]
     elif kind == "output_not_a_report":
         files["notes.txt"] = b"my notes\n"
         argv += ["--output", "{d}/notes.txt"]
@@ -417,6 +619,7 @@ def malformed(command: str):
 
 # --- running a case ----------------------------------------------------------------------------------------------
 
+
 def _snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
 
@@ -439,8 +642,11 @@ def run_case(case: Case, model_dir: Path) -> tuple[object, str, list[str]]:
         argv = [a.replace("{d}", str(folder)).replace("{model}", str(model_dir)) for a in case.argv]
         before = _snapshot(folder)
         err = io.StringIO()
-        with redirect_stdout(io.StringIO()), redirect_stderr(err), \
-                mock.patch.object(Engine, "load", Engine.load if case.loads_model else _tripwire):
+        with (
+            redirect_stdout(io.StringIO()),
+            redirect_stderr(err),
+            mock.patch.object(Engine, "load", Engine.load if case.loads_model else _tripwire),
+        ):
             try:
                 status = MAIN[case.command](argv)
             except SystemExit as e:
@@ -465,6 +671,7 @@ def problem(case: Case, model_dir: Path) -> str | None:
 
 # --- the tests ---------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def scored_run(tiny_model_dir, tmp_path_factory):
     """A finished (tiny) `icqs score` run, the valid baseline that leaderboard and report cases corrupt."""
@@ -472,10 +679,34 @@ def scored_run(tiny_model_dir, tmp_path_factory):
     (d / "task.yaml").write_text(yaml.safe_dump(TASK))
     (d / "c.jsonl").write_bytes(jsonl(ROWS["icqs score"]))
     with redirect_stdout(io.StringIO()):
-        assert icqs_main(["score", str(d / "task.yaml"), str(d / "c.jsonl"), "--out", str(d / "run"), "--model",
-                          str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "--draws", "1", "--quiet"]) == 0
-    SCORED_RUN.update({p.name: p.read_bytes() for p in (d / "run").iterdir()
-                       if p.name in ("run.json", "candidates.jsonl", "loglik.jsonl")})
+        assert (
+            icqs_main(
+                [
+                    "score",
+                    str(d / "task.yaml"),
+                    str(d / "c.jsonl"),
+                    "--out",
+                    str(d / "run"),
+                    "--model",
+                    str(tiny_model_dir),
+                    "--dtype",
+                    "float32",
+                    "--method",
+                    "icqs",
+                    "--draws",
+                    "1",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
+    SCORED_RUN.update(
+        {
+            p.name: p.read_bytes()
+            for p in (d / "run").iterdir()
+            if p.name in ("run.json", "candidates.jsonl", "loglik.jsonl")
+        }
+    )
     return SCORED_RUN
 
 
@@ -490,9 +721,13 @@ def test_baseline_is_valid(command, tiny_model_dir, scored_run):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(data=st.data())
 def test_malformed_input_is_one_error_line_exit_2_nothing_written(command, data, tiny_model_dir, scored_run):
     case = data.draw(malformed(command))
@@ -505,15 +740,22 @@ def test_count_of_generated_inputs():
     print(f"\nfuzz: {sum(COUNTS.values())} malformed inputs checked: {dict(COUNTS)}")
 
 
-@pytest.mark.parametrize("main, argv, expected", [
-    (engine_main, [], "the following arguments are required: COMMAND"),
-    (engine_main, ["nope"], "argument COMMAND: invalid choice: 'nope'"),
-    (engine_main, ["score", "--input", "x"], "the following arguments are required: --output"),
-    (engine_main, ["score", "--input", "x", "--output", "y", "--dtype", "float8"], "argument --dtype: invalid choice"),
-    (icqs_main, ["judge", "x", "--out", "y", "--batch", "many"], "argument --batch: "),
-    (icqs_main, ["allure", "run"], "the following arguments are required: items, --out"),
-    (icqs_main, ["score", "t.yaml", "c.jsonl", "--out", "o", "--bogus"], "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "main, argv, expected",
+    [
+        (engine_main, [], "the following arguments are required: COMMAND"),
+        (engine_main, ["nope"], "argument COMMAND: invalid choice: 'nope'"),
+        (engine_main, ["score", "--input", "x"], "the following arguments are required: --output"),
+        (
+            engine_main,
+            ["score", "--input", "x", "--output", "y", "--dtype", "float8"],
+            "argument --dtype: invalid choice",
+        ),
+        (icqs_main, ["judge", "x", "--out", "y", "--batch", "many"], "argument --batch: "),
+        (icqs_main, ["allure", "run"], "the following arguments are required: items, --out"),
+        (icqs_main, ["score", "t.yaml", "c.jsonl", "--out", "o", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
 def test_option_errors_are_one_line_without_usage(main, argv, expected, capsys):
     """Before: argparse printed its usage block before the error line."""
     with pytest.raises(SystemExit) as info:

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py --smoke: the GPU check at tiny sizes on the CPU (Triton interpreter), run the way the GPU
 machine runs it (a fresh interpreter from the checkout, PYTHONPATH=.) with the packages that machine lacks made
 unimportable, so that a new import of one of them on the check's path fails here before it costs a GPU run."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,8 +19,24 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 ROOT = Path(__file__).resolve().parents[1]
 # not in the GPU machine's image (Python 3.12, torch, triton, transformers and its dependencies, safetensors,
 # tokenizers, numpy, PyYAML, jinja2, pytest): the engine imports them only on the paths that need them
-ABSENT = ("gguf", "jsonschema", "scipy", "sklearn", "matplotlib", "pandas", "pyarrow", "fastapi", "uvicorn",
-          "prometheus_client", "ray", "lm_eval", "hypothesis", "openai", "llama_cpp", "schemathesis")
+ABSENT = (
+    "gguf",
+    "jsonschema",
+    "scipy",
+    "sklearn",
+    "matplotlib",
+    "pandas",
+    "pyarrow",
+    "fastapi",
+    "uvicorn",
+    "prometheus_client",
+    "ray",
+    "lm_eval",
+    "hypothesis",
+    "openai",
+    "llama_cpp",
+    "schemathesis",
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +51,21 @@ def gpu_image_env(tmp_path_factory) -> dict:
 
 
 def run(args, env, timeout):
-    return subprocess.run([sys.executable, "benchmarks/gpu_check.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_the_image_lacks_the_blocked_packages(gpu_image_env):
     for name in ("jsonschema", "scipy.special"):
-        out = subprocess.run([sys.executable, "-c", f"import {name}"], env=gpu_image_env, capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], env=gpu_image_env, capture_output=True, text=True, timeout=60
+        )
         assert out.returncode != 0 and "ModuleNotFoundError" in out.stderr, name
 
 
@@ -68,8 +92,19 @@ def _cuda() -> bool:
 def test_smoke_run(gpu_image_env, tmp_path):
     """Every section at tiny sizes; the last one given a cap of 1 s, shorter than its start: it is recorded as cut
     off and the sections before it keep their results."""
-    out = run(["--out", str(tmp_path), "--smoke", "--sections", "bounds,kernels,parity,speed_8b,speed_1b",
-               "--cap", "speed_1b=1"], gpu_image_env, 900)
+    out = run(
+        [
+            "--out",
+            str(tmp_path),
+            "--smoke",
+            "--sections",
+            "bounds,kernels,parity,speed_8b,speed_1b",
+            "--cap",
+            "speed_1b=1",
+        ],
+        gpu_image_env,
+        900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report.get("errors") is None, report["errors"]
@@ -79,9 +114,15 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert report["device"] and report["matmul_tflops"] > 0 and report["bounds"]["bandwidth_gbs"] > 0
     kernels = report["kernels"]
     assert kernels["failed"] == 0 and kernels["passed"] >= 10 + 3, kernels
-    assert {c["op"] for c in kernels["cases"]} == {"cascade_attention", "varlen_causal_attention",
-                                                   "segment_attention_merge", "rms_norm", "rope_store_kv",
-                                                   "silu_and_mul", "target_logprobs"}
+    assert {c["op"] for c in kernels["cases"]} == {
+        "cascade_attention",
+        "varlen_causal_attention",
+        "segment_attention_merge",
+        "rms_norm",
+        "rope_store_kv",
+        "silu_and_mul",
+        "target_logprobs",
+    }
     assert all(c["ok"] for c in kernels["cases"])
     # SDPA computes the prefill and shared-prefix cases (its math backend on the CPU): the same outputs
     sdpa = [c for c in kernels["cases"] if "sdpa_max_abs" in c]
@@ -95,6 +136,7 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert parity["bf16_ok"] and parity["greedy_equal"]
     assert all(0 < a["bf16_max_abs"] <= a["bf16_tol"] for a in parity["archs"].values())
     from kernels import native_ops
+
     if native_ops.load():  # the deterministic mode's CPU attention is the native op
         assert parity["deterministic_bitwise"] is True and len(parity["deterministic"]) == 2
 

@@ -5,6 +5,7 @@ field cannot change them), or `python -m engine score` fails with one line `erro
 runs in a worker process under a memory limit (RLIMIT_AS, MEMORY_LIMIT) and a time limit (CASE_SECONDS), so that a
 header that makes the loader allocate without bound fails the test instead of the machine. The figures (cases,
 loaded / refused, the worker's peak memory) are printed: run with -s to see them."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,6 @@ import gguf
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from test_header_validation import rewrite_gguf
 from tiny_models import make_tiny_gguf, make_tiny_model
 
@@ -32,44 +32,133 @@ MEMORY_LIMIT = 3 << 30  # bytes of address space for the worker (torch and a tin
 CASE_SECONDS = 60  # a case that takes longer (a loader spinning on a huge count) fails the test
 T = gguf.GGUFValueType
 REMOVE = object()
-PAIRS = [{"context": "The quality of a demonstration", "continuation": " is judged by how much"},
-         {"context": "", "continuation": "Reading is a quiet way"}]
+PAIRS = [
+    {"context": "The quality of a demonstration", "continuation": " is judged by how much"},
+    {"context": "", "continuation": "Reading is a quiet way"},
+]
 
-INTS = st.one_of(st.sampled_from([0, 1, 2, 3, 4, 15, 16, 17, 63, 64, 65, 383, 384, 385, 512, 4096, 65536, -1, -5,
-                                  2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, 2 ** 63 - 1, 10 ** 18]),
-                 st.integers(0, 600), st.integers(-2 ** 31, 2 ** 32 - 1))
-FLOATS = st.one_of(st.sampled_from([0.0, -1.0, 0.5, 1.0, 1e-30, 1e-6, 1e6, 1e30, math.inf, -math.inf, math.nan]),
-                   st.floats(-1e40, 1e40))
+INTS = st.one_of(
+    st.sampled_from(
+        [
+            0,
+            1,
+            2,
+            3,
+            4,
+            15,
+            16,
+            17,
+            63,
+            64,
+            65,
+            383,
+            384,
+            385,
+            512,
+            4096,
+            65536,
+            -1,
+            -5,
+            2**31 - 1,
+            2**31,
+            2**32 - 1,
+            2**63 - 1,
+            10**18,
+        ]
+    ),
+    st.integers(0, 600),
+    st.integers(-(2**31), 2**32 - 1),
+)
+FLOATS = st.one_of(
+    st.sampled_from([0.0, -1.0, 0.5, 1.0, 1e-30, 1e-6, 1e6, 1e30, math.inf, -math.inf, math.nan]),
+    st.floats(-1e40, 1e40),
+)
 STRINGS = st.sampled_from(["", "linear", "llama3", "yarn", "default", "x" * 1000, "64"])
 VALUES = st.one_of(INTS, FLOATS, STRINGS, st.booleans(), st.just(REMOVE))
 
 GGUF_KEYS = {  # per GGUF architecture: the metadata a loader reads sizes, ids and rope parameters from
-    "llama": ["llama.context_length", "llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
-              "llama.attention.head_count", "llama.attention.head_count_kv", "llama.attention.key_length",
-              "llama.attention.value_length", "llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon",
-              "llama.rope.dimension_count", "llama.rope.scaling.type", "llama.rope.scaling.factor",
-              "llama.vocab_size", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-              "tokenizer.ggml.add_bos_token", "general.alignment"],
-    "gemma3": ["gemma3.context_length", "gemma3.embedding_length", "gemma3.block_count", "gemma3.attention.head_count",
-               "gemma3.attention.head_count_kv", "gemma3.attention.key_length", "gemma3.attention.sliding_window",
-               "gemma3.attention.sliding_window_pattern", "gemma3.rope.freq_base", "gemma3.rope.scaling.factor",
-               "gemma3.attention.layer_norm_rms_epsilon", "tokenizer.ggml.bos_token_id",
-               "tokenizer.ggml.eos_token_id"],
+    "llama": [
+        "llama.context_length",
+        "llama.embedding_length",
+        "llama.block_count",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+        "llama.attention.key_length",
+        "llama.attention.value_length",
+        "llama.rope.freq_base",
+        "llama.attention.layer_norm_rms_epsilon",
+        "llama.rope.dimension_count",
+        "llama.rope.scaling.type",
+        "llama.rope.scaling.factor",
+        "llama.vocab_size",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.add_bos_token",
+        "general.alignment",
+    ],
+    "gemma3": [
+        "gemma3.context_length",
+        "gemma3.embedding_length",
+        "gemma3.block_count",
+        "gemma3.attention.head_count",
+        "gemma3.attention.head_count_kv",
+        "gemma3.attention.key_length",
+        "gemma3.attention.sliding_window",
+        "gemma3.attention.sliding_window_pattern",
+        "gemma3.rope.freq_base",
+        "gemma3.rope.scaling.factor",
+        "gemma3.attention.layer_norm_rms_epsilon",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+    ],
 }
 for _keys in GGUF_KEYS.values():
     _keys += ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"]
-ARRAYS = {"tokenizer.ggml.tokens": T.STRING, "tokenizer.ggml.token_type": T.INT32,  # the tokenizer's arrays, cut
-          "tokenizer.ggml.merges": T.STRING}  # short or grown (the writer writes no empty array; a template is text)
-CONFIG_FIELDS = ["max_position_embeddings", "hidden_size", "num_hidden_layers", "intermediate_size",
-                 "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta",
-                 "bos_token_id", "eos_token_id", "tie_word_embeddings", "sliding_window", "sliding_window_pattern",
-                 "query_pre_attn_scalar", "rope_scaling", "rope_local_base_freq", "attention_bias", "hidden_act",
-                 "model_type", "torch_dtype"]
-CONFIG_VALUES = st.one_of(VALUES, st.none(), st.lists(INTS, max_size=3),
-                          st.fixed_dictionaries({"rope_type": STRINGS, "factor": st.one_of(FLOATS, INTS)}),
-                          st.fixed_dictionaries({"rope_type": st.just("llama3"), "factor": FLOATS,
-                                                 "low_freq_factor": FLOATS, "high_freq_factor": FLOATS,
-                                                 "original_max_position_embeddings": INTS}))
+ARRAYS = {
+    "tokenizer.ggml.tokens": T.STRING,
+    "tokenizer.ggml.token_type": T.INT32,  # the tokenizer's arrays, cut
+    "tokenizer.ggml.merges": T.STRING,
+}  # short or grown (the writer writes no empty array; a template is text)
+CONFIG_FIELDS = [
+    "max_position_embeddings",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "rms_norm_eps",
+    "rope_theta",
+    "bos_token_id",
+    "eos_token_id",
+    "tie_word_embeddings",
+    "sliding_window",
+    "sliding_window_pattern",
+    "query_pre_attn_scalar",
+    "rope_scaling",
+    "rope_local_base_freq",
+    "attention_bias",
+    "hidden_act",
+    "model_type",
+    "torch_dtype",
+]
+CONFIG_VALUES = st.one_of(
+    VALUES,
+    st.none(),
+    st.lists(INTS, max_size=3),
+    st.fixed_dictionaries({"rope_type": STRINGS, "factor": st.one_of(FLOATS, INTS)}),
+    st.fixed_dictionaries(
+        {
+            "rope_type": st.just("llama3"),
+            "factor": FLOATS,
+            "low_freq_factor": FLOATS,
+            "high_freq_factor": FLOATS,
+            "original_max_position_embeddings": INTS,
+        }
+    ),
+)
 NEUTRAL = ("context_length", "max_position_embeddings")  # fields that cannot change the scores of PAIRS, if accepted
 
 
@@ -79,8 +168,8 @@ def _gguf_value(value):
         return value, T.BOOL
     if isinstance(value, int):
         if value < 0:
-            return value, T.INT32 if value >= -2 ** 31 else T.INT64
-        return value, T.UINT32 if value < 2 ** 32 else T.UINT64
+            return value, T.INT32 if value >= -(2**31) else T.INT64
+        return value, T.UINT32 if value < 2**32 else T.UINT64
     if isinstance(value, float):
         return value, T.FLOAT32 if not math.isfinite(value) or abs(value) < 3e38 else T.FLOAT64
     return value, T.STRING
@@ -94,9 +183,15 @@ class Worker:
             resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "header_fuzz_worker.py")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=env, preexec_fn=limit)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "header_fuzz_worker.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            preexec_fn=limit,
+        )
         self.cases, self.outcomes, self.peak_mib = 0, {"loaded": 0, "refused": 0}, 0.0
 
     def score(self, model: Path, inp: Path, out: Path) -> dict:
@@ -106,8 +201,10 @@ class Worker:
         line = self.proc.stdout.readline() if ready else ""
         if not line:
             self.close()
-            pytest.fail(f"{model}: no answer within {CASE_SECONDS} s (the worker "
-                        f"{'ended' if self.proc.poll() is not None else 'is stuck'}: over its memory limit?)")
+            pytest.fail(
+                f"{model}: no answer within {CASE_SECONDS} s (the worker "
+                f"{'ended' if self.proc.poll() is not None else 'is stuck'}: over its memory limit?)"
+            )
         answer = json.loads(line)
         self.cases += 1
         self.peak_mib = max(self.peak_mib, answer["peak_rss_mib"])
@@ -144,9 +241,11 @@ def worker(originals):
         w.reference[key] = answer["logprobs"]
     yield w
     w.close()
-    print(f"\nheader fuzz: {w.cases} cases ({len(models)} originals, {w.outcomes['loaded']} mutated models loaded and "
-          f"scored, {w.outcomes['refused']} refused in one line), worker peak RSS {w.peak_mib:.0f} MiB under an "
-          f"address-space limit of {MEMORY_LIMIT >> 30} GiB, {time.perf_counter() - t0:.0f} s")
+    print(
+        f"\nheader fuzz: {w.cases} cases ({len(models)} originals, {w.outcomes['loaded']} mutated models loaded and "
+        f"scored, {w.outcomes['refused']} refused in one line), worker peak RSS {w.peak_mib:.0f} MiB under an "
+        f"address-space limit of {MEMORY_LIMIT >> 30} GiB, {time.perf_counter() - t0:.0f} s"
+    )
 
 
 def _mutate(data, originals, where: Path) -> tuple[Path, list]:
@@ -160,13 +259,19 @@ def _mutate(data, originals, where: Path) -> tuple[Path, list]:
         array = data.draw(st.sampled_from([None, *ARRAYS]), label="array")
         if array is not None and array in gguf.GGUFReader(str(models[kind, arch])).fields:
             items = list(gguf.GGUFReader(str(models[kind, arch])).get_field(array).contents())
-            n = data.draw(st.sampled_from([1, 2, len(items) // 2, len(items) - 1, len(items) + 1, len(items) + 300]),
-                          label=f"{array} entries")
-            new[array] = ((items * 2)[:n] if n <= 2 * len(items) else items + items[-1:] * (n - len(items)),
-                          T.ARRAY, ARRAYS[array])
+            n = data.draw(
+                st.sampled_from([1, 2, len(items) // 2, len(items) - 1, len(items) + 1, len(items) + 300]),
+                label=f"{array} entries",
+            )
+            new[array] = (
+                (items * 2)[:n] if n <= 2 * len(items) else items + items[-1:] * (n - len(items)),
+                T.ARRAY,
+                ARRAYS[array],
+            )
             changes[array] = f"<{n} of {len(items)} entries>"
-        model = rewrite_gguf(models[kind, arch], where / "m.gguf", new,
-                             tuple(k for k, v in changes.items() if v is REMOVE))
+        model = rewrite_gguf(
+            models[kind, arch], where / "m.gguf", new, tuple(k for k, v in changes.items() if v is REMOVE)
+        )
     else:
         keys = data.draw(st.lists(st.sampled_from(CONFIG_FIELDS), min_size=1, max_size=2, unique=True), label="keys")
         changes = {k: data.draw(CONFIG_VALUES, label=k) for k in keys}
@@ -181,8 +286,13 @@ def _mutate(data, originals, where: Path) -> tuple[Path, list]:
     return model, (kind, arch), [(k, "<removed>" if v is REMOVE else v) for k, v in changes.items()]
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_a_mutated_header_loads_and_scores_or_fails_in_one_line(data, originals, worker, tmp_path_factory):
     where = tmp_path_factory.mktemp("case")

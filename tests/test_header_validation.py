@@ -2,19 +2,18 @@
 a tokenizer is checked before anything is allocated from it, one error line naming the file, the field and the
 range (engine/config.py ModelConfig.validate, engine/tokenizer.py check_tokenizer); the rotary tables are sized by
 the engine's limits (--kv-tokens), not by the header's context length."""
+
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import gguf
 import pytest
-import torch
+from tiny_models import make_tiny_gguf
 
 from engine.errors import UserError
 from engine.loader import load_model_files, load_model_info
-from tiny_models import make_tiny_gguf
 
 T = gguf.GGUFValueType
 
@@ -49,34 +48,77 @@ def _one_line_error(model, match, *, info: bool = True) -> str:
 
 
 GGUF_CASES = [  # (arch, changes, removed keys, what the error says)
-    ("llama", {"llama.context_length": (4294967295, T.UINT32)}, (),
-     r"llama\.context_length must be an integer in 1\.\.16,777,216, got 4294967295"),
+    (
+        "llama",
+        {"llama.context_length": (4294967295, T.UINT32)},
+        (),
+        r"llama\.context_length must be an integer in 1\.\.16,777,216, got 4294967295",
+    ),
     ("qwen2", {"qwen2.context_length": (4294967295, T.UINT32)}, (), r"qwen2\.context_length must be an integer"),
     ("gemma3", {"gemma3.context_length": (4294967295, T.UINT32)}, (), r"gemma3\.context_length must be an integer"),
-    ("gemma3", {"gemma3.attention.sliding_window": (0, T.UINT32)}, (),
-     r"gemma3\.attention\.sliding_window must be an integer in 1\.\.512, got 0"),
-    ("gemma3", {"gemma3.attention.sliding_window": (2 ** 32 - 1, T.UINT32)}, (),
-     r"gemma3\.attention\.sliding_window must be an integer in 1\.\.512, got 4294967295"),
-    ("gemma3", {"gemma3.attention.sliding_window_pattern": (0, T.UINT32)}, (),
-     r"gemma3\.attention\.sliding_window_pattern must be an integer in 1\.\.1,024, got 0"),
-    ("llama", {"tokenizer.ggml.eos_token_id": (10 ** 6, T.UINT32)}, (),
-     r"tokenizer\.ggml\.eos_token_id.* must be an integer in 0\.\.383, got 1000000"),
-    ("llama", {"tokenizer.ggml.bos_token_id": (-5, T.INT32)}, (),
-     r"tokenizer\.ggml\.bos_token_id must be an integer in 0\.\.383, got -5"),
-    ("llama", {"llama.rope.scaling.type": ("linear", T.STRING), "llama.rope.scaling.factor": (0.0, T.FLOAT32)}, (),
-     r"llama\.rope\.scaling\.factor must be a number in \[1, 1024\], got 0\.0"),
+    (
+        "gemma3",
+        {"gemma3.attention.sliding_window": (0, T.UINT32)},
+        (),
+        r"gemma3\.attention\.sliding_window must be an integer in 1\.\.512, got 0",
+    ),
+    (
+        "gemma3",
+        {"gemma3.attention.sliding_window": (2**32 - 1, T.UINT32)},
+        (),
+        r"gemma3\.attention\.sliding_window must be an integer in 1\.\.512, got 4294967295",
+    ),
+    (
+        "gemma3",
+        {"gemma3.attention.sliding_window_pattern": (0, T.UINT32)},
+        (),
+        r"gemma3\.attention\.sliding_window_pattern must be an integer in 1\.\.1,024, got 0",
+    ),
+    (
+        "llama",
+        {"tokenizer.ggml.eos_token_id": (10**6, T.UINT32)},
+        (),
+        r"tokenizer\.ggml\.eos_token_id.* must be an integer in 0\.\.383, got 1000000",
+    ),
+    (
+        "llama",
+        {"tokenizer.ggml.bos_token_id": (-5, T.INT32)},
+        (),
+        r"tokenizer\.ggml\.bos_token_id must be an integer in 0\.\.383, got -5",
+    ),
+    (
+        "llama",
+        {"llama.rope.scaling.type": ("linear", T.STRING), "llama.rope.scaling.factor": (0.0, T.FLOAT32)},
+        (),
+        r"llama\.rope\.scaling\.factor must be a number in \[1, 1024\], got 0\.0",
+    ),
     ("llama", {"llama.rope.freq_base": (0.5, T.FLOAT32)}, (), r"llama\.rope\.freq_base must be a number in \(1, "),
-    ("llama", {"llama.attention.head_count": (2 ** 20, T.UINT32)}, (),
-     r"llama\.attention\.head_count must be an integer in 1\.\.1,024, got 1048576"),
-    ("llama", {"llama.embedding_length": ("64", T.STRING)}, (),
-     r"llama\.embedding_length must be an integer in 1\.\.65,536, got '64'"),
-    ("llama", {"llama.block_count": (10 ** 9, T.UINT32)}, (),
-     r"llama\.block_count must be an integer in 1\.\.1,024, got 1000000000"),
+    (
+        "llama",
+        {"llama.attention.head_count": (2**20, T.UINT32)},
+        (),
+        r"llama\.attention\.head_count must be an integer in 1\.\.1,024, got 1048576",
+    ),
+    (
+        "llama",
+        {"llama.embedding_length": ("64", T.STRING)},
+        (),
+        r"llama\.embedding_length must be an integer in 1\.\.65,536, got '64'",
+    ),
+    (
+        "llama",
+        {"llama.block_count": (10**9, T.UINT32)},
+        (),
+        r"llama\.block_count must be an integer in 1\.\.1,024, got 1000000000",
+    ),
 ]
 
 
-@pytest.mark.parametrize("arch, changes, removed, match", GGUF_CASES,
-                         ids=[f"{c[0]}-{next(iter(c[1]))}={next(iter(c[1].values()))[0]}" for c in GGUF_CASES])
+@pytest.mark.parametrize(
+    "arch, changes, removed, match",
+    GGUF_CASES,
+    ids=[f"{c[0]}-{next(iter(c[1]))}={next(iter(c[1].values()))[0]}" for c in GGUF_CASES],
+)
 def test_gguf_metadata_out_of_range_is_one_line(tiny_ggufs, tmp_path, arch, changes, removed, match):
     bad = rewrite_gguf(tiny_ggufs[arch], tmp_path / "bad.gguf", changes, removed)
     _one_line_error(bad, match)
@@ -87,27 +129,47 @@ def test_gguf_token_types_of_another_length(tiny_ggufs, tmp_path):
 
     reader = gguf.GGUFReader(str(tiny_ggufs["llama"]))
     writer = gguf.GGUFWriter(str(tmp_path / "b.gguf"), arch="llama")
-    copy_with_new_metadata(reader, writer, {"tokenizer.ggml.token_type": MetadataDetails(
-        T.ARRAY, [1] * 10, sub_type=T.INT32)}, [])
+    copy_with_new_metadata(
+        reader, writer, {"tokenizer.ggml.token_type": MetadataDetails(T.ARRAY, [1] * 10, sub_type=T.INT32)}, []
+    )
     _one_line_error(tmp_path / "b.gguf", r"tokenizer\.ggml\.token_type has 10 entries for 384 tokens")
 
 
 HF_CASES = [  # (arch, config.json changes, what the error says)
-    ("llama", {"max_position_embeddings": 10 ** 18},
-     r"max_position_embeddings must be an integer in 1\.\.16,777,216, got 1000000000000000000"),
-    ("gemma3", {"max_position_embeddings": 2 ** 32 - 1}, r"max_position_embeddings must be an integer"),
+    (
+        "llama",
+        {"max_position_embeddings": 10**18},
+        r"max_position_embeddings must be an integer in 1\.\.16,777,216, got 1000000000000000000",
+    ),
+    ("gemma3", {"max_position_embeddings": 2**32 - 1}, r"max_position_embeddings must be an integer"),
     ("gemma3", {"sliding_window": 0}, r"sliding_window must be an integer in 1\.\.512, got 0"),
-    ("gemma3", {"sliding_window": 2 ** 32 - 1}, r"sliding_window must be an integer in 1\.\.512, got 4294967295"),
-    ("llama", {"eos_token_id": 10 ** 6}, r"eos_token_id must be an integer in 0\.\.383, got 1000000"),
+    ("gemma3", {"sliding_window": 2**32 - 1}, r"sliding_window must be an integer in 1\.\.512, got 4294967295"),
+    ("llama", {"eos_token_id": 10**6}, r"eos_token_id must be an integer in 0\.\.383, got 1000000"),
     ("llama", {"eos_token_id": [1, 400]}, r"eos_token_id must be an integer in 0\.\.383, got 400"),
     ("llama", {"bos_token_id": -5}, r"bos_token_id must be an integer in 0\.\.383, got -5"),
-    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 0}},
-     r"rope_scaling\.factor must be a number in \[1, 1024\], got 0"),
-    ("llama", {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
-     r"rope_scaling: unsupported rope type 'dynamic' \(supported: default, linear, llama3\)"),
-    ("llama3", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
-                                 "high_freq_factor": 1.0, "original_max_position_embeddings": 64}},
-     r"rope_scaling\.high_freq_factor must be a number in \(4, 1024\], got 1\.0"),
+    (
+        "llama",
+        {"rope_scaling": {"rope_type": "linear", "factor": 0}},
+        r"rope_scaling\.factor must be a number in \[1, 1024\], got 0",
+    ),
+    (
+        "llama",
+        {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+        r"rope_scaling: unsupported rope type 'dynamic' \(supported: default, linear, llama3\)",
+    ),
+    (
+        "llama3",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+        r"rope_scaling\.high_freq_factor must be a number in \(4, 1024\], got 1\.0",
+    ),
     ("llama", {"head_dim": 15}, r"head_dim must be even"),
     ("llama", {"num_key_value_heads": 0}, r"num_key_value_heads must be an integer in 1\.\.1,024, got 0"),
     ("llama", {"rope_theta": float("inf")}, r"rope_theta must be a number in \(1, 1e\+12\], got inf"),
@@ -136,6 +198,7 @@ def test_generation_config_eos_outside_the_vocabulary(tiny_model_dir, tmp_path):
 
 # --- tokenizers ---------------------------------------------------------------------------------------------------
 
+
 def _with_tokenizer(src, dst, change):
     from tokenizers import Tokenizer
 
@@ -159,9 +222,13 @@ def _split_by(pattern):
     from tokenizers import Regex, pre_tokenizers
 
     def change(tok):
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                              use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+
     return change
 
 
@@ -180,15 +247,21 @@ def test_tokenizer_panic_on_a_request_text_is_one_line(tiny_model_dir, tmp_path)
     from engine.tokenizer import Tokenizer
 
     bad = _with_tokenizer(tiny_model_dir, tmp_path / "m", _split_by(BACKTRACKING))
-    tok = Tokenizer(Backend.from_file(str(bad / "tokenizer.json")), bos_id=0, eos_ids=[1], add_bos=True,
-                    source="tok.json")
+    tok = Tokenizer(
+        Backend.from_file(str(bad / "tokenizer.json")), bos_id=0, eos_ids=[1], add_bos=True, source="tok.json"
+    )
     text = "word " * 40 + "!"
-    for call in (lambda: tok.encode(text), lambda: tok.encode_batch(["fine", text]),
-                 lambda: encode_pairs(tok, [(text, " x")])):
+    for call in (
+        lambda: tok.encode(text),
+        lambda: tok.encode_batch(["fine", text]),
+        lambda: encode_pairs(tok, [(text, " x")]),
+    ):
         with pytest.raises(UserError, match=r"^tok\.json: the model's tokenizer fails: cannot tokenize this text"):
             call()
-    assert tok.encode("fine") == Backend.from_file(str(tiny_model_dir / "tokenizer.json")).encode(
-        "fine", add_special_tokens=False).ids
+    assert (
+        tok.encode("fine")
+        == Backend.from_file(str(tiny_model_dir / "tokenizer.json")).encode("fine", add_special_tokens=False).ids
+    )
 
 
 def test_tokenizer_regex_size_limit(tiny_model_dir, tmp_path):
@@ -203,6 +276,7 @@ def test_tokenizer_json_that_does_not_parse_is_one_line(tiny_model_dir, tmp_path
 
 
 # --- allocations sized by the engine's limits, not by the header ------------------------------------------------
+
 
 def test_rope_tables_sized_by_kv_tokens_not_the_header(tmp_path, tiny_model_dir):
     """A header may claim millions of positions: the rotary tables hold what one request can use (the smaller of the
@@ -229,6 +303,7 @@ def test_gemma3_local_rope_table_sized_by_kv_tokens(tmp_path, tiny_model_dirs):
 
 # --- a command with nothing left to do still checks the model --------------------------------------------------
 
+
 def test_empty_config_json_refused_even_with_nothing_to_do(tiny_model_dir, tmp_path, capsys):
     from commands.engine_cli import main
 
@@ -236,8 +311,20 @@ def test_empty_config_json_refused_even_with_nothing_to_do(tiny_model_dir, tmp_p
     rows.write_text(json.dumps({"context": "The judge reads", "continuation": " both"}) + "\n")
     out = tmp_path / "o.jsonl"
     model = shutil.copytree(tiny_model_dir, tmp_path / "m")
-    args = ["score", "--model", str(model), "--input", str(rows), "--output", str(out), "--dtype", "float32",
-            "--threads", "1", "--quiet"]
+    args = [
+        "score",
+        "--model",
+        str(model),
+        "--input",
+        str(rows),
+        "--output",
+        str(out),
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
     assert main(args) == 0
     for text in ("", "{}"):
         (model / "config.json").write_text(text)

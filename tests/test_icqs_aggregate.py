@@ -1,11 +1,11 @@
 """Aggregation: bootstrap CIs (hand-checked small cases), ranks, rank correlations, MAE / cross-entropy."""
+
 import math
 
 import numpy as np
 import pytest
 
-from icqs.aggregate import bootstrap_ci, distribution_metrics, format_leaderboards, leaderboard, rank_correlation, \
-    ranks
+from icqs.aggregate import bootstrap_ci, distribution_metrics, format_leaderboards, leaderboard, rank_correlation, ranks
 
 
 def test_bootstrap_ci_hand_checked():
@@ -48,8 +48,16 @@ def test_leaderboard_orders_models_and_counts_unscored():
     rows = []
     for model, scores, truth in (("a", [1.0, 0.5, None], 1.0), ("b", [0.0, 0.5, 0.25], 0.0)):
         for i, s in enumerate(scores):
-            rows.append({"method": "judge", "model": model, "id": f"{model}{i}", "truth": truth,
-                         "score": 0.9 if model == "a" else 0.1, "generated_score": s})
+            rows.append(
+                {
+                    "method": "judge",
+                    "model": model,
+                    "id": f"{model}{i}",
+                    "truth": truth,
+                    "score": 0.9 if model == "a" else 0.1,
+                    "generated_score": s,
+                }
+            )
     b = leaderboard(rows, "judge")
     gen = b["measures"]["generated_score"]
     assert [m["model"] for m in gen["models"]] == ["a", "b"]
@@ -61,10 +69,26 @@ def test_leaderboard_orders_models_and_counts_unscored():
 
 
 def test_leaderboard_compares_the_posterior_with_distributional_truths():
-    rows = [{"method": "icqs", "model": "m", "id": "1", "score": 1.0, "expected": 0.7, "posterior": [0.2, 0.4, 0.4],
-             "truth_dist": [0.2, 0.3, 0.5]},
-            {"method": "icqs", "model": "m", "id": "2", "score": 0.0, "expected": 0.4, "posterior": [0.5, 0.25, 0.25],
-             "truth_dist": [1.0, 0.0, 0.0]}]
+    rows = [
+        {
+            "method": "icqs",
+            "model": "m",
+            "id": "1",
+            "score": 1.0,
+            "expected": 0.7,
+            "posterior": [0.2, 0.4, 0.4],
+            "truth_dist": [0.2, 0.3, 0.5],
+        },
+        {
+            "method": "icqs",
+            "model": "m",
+            "id": "2",
+            "score": 0.0,
+            "expected": 0.4,
+            "posterior": [0.5, 0.25, 0.25],
+            "truth_dist": [1.0, 0.0, 0.0],
+        },
+    ]
     b = leaderboard(rows, "icqs")
     assert b["distribution"]["mae"] == pytest.approx(0.6)
     assert "posterior vs truth_dist: MAE 0.600" in format_leaderboards([b])

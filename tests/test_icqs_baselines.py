@@ -1,4 +1,5 @@
 """The paper's baselines with hand-checked numbers (a table-driven engine), and the demo's simulated models."""
+
 import math
 from types import SimpleNamespace
 
@@ -31,16 +32,35 @@ class OptionEngine:
 
 
 def _task():
-    return Task("t", "Q: {x}\nA: {y}", [Example("g", "yes")], [Example("b", "no")], labels=["yes", "no"], M=1, N=2,
-                L=1, judge_question="Is it so: {x}")
+    return Task(
+        "t",
+        "Q: {x}\nA: {y}",
+        [Example("g", "yes")],
+        [Example("b", "no")],
+        labels=["yes", "no"],
+        M=1,
+        N=2,
+        L=1,
+        judge_question="Is it so: {x}",
+    )
 
 
 def test_icl_predicts_the_most_likely_label_and_scores_agreement(tmp_path):
     task = _task()
-    eng = OptionEngine({("Q: sky\n", "yes"): math.log(0.3), ("Q: sky\n", "no"): math.log(0.1),
-                        ("Q: sea\n", "yes"): math.log(0.2), ("Q: sea\n", "no"): math.log(0.6)})
-    cands = [Candidate("1", "m", "sky", "yes"), Candidate("2", "m", "sky", "no"), Candidate("3", "m", "sea", "yes"),
-             Candidate("4", "m", "sea", "maybe")]
+    eng = OptionEngine(
+        {
+            ("Q: sky\n", "yes"): math.log(0.3),
+            ("Q: sky\n", "no"): math.log(0.1),
+            ("Q: sea\n", "yes"): math.log(0.2),
+            ("Q: sea\n", "no"): math.log(0.6),
+        }
+    )
+    cands = [
+        Candidate("1", "m", "sky", "yes"),
+        Candidate("2", "m", "sky", "no"),
+        Candidate("3", "m", "sea", "yes"),
+        Candidate("4", "m", "sea", "maybe"),
+    ]
     with ResultWriter(tmp_path / "icl.jsonl", "id") as w:
         compute_icl(eng, task, cands, w, progress=False)
         rows = {r["id"]: r for r in w.rows}
@@ -49,7 +69,8 @@ def test_icl_predicts_the_most_likely_label_and_scores_agreement(tmp_path):
         {"score": 1.0, "predicted": "yes", "p_label": pytest.approx(0.75)},
         {"score": 0.0, "predicted": "yes", "p_label": pytest.approx(0.25)},
         {"score": 0.0, "predicted": "no", "p_label": pytest.approx(0.25)},
-        {"score": 0.0, "predicted": "no", "p_label": 0.0}]
+        {"score": 0.0, "predicted": "no", "p_label": 0.0},
+    ]
 
 
 def test_judge_expected_rating_and_unparsable_generation_is_unscored(tmp_path):
@@ -66,8 +87,9 @@ def test_judge_expected_rating_and_unparsable_generation_is_unscored(tmp_path):
     assert [s["generated"] for s in scores] == [4, None, 5, 4]
     assert [s["generated_score"] for s in scores] == [0.75, None, 1.0, 0.75]
     p = judge_prompt(task, cands[0])
-    assert p.endswith("[Question]\nIs it so: x\n[The Start of Assistant's Answer]\ny\n"
-                      "[The End of Assistant's Answer]\nRating:")
+    assert p.endswith(
+        "[Question]\nIs it so: x\n[The Start of Assistant's Answer]\ny\n[The End of Assistant's Answer]\nRating:"
+    )
 
 
 def test_demo_task_yaml_loads_back(tmp_path):

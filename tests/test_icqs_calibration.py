@@ -1,6 +1,7 @@
 """Contextual calibration of the ICQS likelihoods: the content-free curve is the same demo set followed by the
 content-free input, the calibrated curve is raw minus content-free, its scores are reported beside the raw ones,
 and it removes a bias a demo set puts on an answer whatever the input (the label-frequency failure)."""
+
 import numpy as np
 import pytest
 
@@ -17,17 +18,19 @@ def _task(calibrate=True, M=2, N=4, L=2):
     gold = [("one", "yes"), ("two", "no"), ("three", "yes"), ("four", "yes"), ("five", "no"), ("six", "yes")]
     good = [Example(x, y) for x, y in gold]
     bad = [Example(x, "no" if y == "yes" else "yes") for x, y in gold]
-    return Task("tiny", "Q: {x}\nA: {y}", good, bad, labels=["no", "yes"], M=M, N=N, L=L, seed=1,
-                calibrate=calibrate)
+    return Task("tiny", "Q: {x}\nA: {y}", good, bad, labels=["no", "yes"], M=M, N=N, L=L, seed=1, calibrate=calibrate)
 
 
 def _cands():
-    return [Candidate(f"c{i}", "m", x, y) for i, (x, y) in
-            enumerate([("seven", "yes"), ("seven", "no"), ("eight", "yes"), ("nine", "no"), ("ten", "no")])]
+    return [
+        Candidate(f"c{i}", "m", x, y)
+        for i, (x, y) in enumerate([("seven", "yes"), ("seven", "no"), ("eight", "yes"), ("nine", "no"), ("ten", "no")])
+    ]
 
 
 def test_content_free_curve_on_a_tiny_model_equals_one_request_at_a_time_and_changes_the_score(
-        tiny_model_dir, tmp_path):
+    tiny_model_dir, tmp_path
+):
     eng = Engine.load(str(tiny_model_dir), dtype="float32")
     task, cands = _task(), _cands()
     with ResultWriter(tmp_path / "ll.jsonl", ("sampler", "l", "id")) as w:
@@ -86,8 +89,12 @@ def test_calibration_removes_a_label_frequency_bias(tmp_path, balance):
     calibrated score follows correctness only."""
     task = _task(M=2, N=6, L=1)
     task.balance = balance
-    cands = [Candidate("right-yes", "m", "seven", "yes"), Candidate("wrong-no", "m", "seven", "no"),
-             Candidate("right-no", "m", "eight", "no"), Candidate("wrong-yes", "m", "eight", "yes")]
+    cands = [
+        Candidate("right-yes", "m", "seven", "yes"),
+        Candidate("wrong-no", "m", "seven", "no"),
+        Candidate("right-no", "m", "eight", "no"),
+        Candidate("wrong-yes", "m", "eight", "yes"),
+    ]
     with ResultWriter(tmp_path / "ll.jsonl", ("sampler", "l", "id")) as w:
         compute_loglik(FrequencyEngine(), task, cands, w, "coupled", repeats=1, progress=False)
         scores = {c.id: s for c, s in zip(cands, method_scores(w.rows, cands, task, "coupled", False))}

@@ -1,5 +1,6 @@
 """End to end on a tiny random model: `icqs score` with all four methods, resumption without rescoring, the
 leaderboard and report commands, and one-line errors that leave nothing behind."""
+
 import json
 import re
 
@@ -28,9 +29,11 @@ L: 2
 @pytest.fixture()
 def files(tmp_path):
     (tmp_path / "task.yaml").write_text(TASK)
-    rows = [{"id": f"{m}{i}", "model": m, "x": x, "y": y, "truth": t}
-            for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
-            for i, (x, y, t) in enumerate(zip(["four", "five"], answers, [1.0 if m == "good" else 0.0] * 2))]
+    rows = [
+        {"id": f"{m}{i}", "model": m, "x": x, "y": y, "truth": t}
+        for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
+        for i, (x, y, t) in enumerate(zip(["four", "five"], answers, [1.0 if m == "good" else 0.0] * 2))
+    ]
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp_path
 
@@ -49,8 +52,22 @@ def test_loglik_table_equals_one_request_at_a_time(files, tiny_model_dir, tmp_pa
 
 def test_score_resume_leaderboard_report(files, tiny_model_dir, capsys, monkeypatch):
     out = files / "run"
-    args = ["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(out), "--model",
-            str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "epistemic", "icl", "judge"]
+    args = [
+        "score",
+        str(files / "task.yaml"),
+        str(files / "c.jsonl"),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--dtype",
+        "float32",
+        "--method",
+        "icqs",
+        "epistemic",
+        "icl",
+        "judge",
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     for method in ("== icqs", "== epistemic", "== icl", "== judge", "Spearman"):

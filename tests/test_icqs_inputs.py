@@ -1,4 +1,5 @@
 """Task YAML and candidates JSONL: correct files load; bad ones give one-line errors naming file:line."""
+
 import pytest
 
 from engine.errors import UserError
@@ -37,15 +38,21 @@ def test_task_loads_with_defaults_and_parts(tmp_path):
     assert task_from_dict(task_to_dict(t)) == t
 
 
-@pytest.mark.parametrize("text, line, what", [
-    (TASK.replace("M: 2", "M: 0"), 8, "'M': 0 is less than the minimum of 1"),
-    (TASK.replace("N: 3", "N: [3"), 10, "invalid YAML"),
-    (TASK + "Lx: 3\n", 10, "unknown key 'Lx'"),
-    (TASK.replace('{x: "a dull film", y: negative}', '{x: "a dull film"}'), 5,
-     "missing field 'y' in 'good' item 2: the answer"),
-    (TASK.replace("N: 3", "N: 4"), 9, "N = 4 demos per set, but 'good' has only 3 examples"),
-    (TASK.replace("Answer: {y}", "Answer:"), 2, "must contain {x} once and then {y} once"),
-])
+@pytest.mark.parametrize(
+    "text, line, what",
+    [
+        (TASK.replace("M: 2", "M: 0"), 8, "'M': 0 is less than the minimum of 1"),
+        (TASK.replace("N: 3", "N: [3"), 10, "invalid YAML"),
+        (TASK + "Lx: 3\n", 10, "unknown key 'Lx'"),
+        (
+            TASK.replace('{x: "a dull film", y: negative}', '{x: "a dull film"}'),
+            5,
+            "missing field 'y' in 'good' item 2: the answer",
+        ),
+        (TASK.replace("N: 3", "N: 4"), 9, "N = 4 demos per set, but 'good' has only 3 examples"),
+        (TASK.replace("Answer: {y}", "Answer:"), 2, "must contain {x} once and then {y} once"),
+    ],
+)
 def test_task_errors_name_the_line(tmp_path, text, line, what):
     p = _write(tmp_path, text)
     with pytest.raises(UserError) as e:
@@ -66,25 +73,40 @@ def _cands(tmp_path, text):
 
 
 def test_candidates_load_and_round_trip(tmp_path):
-    p = _cands(tmp_path, '{"id": 1, "model": "m", "x": "q", "y": "a", "truth": 1, "note": "kept"}\n\n'
-                         '{"id": "2", "model": "m", "x": "q", "y": "b", "truth_dist": [0.5, 0.25, 0.25]}\n')
+    p = _cands(
+        tmp_path,
+        '{"id": 1, "model": "m", "x": "q", "y": "a", "truth": 1, "note": "kept"}\n\n'
+        '{"id": "2", "model": "m", "x": "q", "y": "b", "truth_dist": [0.5, 0.25, 0.25]}\n',
+    )
     c = read_candidates(p)
     assert [x.id for x in c] == ["1", "2"] and c[0].truth == 1.0 and c[0].extra == {"note": "kept"}
-    assert c[1].line == 3 and candidate_row(c[0]) == {"id": "1", "model": "m", "x": "q", "y": "a", "note": "kept",
-                                                      "truth": 1.0}
+    assert c[1].line == 3 and candidate_row(c[0]) == {
+        "id": "1",
+        "model": "m",
+        "x": "q",
+        "y": "a",
+        "note": "kept",
+        "truth": 1.0,
+    }
     check_truth_dists(c, 3, str(p))
     with pytest.raises(UserError, match=r"c\.jsonl:3: candidate '2': 'truth_dist' has 3 entries"):
         check_truth_dists(c, 5, str(p))
 
 
-@pytest.mark.parametrize("text, line, what", [
-    ('{"id": 1, "model": "m", "x": "q", "y": "a"}\n{"id": 1, "model": "m", "x": "q", "y": "b"}\n', 2,
-     "duplicate id '1' (first on line 1)"),
-    ('{"id": 1, "model": "m", "x": "q"}\n', 1, "missing field 'y'"),
-    ('{"id": 1, "model": "m", "x": "q", "y": 3}\n', 1, "'y' is the number 3, not text; quote it"),
-    ('{"id": 1, "model": "m", "x": "q", "y": "a", "truth": 2}\n', 1, "'truth': 2 is greater than the maximum of 1"),
-    ('{"id": 1, "model": "m", "x": "q", "y": "a", "truth_dist": [0.5, 0.2]}\n', 1, "summing to 1"),
-])
+@pytest.mark.parametrize(
+    "text, line, what",
+    [
+        (
+            '{"id": 1, "model": "m", "x": "q", "y": "a"}\n{"id": 1, "model": "m", "x": "q", "y": "b"}\n',
+            2,
+            "duplicate id '1' (first on line 1)",
+        ),
+        ('{"id": 1, "model": "m", "x": "q"}\n', 1, "missing field 'y'"),
+        ('{"id": 1, "model": "m", "x": "q", "y": 3}\n', 1, "'y' is the number 3, not text; quote it"),
+        ('{"id": 1, "model": "m", "x": "q", "y": "a", "truth": 2}\n', 1, "'truth': 2 is greater than the maximum of 1"),
+        ('{"id": 1, "model": "m", "x": "q", "y": "a", "truth_dist": [0.5, 0.2]}\n', 1, "summing to 1"),
+    ],
+)
 def test_candidate_errors_name_the_line(tmp_path, text, line, what):
     p = _cands(tmp_path, text)
     with pytest.raises(UserError) as e:

@@ -1,13 +1,14 @@
 """icqs.io (JSONL reading with file:line errors, resumable result log, atomic writes) and commands.fetch (offline,
 against a local wheel served through pip's own --find-links configuration)."""
+
 import json
 import os
 import zipfile
 
 import pytest
 
-from engine.errors import UserError
 from commands.fetch import fetch_package_file
+from engine.errors import UserError
 from icqs.io import ResultWriter, atomic_write, read_jsonl
 
 
@@ -17,11 +18,14 @@ def test_read_jsonl_rows_and_blank_lines(tmp_path):
     assert read_jsonl(p, required=("id", "y")) == [{"id": 1, "y": "a"}, {"id": 2, "y": "b"}]
 
 
-@pytest.mark.parametrize("text, line, what", [
-    ('{"id": 1}\n{"id": 2\n', 2, "not valid JSON"),
-    ('{"id": 1}\n\n[1, 2]\n', 3, "expected a JSON object"),
-    ('{"id": 1}\n{"y": 2}\n', 2, "missing field 'id'"),
-])
+@pytest.mark.parametrize(
+    "text, line, what",
+    [
+        ('{"id": 1}\n{"id": 2\n', 2, "not valid JSON"),
+        ('{"id": 1}\n\n[1, 2]\n', 3, "expected a JSON object"),
+        ('{"id": 1}\n{"y": 2}\n', 2, "missing field 'id'"),
+    ],
+)
 def test_read_jsonl_errors_name_file_and_line(tmp_path, text, line, what):
     p = tmp_path / "bad.jsonl"
     p.write_text(text)

@@ -1,6 +1,7 @@
 """benchmarks/icqs_issue39_tasks.py: the label tasks of issue 39's before/after table are auditable. A 3-way task
 whose labels are skewed (as BIG-bench presuppositions_as_nli is) must give every fold of the label-stratified audit
 every label on both sides, or the label-balanced demo sets cannot be drawn and the audit skips every method."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -50,10 +51,13 @@ def test_every_label_the_same_share_of_each_pool_and_of_the_questions(seed):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_audit_fold_draws_label_balanced_demo_sets(tmp_path, seed):
-    task = load_task(write(tmp_path, *tasks.build_from_rows("nli", "Label each pair.", "{x}\nAnswer: {y}",
-                                                            skewed_rows(), LABELS, seed)))
+    task = load_task(
+        write(
+            tmp_path, *tasks.build_from_rows("nli", "Label each pair.", "{x}\nAnswer: {y}", skewed_rows(), LABELS, seed)
+        )
+    )
     for draw in range(3):
-        for train, held in folds(task, draw):
+        for train, _held in folds(task, draw):
             assert {e.y for e in train.bad} == set(LABELS) and {e.y for e in train.good} == set(LABELS)
             demo_sets(train, "coupled")  # raises where a fold's pool lacks a label
 
@@ -71,20 +75,44 @@ def test_the_table_reads_a_run_directory(tmp_path):
     spec.loader.exec_module(table)
     run = tmp_path / "run"
     run.mkdir()
-    cands = [{"id": f"m{m}/q{q}", "model": f"m{m}", "x": f"q{q}", "y": "a", "truth": int(q < 2 - m)}
-             for m in range(2) for q in range(4)]
+    cands = [
+        {"id": f"m{m}/q{q}", "model": f"m{m}", "x": f"q{q}", "y": "a", "truth": int(q < 2 - m)}
+        for m in range(2)
+        for q in range(4)
+    ]
     (run / "candidates.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cands))
-    (run / "scores.jsonl").write_text("".join(json.dumps({"method": "loglik", "draw": 0, "id": c["id"],
-                                                          "truth": c["truth"], "score": c["truth"] + 0.1 * k}) + "\n"
-                                              for k, c in enumerate(cands)))
-    audit = [{"method": "loglik", "measure": "score", "auc": 0.9, "ci": [0.7, 1.0], "verdict": "reliable",
-              "family": 5, "ci_family": [0.45, 1.0]},
-             {"method": "icqs", "measure": "score", "auc": 0.5, "ci": [0.3, 0.7], "verdict": "at chance"}]
+    (run / "scores.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"method": "loglik", "draw": 0, "id": c["id"], "truth": c["truth"], "score": c["truth"] + 0.1 * k}
+            )
+            + "\n"
+            for k, c in enumerate(cands)
+        )
+    )
+    audit = [
+        {
+            "method": "loglik",
+            "measure": "score",
+            "auc": 0.9,
+            "ci": [0.7, 1.0],
+            "verdict": "reliable",
+            "family": 5,
+            "ci_family": [0.45, 1.0],
+        },
+        {"method": "icqs", "measure": "score", "auc": 0.5, "ci": [0.3, 0.7], "verdict": "at chance"},
+    ]
     (run / "audit.json").write_text(json.dumps(audit))
     (run / "leaderboard.json").write_text(json.dumps([{"method": "loglik", "measures": {"score": {"spearman": 1.0}}}]))
-    (run / "run.json").write_text(json.dumps({"headline": {"method": "loglik", "measure": "score", "text": ["Best"]},
-                                              "audit_stats": {"loglik": {"tokens_computed": 70, "seconds": 1.0}},
-                                              "engine_stats": {"loglik": {"tokens_computed": 30, "seconds": 1.0}}}))
+    (run / "run.json").write_text(
+        json.dumps(
+            {
+                "headline": {"method": "loglik", "measure": "score", "text": ["Best"]},
+                "audit_stats": {"loglik": {"tokens_computed": 70, "seconds": 1.0}},
+                "engine_stats": {"loglik": {"tokens_computed": 30, "seconds": 1.0}},
+            }
+        )
+    )
     rows = table.rows_of(run)
     assert rows[0].startswith("| | **loglik score (headline)** | 0.90 [0.70, 1.00] | 1.00 [")
     assert rows[0].endswith("| +1.00 | reliable (not with the 5 compared) |")

@@ -1,5 +1,6 @@
 """`icqs preview` (issue 22, part 3): the rendered prompt, requests, unique tokens and a time estimate per
 method, without scoring anything or writing a run directory."""
+
 from icqs.cli import main
 from icqs.preview import unique_tokens
 
@@ -12,8 +13,24 @@ def test_unique_tokens_counts_shared_prefixes_once():
 def test_preview_prints_each_method_without_scoring(tmp_path, tiny_model_dir, capsys):
     assert main(["init", str(tmp_path / "ex")]) == 0
     capsys.readouterr()
-    assert main(["preview", str(tmp_path / "ex" / "task.yaml"), str(tmp_path / "ex" / "candidates.jsonl"),
-                 "--model", str(tiny_model_dir), "--method", "icqs", "icl", "judge", "--draws", "2"]) == 0
+    assert (
+        main(
+            [
+                "preview",
+                str(tmp_path / "ex" / "task.yaml"),
+                str(tmp_path / "ex" / "candidates.jsonl"),
+                "--model",
+                str(tiny_model_dir),
+                "--method",
+                "icqs",
+                "icl",
+                "judge",
+                "--draws",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for name in ("== icqs", "== icl", "== judge"):
         assert name in out

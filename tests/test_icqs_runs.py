@@ -2,6 +2,7 @@
 convention with the engine's stats, one OS lock per run directory, outputs with the user's umask, temporary files
 cleaned up, and every bad input (options, paths, too-long prompts, corrupt run.json, lone surrogates) a one-line
 error before anything is written."""
+
 import json
 import os
 import subprocess
@@ -9,15 +10,25 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from icqs.cli import main
 from jsonl_files import write_jsonl
 from test_icqs_cli import TASK
 
+from icqs.cli import main
+
 ITEMS = [{"id": f"q{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(3)]
-PAIRS = [{"id": f"p{n}", "question": f"What is {n} + {n}?", "answer_a": f"It is {2 * n}.", "answer_b": "No idea.",
-          "model_a": "m1", "model_b": "m2", "winner": "model_a"} for n in range(3)]
-ALLURE_TEMPLATE = "system: Grade.\nuser: \"R: {response}\\nA: {answer}\"\nmatch: number\n"
+PAIRS = [
+    {
+        "id": f"p{n}",
+        "question": f"What is {n} + {n}?",
+        "answer_a": f"It is {2 * n}.",
+        "answer_b": "No idea.",
+        "model_a": "m1",
+        "model_b": "m2",
+        "winner": "model_a",
+    }
+    for n in range(3)
+]
+ALLURE_TEMPLATE = 'system: Grade.\nuser: "R: {response}\\nA: {answer}"\nmatch: number\n'
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,20 +36,24 @@ ROOT = Path(__file__).resolve().parent.parent
 def tiny_model_dir(tmp_path_factory):
     """A tiny random model whose context holds the judges' prompts (2048 positions)."""
     from tiny_models import make_tiny_model
+
     return make_tiny_model(tmp_path_factory.mktemp("runs") / "llama", max_position_embeddings=2048)
 
 
 @pytest.fixture()
 def files(tmp_path):
     (tmp_path / "task.yaml").write_text(TASK)
-    rows = [{"id": f"{m}{i}", "model": m, "x": x, "y": y, "truth": 1.0 if m == "good" else 0.0}
-            for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
-            for i, (x, y) in enumerate(zip(["four", "five"], answers))]
+    rows = [
+        {"id": f"{m}{i}", "model": m, "x": x, "y": y, "truth": 1.0 if m == "good" else 0.0}
+        for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
+        for i, (x, y) in enumerate(zip(["four", "five"], answers))
+    ]
     write_jsonl(tmp_path / "c.jsonl", rows)
     write_jsonl(tmp_path / "items.jsonl", ITEMS)
     write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
-    write_jsonl(tmp_path / "allure.jsonl", [dict(id=f"a{i}", response=f"so {i + (i % 2)}", answer=str(i))
-                                       for i in range(6)])
+    write_jsonl(
+        tmp_path / "allure.jsonl", [dict(id=f"a{i}", response=f"so {i + (i % 2)}", answer=str(i)) for i in range(6)]
+    )
     (tmp_path / "short.yaml").write_text(ALLURE_TEMPLATE)
     return tmp_path
 
@@ -47,12 +62,34 @@ def commands(files, model, out) -> dict:
     """argv of every run command, on the tiny model, into `out`."""
     eng = ["--model", str(model), "--dtype", "float32"]
     return {
-        "score": ["score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out", str(out), "--method", "icqs",
-                  "epistemic", "icl", "judge", "--quiet", *eng],
+        "score": [
+            "score",
+            str(files / "task.yaml"),
+            str(files / "c.jsonl"),
+            "--out",
+            str(out),
+            "--method",
+            "icqs",
+            "epistemic",
+            "icl",
+            "judge",
+            "--quiet",
+            *eng,
+        ],
         "judge": ["judge", str(files / "items.jsonl"), "--out", str(out), "--shots", "0", "--quiet", *eng],
         "pairwise": ["pairwise", str(files / "pairs.jsonl"), "--out", str(out), "--bootstrap", "5", "--quiet", *eng],
-        "allure": ["allure", "run", str(files / "allure.jsonl"), "--out", str(out), "--template",
-                   str(files / "short.yaml"), "--rounds", "1", *eng],
+        "allure": [
+            "allure",
+            "run",
+            str(files / "allure.jsonl"),
+            "--out",
+            str(out),
+            "--template",
+            str(files / "short.yaml"),
+            "--rounds",
+            "1",
+            *eng,
+        ],
     }
 
 
@@ -81,8 +118,10 @@ def test_every_run_command_records_and_prints_engine_stats(command, files, tiny_
     assert meta["command"] == command
     parts = meta["engine_stats"]
     # (a part may compute nothing new: plain ICL's prompts are all in the cache the ICQS demo sets left)
-    assert parts and all(p["tokens_requested"] > 0 and p["tokens_computed"] >= 0 and p["seconds"] > 0
-                         and p["cache_hit_tokens"] >= 0 for p in parts.values())
+    assert parts and all(
+        p["tokens_requested"] > 0 and p["tokens_computed"] >= 0 and p["seconds"] > 0 and p["cache_hit_tokens"] >= 0
+        for p in parts.values()
+    )
     assert sum(p["tokens_computed"] for p in parts.values()) > 0
     assert "engine: " in printed.out + printed.err and "tokens requested" in printed.out + printed.err
     if command == "score":
@@ -129,6 +168,7 @@ def test_score_run_passes_its_rows_on(files, tiny_model_dir, tmp_path, monkeypat
 
     def no_reading(path):
         raise AssertionError(f"read back {path}")
+
     monkeypatch.setattr(icqs.score_run, "read_results", no_reading)
     monkeypatch.setattr(icqs.io, "read_results", no_reading)
     assert main(commands(files, tiny_model_dir, tmp_path / "run")["score"]) == 0
@@ -148,13 +188,21 @@ def test_second_process_on_the_same_run_directory_is_refused(files, tiny_model_d
     out = tmp_path / "run"
     argv = commands(files, tiny_model_dir, out)["score"]
     holder = subprocess.Popen(  # a process holding the lock of the same run (same task, candidates, model)
-        [sys.executable, "-c", "import sys; from icqs.cli import build_parser; from icqs.score_run import "
-         "score_run_dir; from icqs.task import load_task; from icqs.candidates import read_candidates; "
-         "from commands.factory import model_label; a = build_parser().parse_args(sys.argv[1:]); "
-         "score_run_dir(a.out, load_task(a.task), read_candidates(a.candidates), model_label(a), a.sampler, "
-         "a.method, a.draws).start(); print('locked', flush=True); sys.stdin.read()", *argv],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+        [
+            sys.executable,
+            "-c",
+            "import sys; from icqs.cli import build_parser; from icqs.score_run import "
+            "score_run_dir; from icqs.task import load_task; from icqs.candidates import read_candidates; "
+            "from commands.factory import model_label; a = build_parser().parse_args(sys.argv[1:]); "
+            "score_run_dir(a.out, load_task(a.task), read_candidates(a.candidates), model_label(a), a.sampler, "
+            "a.method, a.draws).start(); print('locked', flush=True); sys.stdin.read()",
+            *argv,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert main(argv) == 2
@@ -193,15 +241,20 @@ def test_temporary_files_of_a_killed_run_are_removed(files, tiny_model_dir, tmp_
 
 def test_sigterm_leaves_no_temporary_file(tmp_path):
     """SIGTERM becomes SystemExit (icqs.cli.main): the atomic write in progress removes its temporary file."""
-    script = ("import os, signal, sys, icqs.io, icqs.cli\n"
-              "def slow(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n"
-              "icqs.io.os.fsync = slow\n"
-              "sys.argv = ['icqs', 'report', sys.argv[1]]\n"
-              "icqs.cli.cmd_report = lambda args: icqs.io.atomic_write(os.path.join(args.dir, 'x.html'), 'x')\n"
-              "sys.exit(icqs.cli.main(['report', sys.argv[1]]))\n")
-    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
-                                                                                                     "")])})
+    script = (
+        "import os, signal, sys, icqs.io, icqs.cli\n"
+        "def slow(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "icqs.io.os.fsync = slow\n"
+        "sys.argv = ['icqs', 'report', sys.argv[1]]\n"
+        "icqs.cli.cmd_report = lambda args: icqs.io.atomic_write(os.path.join(args.dir, 'x.html'), 'x')\n"
+        "sys.exit(icqs.cli.main(['report', sys.argv[1]]))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+    )
     assert res.returncode == 128 + 15, res.stderr
     assert os.listdir(tmp_path) == []
 
@@ -210,8 +263,13 @@ def test_sigterm_leaves_no_temporary_file(tmp_path):
 @pytest.mark.parametrize("command", ["score", "judge", "pairwise", "allure", "demo"])
 def test_bad_model_writes_nothing(command, files, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = commands(files, tmp_path / "no-such-model", out).get(command) or \
-        ["demo", "--out", str(out), "--model", str(tmp_path / "no-such-model")]
+    argv = commands(files, tmp_path / "no-such-model", out).get(command) or [
+        "demo",
+        "--out",
+        str(out),
+        "--model",
+        str(tmp_path / "no-such-model"),
+    ]
     assert main(argv) == 2
     one_error_line(capsys)
     assert not out.exists()
@@ -220,8 +278,24 @@ def test_bad_model_writes_nothing(command, files, tmp_path, capsys):
 def test_zero_shot_judge_runs_without_demos(files, tiny_model_dir, tmp_path):
     inp = write_jsonl(tmp_path / "one.jsonl", ITEMS[:1])  # one item: no demo could be drawn, none is needed
     out = tmp_path / "run"
-    assert main(["judge", inp, "--out", str(out), "--shots", "0", "--model", str(tiny_model_dir), "--dtype",
-                 "float32", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                inp,
+                "--out",
+                str(out),
+                "--shots",
+                "0",
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(x) for x in (out / "grades.jsonl").read_text().splitlines()]
     assert [(r["id"], r["k"]) for r in rows] == [("q0", 0)] and not (out / "demos.jsonl").exists()
 
@@ -229,37 +303,55 @@ def test_zero_shot_judge_runs_without_demos(files, tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("command", ["score", "judge", "pairwise"])
 def test_too_long_names_the_input_line_before_anything_is_written(command, files, tiny_model_dir, tmp_path, capsys):
     long = " ".join(["word"] * 2100)
-    write_jsonl(files / "c.jsonl", [{"id": "ok", "model": "m", "x": "four", "y": "yes"},
-                               {"id": "long", "model": "m", "x": long, "y": "no"}])
+    write_jsonl(
+        files / "c.jsonl",
+        [{"id": "ok", "model": "m", "x": "four", "y": "yes"}, {"id": "long", "model": "m", "x": long, "y": "no"}],
+    )
     write_jsonl(files / "items.jsonl", [ITEMS[0], {**ITEMS[1], "response": long}])
-    write_jsonl(files / "pairs.jsonl", [{**PAIRS[0], "question": "?", "answer_a": "a", "answer_b": "b"},
-                                   {**PAIRS[1], "answer_b": long}])
+    write_jsonl(
+        files / "pairs.jsonl",
+        [{**PAIRS[0], "question": "?", "answer_a": "a", "answer_b": "b"}, {**PAIRS[1], "answer_b": long}],
+    )
     path = {"score": "c.jsonl", "judge": "items.jsonl", "pairwise": "pairs.jsonl"}[command]
     out = tmp_path / "run"
     argv = commands(files, tiny_model_dir, out)[command]
     if command == "score":
-        argv[argv.index("--method") + 1:argv.index("--quiet")] = ["icqs"]
+        argv[argv.index("--method") + 1 : argv.index("--quiet")] = ["icqs"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {files / path}:2: ") and err.count("\n") == 1 \
-        and ("tokens exceed the model's maximum" in err or "tokens, over the" in err)  # score: the engine's check
+    assert (
+        err.startswith(f"error: {files / path}:2: ")
+        and err.count("\n") == 1
+        and ("tokens exceed the model's maximum" in err or "tokens, over the" in err)
+    )  # score: the engine's check
     assert not out.exists()
 
 
 BAD_OPTIONS = [
-    ("score", ["--seed", "-1"]), ("score", ["--M", "0"]), ("score", ["--N", "-2"]),
-    ("judge", ["--seed", "-1"]), ("judge", ["--demo-tokens", "-1"]), ("judge", ["--runs", "0"]),
-    ("judge", ["--batch", "0"]), ("judge", ["--max-tokens", "0"]), ("judge", ["--shots", "1,x"]),
+    ("score", ["--seed", "-1"]),
+    ("score", ["--M", "0"]),
+    ("score", ["--N", "-2"]),
+    ("judge", ["--seed", "-1"]),
+    ("judge", ["--demo-tokens", "-1"]),
+    ("judge", ["--runs", "0"]),
+    ("judge", ["--batch", "0"]),
+    ("judge", ["--max-tokens", "0"]),
+    ("judge", ["--shots", "1,x"]),
     ("judge", ["--shots", "-1"]),
-    ("pairwise", ["--batch", "0"]), ("pairwise", ["--bootstrap", "-1"]), ("pairwise", ["--seed", "-3"]),
-    ("allure", ["--seed", "-1"]), ("allure", ["--rounds", "0"]), ("allure", ["--max-icl", "0"]),
-    ("allure", ["--clusters", "-1"]), ("allure", ["--sweep", "0,-4"]), ("allure", ["--holdout", "1.5"]),
+    ("pairwise", ["--batch", "0"]),
+    ("pairwise", ["--bootstrap", "-1"]),
+    ("pairwise", ["--seed", "-3"]),
+    ("allure", ["--seed", "-1"]),
+    ("allure", ["--rounds", "0"]),
+    ("allure", ["--max-icl", "0"]),
+    ("allure", ["--clusters", "-1"]),
+    ("allure", ["--sweep", "0,-4"]),
+    ("allure", ["--holdout", "1.5"]),
 ]
 
 
 @pytest.mark.parametrize("command, extra", BAD_OPTIONS)
-def test_bad_options_are_one_error_before_anything_is_written(command, extra, files, tiny_model_dir, tmp_path,
-                                                              capsys):
+def test_bad_options_are_one_error_before_anything_is_written(command, extra, files, tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert run_main(commands(files, tiny_model_dir, out)[command] + extra) == 2
     one_error_line(capsys)
@@ -302,8 +394,10 @@ def test_leaderboard_and_report_on_a_corrupt_run_json(files, tiny_model_dir, tmp
 def test_lone_surrogate_is_an_input_error(where, files, tiny_model_dir, tmp_path, capsys):
     bad = "bad \\ud800 text"  # JSON and YAML escapes that decode to a lone UTF-16 surrogate
     if where == "candidates":
-        (files / "c.jsonl").write_text('{"id": "a", "model": "m", "x": "four", "y": "yes"}\n'
-                                       '{"id": "b", "model": "m", "x": "%s", "y": "no"}\n' % bad)
+        (files / "c.jsonl").write_text(
+            '{"id": "a", "model": "m", "x": "four", "y": "yes"}\n'
+            '{"id": "b", "model": "m", "x": "%s", "y": "no"}\n' % bad
+        )
         command, path, line = "score", files / "c.jsonl", 2
     elif where == "task":
         (files / "task.yaml").write_text(TASK.replace('{x: two, y: "no"}', '{x: "%s", y: "no"}' % bad))
@@ -312,8 +406,12 @@ def test_lone_surrogate_is_an_input_error(where, files, tiny_model_dir, tmp_path
         command = where
         path = files / {"judge": "items.jsonl", "pairwise": "pairs.jsonl", "allure": "allure.jsonl"}[where]
         rows = [json.loads(x) for x in path.read_text().splitlines()]
-        text = "\n".join(json.dumps(r) for r in rows).replace('"q1"', '"q1 %s"' % bad).replace(
-            '"No idea."', '"%s"' % bad).replace('"so 2"', '"%s"' % bad)
+        text = (
+            "\n".join(json.dumps(r) for r in rows)
+            .replace('"q1"', '"q1 %s"' % bad)
+            .replace('"No idea."', '"%s"' % bad)
+            .replace('"so 2"', '"%s"' % bad)
+        )
         path.write_text(text + "\n")
         line = 1 if where == "pairwise" else 2
     out = tmp_path / "run"
@@ -342,8 +440,10 @@ def test_length_check_agrees_with_the_engine_at_the_limit(files, tiny_model_dir)
         c = Candidate("c", "m", " ".join(["word"] * words) + " x", "yes", line=1)
         for name in METHODS:
             jobs = METHODS[name].requests(task, [c], "coupled")
-            longest = max(len(a) + len(b) + j.generated for j, (a, b) in
-                          zip(jobs, encode_pairs(eng.tokenizer, [(j.context, j.continuation) for j in jobs])))
+            longest = max(
+                len(a) + len(b) + j.generated
+                for j, (a, b) in zip(jobs, encode_pairs(eng.tokenizer, [(j.context, j.continuation) for j in jobs]))
+            )
             try:
                 check_lengths(eng, task, [c], [name], "coupled", "c.jsonl")
                 fits = True
@@ -361,8 +461,11 @@ def test_output_paths_of_the_wrong_kind(command, flag, files, tiny_model_dir, tm
     out = tmp_path / "run"
     argv = commands(files, tiny_model_dir, out)[command]
     wrong = files / "c.jsonl" if flag == "--out" else files
-    argv = argv[:argv.index("--out")] + ["--out", str(wrong)] + argv[argv.index("--out") + 2:] if flag == "--out" \
+    argv = (
+        argv[: argv.index("--out")] + ["--out", str(wrong)] + argv[argv.index("--out") + 2 :]
+        if flag == "--out"
         else argv + [flag, str(wrong)]
+    )
     before = sorted(p.name for p in files.iterdir())
     assert main(argv) == 2
     expected = "--out is a file, not a directory" if flag == "--out" else "is a directory; expected a file"

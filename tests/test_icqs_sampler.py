@@ -1,6 +1,7 @@
 """Demo set sampling: every ratio's set holds exactly round(r_j N) good demos (coupled and independent), coupled sets
 are nested across ratios and share prefixes, balanced sets of a repeat show the same labels at every ratio, all
 deterministic in the seed; (M, N) pairs whose counts repeat are refused."""
+
 from fractions import Fraction
 
 import numpy as np
@@ -151,10 +152,27 @@ def test_task_options_balance_and_calibrate_are_read_and_checked(tmp_path):
 
 def test_cli_refuses_repeating_counts_before_writing_anything(tmp_path, capsys):
     from icqs.cli import main
+
     (tmp_path / "t.yaml").write_text("template: '{x} -> {y}'\ngood: [{x: a, y: p}]\nbad: [{x: b, y: n}]\n")
     (tmp_path / "c.jsonl").write_text('{"id": "1", "model": "m", "x": "c", "y": "p"}\n')
     out = tmp_path / "run"
-    assert main(["score", str(tmp_path / "t.yaml"), str(tmp_path / "c.jsonl"), "--out", str(out), "--M", "4",
-                 "--N", "2", "--balance", "uniform"]) == 2
+    assert (
+        main(
+            [
+                "score",
+                str(tmp_path / "t.yaml"),
+                str(tmp_path / "c.jsonl"),
+                "--out",
+                str(out),
+                "--M",
+                "4",
+                "--N",
+                "2",
+                "--balance",
+                "uniform",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: M = 4 ratios need N >= M") and err.count("\n") == 1 and not out.exists()

@@ -1,5 +1,6 @@
 """ICQS scoring with hand-checked likelihoods: the argmax over ratios, the epistemic mean, the posterior, E[r] and
 its credible interval, and the resumable likelihood computation against a table-driven engine."""
+
 import numpy as np
 import pytest
 
@@ -24,9 +25,15 @@ def test_argmax_picks_the_most_likely_ratio_not_the_least():
 
 
 def test_icqs_reads_repeat_zero_and_epistemic_the_mean_over_repeats():
-    table = np.array([[[-1.0, -2.0, -3.0],    # l = 0: ICQS says r = 0
-                       [-5.0, -1.0, -2.0],
-                       [-6.0, -1.5, -1.0]]])  # mean over l: [-4, -1.5, -2] -> r = 0.5
+    table = np.array(
+        [
+            [
+                [-1.0, -2.0, -3.0],  # l = 0: ICQS says r = 0
+                [-5.0, -1.0, -2.0],
+                [-6.0, -1.5, -1.0],
+            ]
+        ]
+    )  # mean over l: [-4, -1.5, -2] -> r = 0.5
     icqs = icqs_scores(table, RATIOS, epistemic=False)[0]
     epi = icqs_scores(table, RATIOS, epistemic=True)[0]
     assert icqs["score"] == 0.0 and icqs["curve"] == [-1.0, -2.0, -3.0]
@@ -78,8 +85,11 @@ def _task(M=2, N=4, L=3):
 
 
 def _cands():
-    return [Candidate("c0", "m", "q0", "right"), Candidate("c1", "m", "q1", "wrong"),
-            Candidate("c2", "m", "q2", "right")]
+    return [
+        Candidate("c0", "m", "q0", "right"),
+        Candidate("c1", "m", "q1", "wrong"),
+        Candidate("c2", "m", "q2", "right"),
+    ]
 
 
 def test_mixture_requests_are_demo_text_plus_x_part_then_y_part():

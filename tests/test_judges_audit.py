@@ -1,17 +1,28 @@
 """Pairwise and judge fixes (issue 22, parts 2 and 5): --no-tie, --rubric, labeled variants, the pairwise audit
 (flip rates, tie share, a warning when ties dominate), the judge's per-model table and agreement with labels."""
+
 import json
 
 import pytest
+from jsonl_files import write_jsonl
 
 from icqs.cli import main
 from icqs.judges.pairwise import VARIANTS, verdict_options
-from icqs.judges.results import pairwise_audit_table, pairwise_summary
 from icqs.judges.prompts import pairwise_prompt
-from jsonl_files import write_jsonl
+from icqs.judges.results import pairwise_audit_table, pairwise_summary
 
-PAIRS = [{"id": f"p{n}", "question": f"What is {n} + {n}?", "answer_a": f"It is {2 * n}.", "answer_b": "No idea.",
-          "model_a": "m1", "model_b": "m2", "winner": "model_a"} for n in range(3)]
+PAIRS = [
+    {
+        "id": f"p{n}",
+        "question": f"What is {n} + {n}?",
+        "answer_a": f"It is {2 * n}.",
+        "answer_b": "No idea.",
+        "model_a": "m1",
+        "model_b": "m2",
+        "winner": "model_a",
+    }
+    for n in range(3)
+]
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +33,17 @@ def model(long_tiny_dir):
 def test_all_ties_warn_instead_of_a_silent_flat_leaderboard():
     """Why: every verdict a tie gave every model 1000.0 [1000.0, 1000.0], rank 1, with no note."""
     tie = {o: (1.0 if o == "tie" else 0.0) for o in ("model_a", "model_b", "tie")}
-    rows = [{"id": p["id"], "winner": "model_a", "variants": {v.name: tie for v in VARIANTS},
-             "verdicts": {v.name: "tie" for v in VARIANTS}, "aggregate": tie, "verdict": "tie"} for p in PAIRS]
+    rows = [
+        {
+            "id": p["id"],
+            "winner": "model_a",
+            "variants": {v.name: tie for v in VARIANTS},
+            "verdicts": {v.name: "tie" for v in VARIANTS},
+            "aggregate": tie,
+            "verdict": "tie",
+        }
+        for p in PAIRS
+    ]
     summary = pairwise_summary(rows)
     warnings = summary["warnings"]
     text = pairwise_audit_table(summary).text()
@@ -46,8 +66,24 @@ def test_pairwise_cli_no_tie_rubric_and_labeled_variants(model, tmp_path, capsys
     rubric = tmp_path / "rubric.txt"
     rubric.write_text("The answer with the right sum is better.\n")
     out = tmp_path / "run"
-    assert main(["pairwise", write_jsonl(tmp_path / "p.jsonl", PAIRS), "--out", str(out), "--model", model, "--dtype",
-                 "float32", "--no-tie", "--rubric", str(rubric)]) == 0
+    assert (
+        main(
+            [
+                "pairwise",
+                write_jsonl(tmp_path / "p.jsonl", PAIRS),
+                "--out",
+                str(out),
+                "--model",
+                model,
+                "--dtype",
+                "float32",
+                "--no-tie",
+                "--rubric",
+                str(rubric),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     rows = [json.loads(x) for x in (out / "verdicts.jsonl").read_text().splitlines()]
     for r in rows:
@@ -62,16 +98,40 @@ def test_pairwise_cli_no_tie_rubric_and_labeled_variants(model, tmp_path, capsys
 
 def test_judge_per_model_table_and_agreement_with_labels(model, tmp_path, capsys):
     """Why: the judge summary had no per-model table and no agreement with reference labels."""
-    items = [{"id": f"{m}{n}", "model": m, "question": f"What is {n} + {n}?",
-              "response": f"It is {2 * n + (0 if m == 'good' else 1)}.", "label": int(m == "good")}
-             for m in ("good", "bad") for n in range(3)]
+    items = [
+        {
+            "id": f"{m}{n}",
+            "model": m,
+            "question": f"What is {n} + {n}?",
+            "response": f"It is {2 * n + (0 if m == 'good' else 1)}.",
+            "label": int(m == "good"),
+        }
+        for m in ("good", "bad")
+        for n in range(3)
+    ]
     out = tmp_path / "run"
-    assert main(["judge", write_jsonl(tmp_path / "j.jsonl", items), "--out", str(out), "--model", model, "--dtype",
-                 "float32", "--shots", "0"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                write_jsonl(tmp_path / "j.jsonl", items),
+                "--out",
+                str(out),
+                "--model",
+                model,
+                "--dtype",
+                "float32",
+                "--shots",
+                "0",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr()
     summary = json.loads((out / "summary.json").read_text())
-    assert {m["model"] for m in summary["by_model"]} == {"good", "bad"} and all(m["n"] == 3 for m in
-                                                                                 summary["by_model"])
+    assert {m["model"] for m in summary["by_model"]} == {"good", "bad"} and all(
+        m["n"] == 3 for m in summary["by_model"]
+    )
     (a,) = summary["agreement"]
     assert a["k"] == 0 and a["n"] == 6 and a["ci"][0] <= a["auc"] <= a["ci"][1]
     assert "judge: per model (rank 1 = the highest mean grade)" in printed.out and "[" != printed.out.lstrip()[0]

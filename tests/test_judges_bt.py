@@ -1,4 +1,5 @@
 """Bradley-Terry leaderboard: a hand-made battle set with a known order, bootstrap intervals, the rank rule."""
+
 import numpy as np
 import pytest
 
@@ -11,7 +12,7 @@ def _battles(strengths, per_pair=60, seed=0):
     names = list(strengths)
     out = []
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             p = 1 / (1 + 10 ** ((strengths[b] - strengths[a]) / 400))
             for n in range(per_pair):
                 first, second = (a, b) if n % 2 else (b, a)
@@ -27,7 +28,7 @@ def test_known_order_is_recovered():
     assert sorted(scores, key=scores.get, reverse=True) == list(truth)
     assert np.mean(list(scores.values())) == pytest.approx(1000)
     gap = scores["strong"] - scores["weak"]
-    assert 450 < gap < 900   # true gap 650 on the Elo scale
+    assert 450 < gap < 900  # true gap 650 on the Elo scale
 
 
 def test_leaderboard_intervals_and_ranks():
@@ -40,8 +41,12 @@ def test_leaderboard_intervals_and_ranks():
 
 
 def test_rank_rule_with_overlapping_intervals():
-    board = {"a": {"lower": 10, "upper": 20}, "b": {"lower": 8, "upper": 15},
-             "c": {"lower": 0, "upper": 9}, "d": {"lower": -5, "upper": 5}}
+    board = {
+        "a": {"lower": 10, "upper": 20},
+        "b": {"lower": 8, "upper": 15},
+        "c": {"lower": 0, "upper": 9},
+        "d": {"lower": -5, "upper": 5},
+    }
     # c: only a's lower (10) is above its upper (9); d: a, b above; b overlaps a -> shares rank 1
     assert interval_ranks(board) == {"a": 1, "b": 1, "c": 2, "d": 3}
 

@@ -1,12 +1,19 @@
 """The judges on a tiny random model through the engine: nested K-shot grading with prefix sharing, the
 rating-token distribution, four-way pairwise verdicts mapped back to the answers, demo caching."""
+
 import json
 
 import numpy as np
 import pytest
 
 from icqs.judges.grading import build_prompts, grade, rating_options
-from icqs.judges.pairwise import VARIANTS, as_array, pairwise_generated_verdicts, pairwise_logprob_verdicts, verdict_options
+from icqs.judges.pairwise import (
+    VARIANTS,
+    as_array,
+    pairwise_generated_verdicts,
+    pairwise_logprob_verdicts,
+    verdict_options,
+)
 from icqs.judges.prompts import RATING_PREFIX, VERDICT_PREFIX, Demo, chat_wrap, grading_problem, solution_text
 from icqs.judges.reinforced import demo_drawer, generate_demos
 
@@ -16,12 +23,12 @@ ITEMS = [{"id": f"i{n}", "question": f"What is {n} + {n}?", "response": f"It is 
 @pytest.fixture(scope="module")
 def engine(long_tiny_dir):
     from engine import Engine
+
     return Engine.load(str(long_tiny_dir), dtype="float32")
 
 
 def _demos():
-    return {it["id"]: Demo(it["question"], it["response"], solution_text(int(it["id"][1:]) + 3, "ok"))
-            for it in ITEMS}
+    return {it["id"]: Demo(it["question"], it["response"], solution_text(int(it["id"][1:]) + 3, "ok")) for it in ITEMS}
 
 
 def test_rating_distribution_is_the_renormalised_option_scores(engine):
@@ -58,10 +65,12 @@ def test_pairwise_verdicts_are_mapped_back_to_the_answers(engine):
         context = chat_wrap(engine.tokenizer, v.prompt(item["question"], item["x"], item["y"]), VERDICT_PREFIX)
         raw = np.array([r.logprob for r in engine.score([(context, o) for o in verdict_options()])])
         p = dict(zip("ABC", np.exp(raw) / np.exp(raw).sum()))
-        assert as_array(res["variants"][v.name]) == pytest.approx([p[v.symbol_of("model_a")], p[v.symbol_of("model_b")],
-                                                         p["C"]], abs=1e-5)
-    assert as_array(res["aggregate"]) == pytest.approx(np.mean([as_array(p) for p in res["variants"].values()], axis=0),
-                                                       abs=1e-5)
+        assert as_array(res["variants"][v.name]) == pytest.approx(
+            [p[v.symbol_of("model_a")], p[v.symbol_of("model_b")], p["C"]], abs=1e-5
+        )
+    assert as_array(res["aggregate"]) == pytest.approx(
+        np.mean([as_array(p) for p in res["variants"].values()], axis=0), abs=1e-5
+    )
     assert res["verdict"] in ("model_a", "model_b", "tie")
 
 
@@ -73,10 +82,10 @@ def test_demos_are_the_judges_own_zero_shot_judgments_and_are_cached(engine, tmp
     for it in ITEMS[:3]:
         row = json.loads(lines[int(it["id"][1:])])
         rows = grade(engine, [(it, 0, grading_problem(it["question"], it["response"]))])
-        assert row["rating"] == rows[0]["argmax"]          # the rating is read from the rating tokens
-        solution = json.loads(first[it["id"]].solution)    # valid JSON, the reason generated after the rating
+        assert row["rating"] == rows[0]["argmax"]  # the rating is read from the rating tokens
+        solution = json.loads(first[it["id"]].solution)  # valid JSON, the reason generated after the rating
         assert solution == {"rating": str(row["rating"]), "reason": row["reason"]} and '"' not in row["reason"]
-    again = generate_demos(engine, ITEMS[:4], cache, max_tokens=6)   # only i3 is new
+    again = generate_demos(engine, ITEMS[:4], cache, max_tokens=6)  # only i3 is new
     assert cache.read_text().splitlines()[:3] == lines and len(cache.read_text().splitlines()) == 4
     assert {k: d.solution for k, d in again.items() if k != "i3"} == {k: d.solution for k, d in first.items()}
 

@@ -1,4 +1,5 @@
 """Single grading pieces without a model: rating summaries, demo draws, consistency between two runs."""
+
 import numpy as np
 import pytest
 
@@ -16,7 +17,7 @@ def test_rating_options_are_not_prefixes_of_each_other():
 
 def test_summarize_distribution():
     p = np.zeros(10)
-    p[[6, 7]] = [0.25, 0.75]          # ratings 7 and 8
+    p[[6, 7]] = [0.25, 0.75]  # ratings 7 and 8
     s = summarize(p)
     assert s["argmax"] == 8 and s["expected"] == pytest.approx(7.75)
 
@@ -49,8 +50,18 @@ def test_agreement():
 def test_consistency_by_k():
     p5, p7 = np.eye(10)[4].tolist(), np.eye(10)[6].tolist()
     run1 = [{"id": i, "k": k, "argmax": 5, "expected": 5.0, "probs": p5, "parsed": 5} for i in "ab" for k in (0, 2)]
-    run2 = [{"id": i, "k": k, "argmax": 5 if k else 7, "expected": 5.5, "probs": p5 if k else p7,
-             "parsed": None if i == "a" else 5} for i in "ab" for k in (0, 2)]
+    run2 = [
+        {
+            "id": i,
+            "k": k,
+            "argmax": 5 if k else 7,
+            "expected": 5.5,
+            "probs": p5 if k else p7,
+            "parsed": None if i == "a" else 5,
+        }
+        for i in "ab"
+        for k in (0, 2)
+    ]
     table = consistency_by_k(run1, run2)
     assert [row["k"] for row in table] == [0, 2]
     assert table[0]["logprob_exact"] == 0.0 and table[1]["logprob_exact"] == 1.0
@@ -61,7 +72,7 @@ def test_consistency_by_k():
 
 def test_sampled_agreement():
     sure, split = np.eye(10)[6], np.zeros(10)
-    split[[6, 7]] = 0.5                                          # ratings 7 and 8
+    split[[6, 7]] = 0.5  # ratings 7 and 8
     r = sampled_agreement([sure, split], [sure, split])
     assert r["exact"] == pytest.approx((1 + 0.5) / 2) and r["within1"] == pytest.approx(1.0)
     far = sampled_agreement([np.eye(10)[0]], [np.eye(10)[9]])

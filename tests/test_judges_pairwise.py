@@ -1,9 +1,17 @@
 """Four-way pairwise comparison: variant mapping, aggregation, verdict parsing, bias and flip rates."""
-import numpy as np
+
 import pytest
 
-from icqs.judges.pairwise import (VARIANTS, aggregate, bias_report, decide, majority, parse_verdict, summarize_pairwise,
-                                  to_outcome_probs)
+from icqs.judges.pairwise import (
+    VARIANTS,
+    aggregate,
+    bias_report,
+    decide,
+    majority,
+    parse_verdict,
+    summarize_pairwise,
+    to_outcome_probs,
+)
 
 BY = {v.name: v for v in VARIANTS}
 
@@ -34,8 +42,9 @@ def test_aggregate_cancels_a_pure_symbol_bias():
     always_a = [to_outcome_probs(v, [0.9, 0.05, 0.05]) for v in VARIANTS]
     agg = aggregate(always_a)
     assert agg[0] == pytest.approx(agg[1])
-    prefers_x = [to_outcome_probs(v, [0.8, 0.1, 0.1] if v.symbol_of("model_a") == "A" else [0.1, 0.8, 0.1])
-                 for v in VARIANTS]
+    prefers_x = [
+        to_outcome_probs(v, [0.8, 0.1, 0.1] if v.symbol_of("model_a") == "A" else [0.1, 0.8, 0.1]) for v in VARIANTS
+    ]
     assert decide(aggregate(prefers_x)) == "model_a"
     assert decide([0.3, 0.2, 0.5]) == "tie" and decide([0.3, 0.2, 0.5], decisive=True) == "model_a"
 
@@ -55,7 +64,7 @@ def test_bias_report_of_biased_and_unbiased_judges():
     always_a = bias_report([_verdicts_of(lambda v: "A")] * 3)
     assert always_a["symbol_bias_rate"] == 1.0 and always_a["symbol_A_share"] == 1.0
     assert always_a["flip_rate"] == 1.0 and always_a["position_bias_rate"] == 0.0
-    assert always_a["order_flip_rate"] == 1.0   # the MT-Bench swap alone mistakes it for a position bias
+    assert always_a["order_flip_rate"] == 1.0  # the MT-Bench swap alone mistakes it for a position bias
     assert always_a["first_position_share"] == 0.5
 
     always_first = bias_report([_verdicts_of(lambda v: v.labels[0])] * 2)
@@ -85,10 +94,17 @@ def test_summarize_pairwise_accuracy():
     rows = []
     for winner, probs in [("model_a", [0.6, 0.3, 0.1]), ("model_b", [0.2, 0.3, 0.5]), ("model_a", [0.3, 0.6, 0.1])]:
         variants = {v.name: probs for v in VARIANTS}
-        rows.append({"winner": winner, "variants": variants, "verdicts": {n: decide(p) for n, p in variants.items()},
-                     "aggregate": probs, "verdict": decide(probs)})
+        rows.append(
+            {
+                "winner": winner,
+                "variants": variants,
+                "verdicts": {n: decide(p) for n, p in variants.items()},
+                "aggregate": probs,
+                "verdict": decide(probs),
+            }
+        )
     s = summarize_pairwise(rows)
     acc = s["logprob"]["accuracy"]
-    assert acc["aggregate"]["accuracy"] == pytest.approx(1 / 3)            # the second is read as a tie
+    assert acc["aggregate"]["accuracy"] == pytest.approx(1 / 3)  # the second is read as a tie
     assert acc["aggregate_decisive"]["accuracy"] == pytest.approx(2 / 3)
     assert s["logprob"]["bias"]["flip_rate"] == 0.0 and "generated" not in s

@@ -1,8 +1,18 @@
 """Prompt assembly of the many-shot judges: nested K-shot prompts, Prompt B at K=0, the unsupervised layout."""
+
 import pytest
 
-from icqs.judges.prompts import (GRADING_INSTRUCTION, RATING_PREFIX, REINFORCED_PREAMBLE, UNSUPERVISED_PREAMBLE,
-                                 Demo, grading_problem, reinforced_prompt, solution_text, unsupervised_prompt)
+from icqs.judges.prompts import (
+    GRADING_INSTRUCTION,
+    RATING_PREFIX,
+    REINFORCED_PREAMBLE,
+    UNSUPERVISED_PREAMBLE,
+    Demo,
+    grading_problem,
+    reinforced_prompt,
+    solution_text,
+    unsupervised_prompt,
+)
 
 DEMOS = [Demo(f"question {i}?", f"response {i}.", solution_text(i % 10 + 1, f"reason {i}")) for i in range(8)]
 
@@ -31,8 +41,9 @@ def test_k_shot_prompt_contains_every_smaller_prompts_demos(build):
 def test_reinforced_prompts_are_nested_prefixes():
     """The demo block of a K-shot prompt is a prefix of every larger one: the engine computes it once."""
     final = "Problem\n\n" + grading_problem("final question?", "final response.") + "\n\nSolution"
-    blocks = [reinforced_prompt("final question?", "final response.", DEMOS, k).removesuffix(final)
-              for k in (1, 2, 4, 8)]
+    blocks = [
+        reinforced_prompt("final question?", "final response.", DEMOS, k).removesuffix(final) for k in (1, 2, 4, 8)
+    ]
     assert blocks[0].startswith(REINFORCED_PREAMBLE)
     for small, big in zip(blocks, blocks[1:]):
         assert big.startswith(small) and len(big) > len(small)
@@ -44,7 +55,7 @@ def test_unsupervised_layout():
     assert p.startswith(UNSUPERVISED_PREAMBLE)
     unsolved, solved = p.split(REINFORCED_PREAMBLE)
     assert unsolved.count("Problem\n\n") == 6 and "Solution" not in unsolved
-    assert solved.count("Solution\n\n" + RATING_PREFIX) == 4      # the 4 appended solved demos
+    assert solved.count("Solution\n\n" + RATING_PREFIX) == 4  # the 4 appended solved demos
     assert "question 5?" in unsolved and "question 5?" not in solved
 
 
@@ -57,5 +68,6 @@ def test_too_few_demos():
 
 def test_solution_text_is_json():
     import json
+
     s = solution_text(7, ' says "hi" ')
     assert s.startswith(RATING_PREFIX) and json.loads(s) == {"rating": "7", "reason": 'says "hi"'}

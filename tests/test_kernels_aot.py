@@ -5,6 +5,7 @@ tensors of a model's widths); each must lower to a cubin and fit the target's sh
 compiles run in a subprocess without TRITON_INTERPRET: the interpreter the other kernel tests use on a CPU and
 Triton's compiler cannot share one process. The table of shared memory per kernel is printed (`pytest -s`) and
 by `python -m kernels.aot`."""
+
 import importlib.util
 import json
 import os
@@ -22,10 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # GQA 4: the widest tiles; its sliding window's variants too) in both: the tile constexprs of the other shapes are
 # among these (Qwen2 7B differs only in G, which the tiles ignore; `python -m kernels.aot` prints every model x
 # dtype).
-CASES = [("smollm2-135m", "bfloat16"), ("llama3-8b", "bfloat16"), ("llama3-8b", "float32"),
-         ("gemma-3-270m", "bfloat16"), ("gemma-3-270m", "float32")]
-KERNELS = {"_rms_norm_kernel", "_rope_store_kv_kernel", "_silu_and_mul_kernel", "_varlen_causal_kernel",
-           "_segment_merge_kernel", "_target_logprob_kernel"}
+CASES = [
+    ("smollm2-135m", "bfloat16"),
+    ("llama3-8b", "bfloat16"),
+    ("llama3-8b", "float32"),
+    ("gemma-3-270m", "bfloat16"),
+    ("gemma-3-270m", "float32"),
+]
+KERNELS = {
+    "_rms_norm_kernel",
+    "_rope_store_kv_kernel",
+    "_silu_and_mul_kernel",
+    "_varlen_causal_kernel",
+    "_segment_merge_kernel",
+    "_target_logprob_kernel",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +52,14 @@ def aot_runs(tmp_path_factory):
     for model, dtype in CASES:
         out, err = folder / f"{model}-{dtype}.out", folder / f"{model}-{dtype}.err"
         with open(out, "w") as stdout, open(err, "w") as stderr:
-            proc = subprocess.Popen([sys.executable, "-m", "kernels.aot", "--json", "--models", model, "--dtypes",
-                                     dtype], cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kernels.aot", "--json", "--models", model, "--dtypes", dtype],
+                cwd=ROOT,
+                env=env,
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+            )
         runs[(model, dtype)] = (proc, out, err)
     yield runs
     for proc, _, _ in runs.values():
@@ -78,9 +96,11 @@ def test_every_kernel_lowers_for_both_targets(compiled):
 
 def test_shared_memory_fits_the_target(compiled):
     rc, records, _ = compiled
-    rows = [f"{r['target']} {r['kernel']:24} {r['num_warps']} warps {r['shared'] / 1024:7.1f} KiB of "
-            f"{r['limit'] / 1024:.0f} KiB  " + " ".join(f"{k}={v}" for k, v in r["constexprs"].items())
-            for r in records]
+    rows = [
+        f"{r['target']} {r['kernel']:24} {r['num_warps']} warps {r['shared'] / 1024:7.1f} KiB of "
+        f"{r['limit'] / 1024:.0f} KiB  " + " ".join(f"{k}={v}" for k, v in r["constexprs"].items())
+        for r in records
+    ]
     print("\n" + "\n".join(rows))
     too_large = [row for row, r in zip(rows, records) if not r["fits"]]
     assert not too_large, "shared memory over the per-block limit:\n" + "\n".join(too_large)

@@ -1,5 +1,6 @@
 """The kernel dispatch: backend selection (ENGINE_KERNELS / set_backend), the CPU default, the fallback to the
 torch references when the native library is absent, and the log line naming the path that runs."""
+
 import logging
 import os
 import subprocess
@@ -85,8 +86,9 @@ def test_missing_native_library_falls_back_with_one_warning(monkeypatch, caplog)
 def same(a: kernels.LogProbs, b: kernels.LogProbs) -> bool:
     """Two LogProbs with the same fields, bitwise (a missing top k on both sides)."""
     fields = ("logprob", "greedy", "top_ids", "top_logprobs")
-    return all((getattr(a, f) is None and getattr(b, f) is None) or torch.equal(getattr(a, f), getattr(b, f))
-               for f in fields)
+    return all(
+        (getattr(a, f) is None and getattr(b, f) is None) or torch.equal(getattr(a, f), getattr(b, f)) for f in fields
+    )
 
 
 def test_forced_native_target_logprobs_hands_what_it_lacks_to_the_reference():
@@ -115,17 +117,21 @@ def test_entry_points_follow_the_backend():
 
 
 def test_importing_the_kernels_changes_no_environment_variable():
-    code = ("import os, sys; before = dict(os.environ); import kernels, engine.model; "
-            "sys.exit(0 if dict(os.environ) == before else 1)")
+    code = (
+        "import os, sys; before = dict(os.environ); import kernels, engine.model; "
+        "sys.exit(0 if dict(os.environ) == before else 1)"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "TRITON_INTERPRET")}
     env["PYTHONPATH"] = str(ROOT)
     assert subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
 
 
 def test_forced_triton_on_cpu_asks_for_the_interpreter_instead_of_setting_it():
-    code = ("import os, torch, kernels; kernels.set_backend('triton'); x = torch.randn(3, 8); w = torch.randn(8); "
-            "out, _ = kernels.rms_norm(x, w, 1e-6); "
-            "from kernels.rmsnorm import rms_norm_ref; torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6)[0])")
+    code = (
+        "import os, torch, kernels; kernels.set_backend('triton'); x = torch.randn(3, 8); w = torch.randn(8); "
+        "out, _ = kernels.rms_norm(x, w, 1e-6); "
+        "from kernels.rmsnorm import rms_norm_ref; torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6)[0])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)

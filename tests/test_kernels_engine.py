@@ -1,5 +1,6 @@
 """End to end: the engine with the interpreted Triton kernels (and the native ops) forced on gives the log-probs
 of the torch path (fp32), on tiny random models and on SmolLM2 with a short text."""
+
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernels.*_triton module is imported
@@ -40,8 +41,16 @@ def _assert_same(got, ref, tol):
 
 
 # the interpreter is slow: Triton on one tiny architecture (llama3: scaled RoPE) and on SmolLM2 below
-CASES = [("llama3", "triton"), ("qwen3", "triton"), ("llama", "native"), ("llama3", "native"), ("qwen2", "native"),
-         ("qwen3", "native"), ("gemma3", "native"), ("gemma3", "triton")]
+CASES = [
+    ("llama3", "triton"),
+    ("qwen3", "triton"),
+    ("llama", "native"),
+    ("llama3", "native"),
+    ("qwen2", "native"),
+    ("qwen3", "native"),
+    ("gemma3", "native"),
+    ("gemma3", "triton"),
+]
 
 
 @pytest.mark.parametrize("arch,backend", CASES)

@@ -3,6 +3,7 @@ F.linear's to fp32 rounding in fp32 (CPU), for every row count (decode steps of 
 hundreds) and with a bias; fp16 is not packed. The native op's panels (kernels/native/linear.cpp) give F.linear's
 results to fp32 rounding in fp32; in bf16 exactly the fp32 panels' results on the same (widened) values, rounded
 once to bf16; each row independent of the others in the call and of the thread count."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,8 +45,10 @@ def test_fp16_weights_stay_plain():
     assert torch.equal(linear(x, w), F.linear(x, w))
 
 
-needs_panels = pytest.mark.skipif(not (native_ops.load() and native_ops.simd() in ("avx2", "avx512", "avx512bf16")),
-                                  reason="the native panel linear needs the library built with AVX2 or wider")
+needs_panels = pytest.mark.skipif(
+    not (native_ops.load() and native_ops.simd() in ("avx2", "avx512", "avx512bf16")),
+    reason="the native panel linear needs the library built with AVX2 or wider",
+)
 
 
 @needs_panels
@@ -97,8 +100,8 @@ def test_panel_linear_rows_do_not_depend_on_the_call(dtype):
     p = Panels(w)
     full = linear(x, p, b)
     for r in (0, 1, 2, 3, 5, 36):
-        assert torch.equal(linear(x[r:r + 1], p, b)[0], full[r])
-        assert torch.equal(linear(x[max(0, r - 2):r + 3], p, b)[min(r, 2)], full[r])
+        assert torch.equal(linear(x[r : r + 1], p, b)[0], full[r])
+        assert torch.equal(linear(x[max(0, r - 2) : r + 3], p, b)[min(r, 2)], full[r])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1 if threads > 1 else 2)
@@ -138,7 +141,7 @@ def test_prepack_probe_widens_the_weight_in_blocks():
     blocks' outputs, concatenated in order, are F.linear's."""
     from kernels.linear import _float_linear
 
-    w = torch.randn(3 * (2 ** 20 // 64) + 5, 64).bfloat16()  # three whole blocks and a partial one
+    w = torch.randn(3 * (2**20 // 64) + 5, 64).bfloat16()  # three whole blocks and a partial one
     x = torch.randn(3, 64).bfloat16()
     torch.testing.assert_close(_float_linear(x, w), F.linear(x.float(), w.float()), rtol=1e-6, atol=1e-5)
     assert _float_linear(x, w[:7]).shape == (3, 7)

@@ -4,15 +4,15 @@ ops (RMSNorm, RoPE with the KV store, SwiGLU, greedy decoding's argmax) and the 
 log-softmax in fp32 and bf16.
 
 The library must be built; set ICQS_NO_NATIVE=1 to skip these tests on a machine without a C++ toolchain."""
+
 import os
 
 import pytest
 import torch
+from attention_problems import cascade_problem, cascade_window, upcast, varlen_problem, with_segments
 
 from kernels import native_ops
-from kernels.attention import cascade_attention_ref, segment_attention_merge_ref, varlen_causal_attention_ref
-from kernels.attention import Segment
-from attention_problems import cascade_problem, cascade_window, upcast, varlen_problem, with_segments
+from kernels.attention import Segment, cascade_attention_ref, segment_attention_merge_ref, varlen_causal_attention_ref
 
 if os.environ.get("ICQS_NO_NATIVE") == "1":
     pytest.skip("ICQS_NO_NATIVE=1", allow_module_level=True)
@@ -54,11 +54,13 @@ def test_cascade_attention_decode_step(dtype):
     assert native_ops.load()
     p = cascade_problem([1] * 6, shared_len=40, own_lens=[3, 0, 9, 1, 0, 5], H=6, Hkv=2, D=64, dtype=dtype)
     out = native_ops.cascade_attention_native(**p)
-    torch.testing.assert_close(out.float(), cascade_attention_ref(**upcast(p)),
-                               **(TOL if dtype == torch.float32 else BF16_TOL))
+    torch.testing.assert_close(
+        out.float(), cascade_attention_ref(**upcast(p)), **(TOL if dtype == torch.float32 else BF16_TOL)
+    )
     alone = cascade_problem([1, 1], shared_len=0, own_lens=[0, 0], H=4, Hkv=2, D=32, dtype=dtype)
-    out, lse = native_ops.varlen_causal_attention_native(alone["q"], alone["k_new"], alone["v_new"],
-                                                         alone["plan"].cu_seqlens, alone["scale"])
+    out, lse = native_ops.varlen_causal_attention_native(
+        alone["q"], alone["k_new"], alone["v_new"], alone["plan"].cu_seqlens, alone["scale"]
+    )
     assert torch.equal(out, alone["v_new"].float().repeat_interleave(2, dim=1))
     want = (alone["q"].float() * alone["k_new"].float().repeat_interleave(2, dim=1)).sum(-1) * alone["scale"]
     torch.testing.assert_close(lse, want, **TOL)
@@ -92,8 +94,9 @@ def test_segment_merge_reads_the_cache_in_place():
     out = torch.zeros(12, 2, 16)
     lse = torch.full((12, 2), float("-inf"))
     rows, slots = torch.arange(6, 12), p["plan"].segments[0].slots
-    torch.ops.icqs_native.segment_attention_merge_(p["q"], rows, p["k_cache"], p["v_cache"], slots, p["scale"],
-                                                   out, lse)
+    torch.ops.icqs_native.segment_attention_merge_(
+        p["q"], rows, p["k_cache"], p["v_cache"], slots, p["scale"], out, lse
+    )
     assert torch.equal(p["k_cache"], k_before)
     assert torch.all(out[:6] == 0) and torch.all(lse[:6] == float("-inf"))
     assert torch.isfinite(lse[6:]).all()
@@ -112,6 +115,7 @@ def randn(*shape, dtype, seed=0):
 def test_rms_norm(dtype, with_residual):
     assert native_ops.load()
     from kernels.rmsnorm import rms_norm_ref
+
     x, w = randn(70, 37, dtype=dtype), randn(37, dtype=dtype, seed=1)
     res = randn(70, 37, dtype=dtype, seed=2) if with_residual else None
     out, new_res = native_ops.rms_norm_native(x, w, 1e-5, res)
@@ -122,18 +126,30 @@ def test_rms_norm(dtype, with_residual):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}],
-                         ids=["default", "llama3"])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+    ids=["default", "llama3"],
+)
 @pytest.mark.parametrize("T", [9, 1, 0])
 def test_rope_store_kv(dtype, scaling, T):
     """The reference (split, RoPE in place, index_copy_ into the cache; v bitwise), from rows strided as a slice of
     a wider projection; other cache slots and the input untouched."""
     assert native_ops.load()
     from kernels.rope import rope_cos_sin, rope_store_kv_ref
+
     H, Hkv, D = 6, 2, 20
     cos, sin = rope_cos_sin(D, 10000.0, scaling, 300)
-    qkv = randn(T, (H + 2 * Hkv) * D + 8, dtype=dtype)[:, 3:3 + (H + 2 * Hkv) * D]
+    qkv = randn(T, (H + 2 * Hkv) * D + 8, dtype=dtype)[:, 3 : 3 + (H + 2 * Hkv) * D]
     positions = torch.tensor([0, 1, 2, 150, 299, 64, 5, 7, 7])[:T]
     slots = torch.tensor([5, 0, 9, 3, 7, 11, 2, 4, 13])[:T]
     before = qkv.clone()
@@ -155,27 +171,32 @@ def test_rope_store_kv(dtype, scaling, T):
 def test_rope_store_kv_rejects_out_of_range_slots_and_positions():
     assert native_ops.load()
     from kernels.rope import rope_cos_sin
+
     cos, sin = rope_cos_sin(8, 10000.0, None, 16)
     qkv, cache = randn(2, 4 * 8, dtype=torch.float32), torch.zeros(4, 1, 8)
     with pytest.raises(RuntimeError, match="slot out of the cache"):
-        native_ops.rope_store_kv_native(qkv, torch.tensor([0, 1]), cos, sin, cache, cache.clone(),
-                                        torch.tensor([0, 4]), 2, 1)
+        native_ops.rope_store_kv_native(
+            qkv, torch.tensor([0, 1]), cos, sin, cache, cache.clone(), torch.tensor([0, 4]), 2, 1
+        )
     with pytest.raises(RuntimeError, match="position out of the rope table"):
-        native_ops.rope_store_kv_native(qkv, torch.tensor([0, 16]), cos, sin, cache, cache.clone(),
-                                        torch.tensor([0, 1]), 2, 1)
+        native_ops.rope_store_kv_native(
+            qkv, torch.tensor([0, 16]), cos, sin, cache, cache.clone(), torch.tensor([0, 1]), 2, 1
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul(dtype):
     assert native_ops.load()
     from kernels.swiglu import silu_and_mul_ref
+
     gate_up = randn(3, 5, 2 * 23, dtype=dtype) * 4
-    torch.testing.assert_close(native_ops.silu_and_mul_native(gate_up), silu_and_mul_ref(gate_up),
-                               **DTYPE_TOL[dtype])
+    torch.testing.assert_close(native_ops.silu_and_mul_native(gate_up), silu_and_mul_ref(gate_up), **DTYPE_TOL[dtype])
     # the ends of the vector exp2 (its exponent built from bits on AVX2, scalef on AVX-512): underflow to exactly
     # 0 and overflow to inf, so silu(g) is g for large g and -0 for very negative g, never NaN
-    gate = torch.tensor([-1e4, -300.0, -130.0, -90.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 90.0, 130.0, 300.0, 1e4,
-                         3.0, -3.0, 7.5, 0.5], dtype=dtype)
+    gate = torch.tensor(
+        [-1e4, -300.0, -130.0, -90.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 90.0, 130.0, 300.0, 1e4, 3.0, -3.0, 7.5, 0.5],
+        dtype=dtype,
+    )
     gate_up = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
     got, want = native_ops.silu_and_mul_native(gate_up), silu_and_mul_ref(gate_up)
     assert not got.isnan().any()
@@ -188,11 +209,14 @@ def test_segment_waves_match_reference(dtype):
     key by key (sweep_direct): against the reference, with a tree three levels deep (a shared root, two branches,
     own segments) as a decode step of many sequences has."""
     assert native_ops.load()
-    p = cascade_problem([1, 1, 3, 1, 2, 1], shared_len=40, own_lens=[5, 0, 9, 1, 33, 2], H=6, Hkv=2, D=32,
-                        dtype=dtype, seed=7)
+    p = cascade_problem(
+        [1, 1, 3, 1, 2, 1], shared_len=40, own_lens=[5, 0, 9, 1, 33, 2], H=6, Hkv=2, D=32, dtype=dtype, seed=7
+    )
     root, own = p["plan"].segments[0], p["plan"].segments[1:]
-    branch = [Segment(torch.arange(0, 4), torch.randperm(p["k_cache"].shape[0])[:11]),
-              Segment(torch.arange(5, 9), torch.randperm(p["k_cache"].shape[0])[:17])]
+    branch = [
+        Segment(torch.arange(0, 4), torch.randperm(p["k_cache"].shape[0])[:11]),
+        Segment(torch.arange(5, 9), torch.randperm(p["k_cache"].shape[0])[:17]),
+    ]
     segments = [root] + branch + own
     waves = native_ops.segment_waves(segments, 9)
     assert len(waves) == 3
@@ -206,8 +230,11 @@ def test_segment_waves_match_reference(dtype):
     for r in range(9):
         assert [w for row, w in seen if row == r] == sorted(w for row, w in seen if row == r)
     got = native_ops.cascade_attention_native(**with_segments(p, segments))
-    torch.testing.assert_close(got.float(), cascade_attention_ref(**upcast(with_segments(p, segments))).float(),
-                               **(TOL if dtype == torch.float32 else BF16_TOL))
+    torch.testing.assert_close(
+        got.float(),
+        cascade_attention_ref(**upcast(with_segments(p, segments))).float(),
+        **(TOL if dtype == torch.float32 else BF16_TOL),
+    )
 
 
 # --- the sliding window (Gemma-3's local layers) ---
@@ -241,20 +268,20 @@ def test_segment_merge_starts_and_limits(dtype):
     out0 = torch.randn(40, 6, 64, generator=gen)
     lse0 = torch.randn(40, 6, generator=gen)
     out, lse = out0.clone(), lse0.clone()
-    native_ops.segment_attention_merge_native(p["q"], rows, p["k_cache"], p["v_cache"], slots, p["scale"], out, lse,
-                                              limits, starts)
+    native_ops.segment_attention_merge_native(
+        p["q"], rows, p["k_cache"], p["v_cache"], slots, p["scale"], out, lse, limits, starts
+    )
     q, kc, vc = (p[k].float() for k in ("q", "k_cache", "v_cache"))
     tol = TOL if dtype == torch.float32 else BF16_TOL
     for r in range(40):
-        o, l = out0[r:r + 1].clone(), lse0[r:r + 1].clone()
+        o, l = out0[r : r + 1].clone(), lse0[r : r + 1].clone()
         lo, hi = int(starts[r]), int(limits[r])
         if hi >= lo:
             oo, ll = out0.clone(), lse0.clone()
-            segment_attention_merge_ref(q, torch.tensor([r]), kc, vc, slots[lo:hi + 1], p["scale"], oo, ll)
-            o, l = oo[r:r + 1], ll[r:r + 1]
-        torch.testing.assert_close(out[r:r + 1], o, **tol)
-        torch.testing.assert_close(lse[r:r + 1], l, **tol)
-
+            segment_attention_merge_ref(q, torch.tensor([r]), kc, vc, slots[lo : hi + 1], p["scale"], oo, ll)
+            o, l = oo[r : r + 1], ll[r : r + 1]
+        torch.testing.assert_close(out[r : r + 1], o, **tol)
+        torch.testing.assert_close(lse[r : r + 1], l, **tol)
 
 
 @pytest.mark.parametrize("own_lens", [[40, 35, 5], [40, 35, 0]])
@@ -269,8 +296,9 @@ def test_short_segments_fold_into_the_segments_below(own_lens):
     root_slots = segments[0].slots
     if 0 not in own_lens:
         assert len(folded) == 3
-        for (rows, slots), (rows0, slots0) in (((a.rows, a.slots), (b.rows, b.slots))
-                                               for a, b in zip(folded, segments[1:])):
+        for (rows, slots), (rows0, slots0) in (
+            ((a.rows, a.slots), (b.rows, b.slots)) for a, b in zip(folded, segments[1:])
+        ):
             assert torch.equal(rows, rows0) and torch.equal(slots, torch.cat([root_slots, slots0]))
     else:
         assert len(folded) == len(segments)
@@ -285,6 +313,7 @@ def test_greedy_logprobs(dtype, V):
     reference on the same logits."""
     assert native_ops.load()
     from kernels.logprob import greedy_logprobs_ref
+
     x = (randn(5, V, dtype=torch.float32) * 6).to(dtype)
     if V > 20:
         x[2, 40] = x[2, 7] = x[2, 30000 % V] = 100.0  # a tie: the first index wins
@@ -297,8 +326,9 @@ def test_greedy_logprobs(dtype, V):
     torch.testing.assert_close(logprobs, ref_logprobs, atol=2e-6, rtol=1e-6)
 
 
-needs_avx2 = pytest.mark.skipif(not (native_ops.load() and native_ops.simd() != "none"),
-                                reason="the fused LM head needs an AVX2 build")
+needs_avx2 = pytest.mark.skipif(
+    not (native_ops.load() and native_ops.simd() != "none"), reason="the fused LM head needs an AVX2 build"
+)
 
 
 @needs_avx2
@@ -309,6 +339,7 @@ def test_target_logprobs_fused_head(dtype, V, K):
     inputs): log-probs to fp32 rounding, is_greedy exactly (ties and the largest logit as the target included);
     vocabularies of one chunk, several (4096 rows each) and a partial one, K not a multiple of 8."""
     from kernels.logprob import target_logprobs_ref
+
     n = 9
     h = randn(n, K, dtype=torch.float32, seed=1).to(dtype)
     w = (randn(V, K, dtype=torch.float32, seed=2) * (0.3 if K > 100 else 1)).to(dtype)

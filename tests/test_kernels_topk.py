@@ -1,5 +1,6 @@
 """Top-k in the fused target log-prob: the reference against a full log-softmax, the Triton kernel (interpreter,
 fp32, small shapes) against the reference; the target's own value is bit-identical to its entry in the top k."""
+
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"

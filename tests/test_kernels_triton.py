@@ -3,6 +3,7 @@ fp32 (<= 1e-5) and bf16 (against the fp32 reference on the same bf16 inputs); wi
 in fp32 (the bf16 cases skip).
 
 TRITON_INTERPRET must be on when the kernels are decorated, i.e. before kernels.*_triton is imported."""
+
 import os
 
 import torch  # noqa: E402
@@ -15,13 +16,18 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
+from attention_problems import cascade_problem, cascade_window, varlen_problem  # noqa: E402
+
 from kernels import attention_triton as AT  # noqa: E402
-from kernels.attention import (cascade_attention_ref, segment_attention_merge_ref,  # noqa: E402
-                               varlen_causal_attention_ref)
+from kernels.attention import (  # noqa: E402  # noqa: E402
+    AttentionPlan,
+    Segment,
+    cascade_attention_ref,
+    segment_attention_merge_ref,
+    varlen_causal_attention_ref,
+)
 from kernels.logprob import target_logprobs_ref  # noqa: E402
 from kernels.logprob_triton import target_logprobs_triton  # noqa: E402
-from kernels.attention import AttentionPlan, Segment  # noqa: E402
-from attention_problems import cascade_problem, cascade_window, varlen_problem  # noqa: E402
 from kernels.rmsnorm import rms_norm_ref  # noqa: E402
 from kernels.rmsnorm_triton import rms_norm_triton  # noqa: E402
 from kernels.rope import rope_cos_sin, rope_store_kv_ref  # noqa: E402
@@ -59,8 +65,15 @@ def problem_on(p: dict, dtype) -> dict:
 
 def fp32(p: dict) -> dict:
     return {k: (x.float() if torch.is_tensor(x) and x.is_floating_point() else x) for k, x in p.items()}
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64}
+
+
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def randn(*shape, seed=0):
@@ -85,9 +98,13 @@ def test_rope_store_kv(scaling, dtype):
     projection; the input untouched."""
     H, Hkv, D = 6, 2, 20
     cos, sin = on(torch.float32, *rope_cos_sin(D, 10000.0, scaling, 300))
-    wide, positions, slots = on(dtype, randn(7, (H + 2 * Hkv) * D + 8), torch.tensor([0, 1, 2, 150, 299, 64, 5]),
-                                torch.tensor([5, 0, 9, 3, 7, 11, 2]))
-    qkv = wide[:, 4:4 + (H + 2 * Hkv) * D]
+    wide, positions, slots = on(
+        dtype,
+        randn(7, (H + 2 * Hkv) * D + 8),
+        torch.tensor([0, 1, 2, 150, 299, 64, 5]),
+        torch.tensor([5, 0, 9, 3, 7, 11, 2]),
+    )
+    qkv = wide[:, 4 : 4 + (H + 2 * Hkv) * D]
     before = qkv.clone()
     caches = on(dtype, *[torch.zeros(12, Hkv, D) for _ in range(4)])
     want = rope_store_kv_ref(qkv, positions, cos, sin, caches[0], caches[1], slots, H, Hkv)
@@ -125,8 +142,9 @@ def test_varlen_causal_attention(ratio, window, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ratio,D", [(1, 20), (3, 20), (4, 20), (4, 256)])  # 256: Gemma-3's head_dim
 def test_cascade_attention(ratio, D, dtype):
-    p = problem_on(cascade_problem([3, 18, 1], shared_len=21, own_lens=[0, 5, 33], H=ratio, Hkv=1, D=D,
-                                   seed=ratio), dtype)
+    p = problem_on(
+        cascade_problem([3, 18, 1], shared_len=21, own_lens=[0, 5, 33], H=ratio, Hkv=1, D=D, seed=ratio), dtype
+    )
     close(AT.cascade_attention_triton(**p), cascade_attention_ref(**fp32(p)), dtype)
 
 
@@ -142,8 +160,7 @@ def test_windowed_cascade_attention(size, D):
     """Gemma-3's sliding window: windows shorter than the new tokens and than the shared segment (rows then take
     nothing from it), and one longer than everything; head_dim 256 as Gemma-3-270M has."""
     own = [0, 5, 12]
-    p = problem_on(cascade_problem([3, 18, 1], shared_len=21, own_lens=own, H=4, Hkv=1, D=D, seed=size),
-                   torch.float32)
+    p = problem_on(cascade_problem([3, 18, 1], shared_len=21, own_lens=own, H=4, Hkv=1, D=D, seed=size), torch.float32)
     window = cascade_window(p, 21, own, size)
     window = type(window)(size, window.positions.to(DEVICE), window.slot_positions.to(DEVICE))
     want = cascade_attention_ref(**p, window=window)
@@ -168,8 +185,9 @@ def test_segment_merge_with_row_starts_and_limits():
     close(outs[0][0], outs[1][0], torch.float32)
     close(outs[0][1], outs[1][1], torch.float32)
     keep = starts > limits  # rows 5 and 7: nothing to see
-    assert torch.equal(outs[0][0][keep], torch.randn(12, 4, 16, generator=torch.Generator().manual_seed(5))
-                       .to(DEVICE)[keep])
+    assert torch.equal(
+        outs[0][0][keep], torch.randn(12, 4, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)[keep]
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -196,8 +214,10 @@ def test_target_logprobs(splits, dtype):
     targets[0] = 300  # last vocabulary entry (in the last, partial tile)
     hidden, weight, targets = on(dtype, hidden, weight, targets)
     targets[1] = int((hidden[1].float() @ weight.float().T).argmax())  # one greedy row
-    out, ref = target_logprobs_triton(hidden, weight, targets, splits=splits), \
-        target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8)
+    out, ref = (
+        target_logprobs_triton(hidden, weight, targets, splits=splits),
+        target_logprobs_ref(hidden, weight, targets, vocab_tile=64, row_tile=8),
+    )
     lp, greedy, ref_lp, ref_greedy = out.logprob, out.greedy, ref.logprob, ref.greedy
     close(lp, ref_lp, dtype)
     assert torch.equal(greedy.cpu(), ref_greedy.cpu()) and bool(greedy[1])

@@ -1,5 +1,6 @@
 """The layers import downwards only: kernels/ <- engine/ <- commands/ <- icqs/. Checked on the source (AST), so a
 new upward import fails here rather than in a review."""
+
 import ast
 from pathlib import Path
 
@@ -70,8 +71,9 @@ def _private(name: str) -> bool:
 
 
 def _owner_is_self(node: ast.expr) -> bool:
-    return (isinstance(node, ast.Name) and node.id in ("self", "cls")) or \
-        (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super")
+    return (isinstance(node, ast.Name) and node.id in ("self", "cls")) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+    )
 
 
 def module_private_slots(tree: ast.Module) -> set[str]:
@@ -80,11 +82,16 @@ def module_private_slots(tree: ast.Module) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for stmt in node.body:
-                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
-                                                        for t in stmt.targets) \
-                        and isinstance(stmt.value, (ast.Tuple, ast.List)):
-                    names |= {e.value for e in stmt.value.elts if isinstance(e, ast.Constant)
-                              and isinstance(e.value, str) and _private(e.value)}
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets)
+                    and isinstance(stmt.value, (ast.Tuple, ast.List))
+                ):
+                    names |= {
+                        e.value
+                        for e in stmt.value.elts
+                        if isinstance(e, ast.Constant) and isinstance(e.value, str) and _private(e.value)
+                    }
     return names
 
 
@@ -94,13 +101,23 @@ def private_accesses(path: Path) -> list[tuple[int, str]]:
     own = module_private_slots(tree)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and _private(node.attr) and not _owner_is_self(node.value) \
-                and node.attr not in own:
+        if (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and not _owner_is_self(node.value)
+            and node.attr not in own
+        ):
             found.append((node.lineno, ast.unparse(node)))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REFLECTION \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
-                and isinstance(node.args[1].value, str) and _private(node.args[1].value) \
-                and not _owner_is_self(node.args[0]):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in REFLECTION
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+            and not _owner_is_self(node.args[0])
+        ):
             found.append((node.lineno, f"{ast.unparse(node.args[0])}.{node.args[1].value}"))
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
@@ -119,8 +136,14 @@ def scheduler_accesses(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "scheduler":
             found.append((node.lineno, ast.unparse(node)))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REFLECTION \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "scheduler":
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in REFLECTION
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value == "scheduler"
+        ):
             found.append((node.lineno, f"{ast.unparse(node.args[0])}.scheduler"))
     return found
 
@@ -132,24 +155,39 @@ def _sources():
 
 
 def test_no_code_reaches_into_another_objects_private_attributes():
-    found = [f"{rel}:{line}: {expr}" for path, rel in _sources() for line, expr in private_accesses(path)
-             if (rel, expr) not in THIRD_PARTY and (rel, expr) not in PENDING]
+    found = [
+        f"{rel}:{line}: {expr}"
+        for path, rel in _sources()
+        for line, expr in private_accesses(path)
+        if (rel, expr) not in THIRD_PARTY and (rel, expr) not in PENDING
+    ]
     assert not found, "private attributes of other objects or modules:\n" + "\n".join(found)
 
 
 def test_only_the_engine_and_its_scheduler_touch_the_scheduler():
-    found = [f"{rel}:{line}: {expr}" for path, rel in _sources() if rel not in SCHEDULER_OWNERS
-             for line, expr in scheduler_accesses(path)]
+    found = [
+        f"{rel}:{line}: {expr}"
+        for path, rel in _sources()
+        if rel not in SCHEDULER_OWNERS
+        for line, expr in scheduler_accesses(path)
+    ]
     assert not found, "the scheduler reached from outside the engine:\n" + "\n".join(found)
 
 
 def test_the_private_check_sees_a_planted_violation(tmp_path):
     bad = tmp_path / "m.py"
-    bad.write_text("from .requests import _finish\nfrom ray._private import c\n\n"
-                   "class A:\n    def f(self, req, eng):\n        self._ok = super()._ok2\n        req._status = 1\n"
-                   "        eng.scheduler.active._dict.clear()\n        getattr(req, '_x')\n        req.__dict__\n")
-    assert sorted(e for _, e in private_accesses(bad)) == ["_finish", "eng.scheduler.active._dict", "ray._private",
-                                                           "req._status", "req._x"]
+    bad.write_text(
+        "from .requests import _finish\nfrom ray._private import c\n\n"
+        "class A:\n    def f(self, req, eng):\n        self._ok = super()._ok2\n        req._status = 1\n"
+        "        eng.scheduler.active._dict.clear()\n        getattr(req, '_x')\n        req.__dict__\n"
+    )
+    assert sorted(e for _, e in private_accesses(bad)) == [
+        "_finish",
+        "eng.scheduler.active._dict",
+        "ray._private",
+        "req._status",
+        "req._x",
+    ]
 
 
 def test_node_fields_are_read_only_in_the_prefix_cache(tmp_path):
@@ -165,8 +203,10 @@ def test_node_fields_are_read_only_in_the_prefix_cache(tmp_path):
     planted.write_text("def plan(cache, node):\n    return node._done + len(node._tokens)\n")
     assert sorted(e for _, e in private_accesses(planted)) == ["node._done", "node._tokens"]
     owner = tmp_path / "prefix_cache.py"  # the same reads in the module that declares the slots are its own
-    owner.write_text("class Node:\n    __slots__ = ('_done', '_tokens')\n\n\n"
-                     "def size(node):\n    return node._done + len(node._tokens)\n")
+    owner.write_text(
+        "class Node:\n    __slots__ = ('_done', '_tokens')\n\n\n"
+        "def size(node):\n    return node._done + len(node._tokens)\n"
+    )
     assert private_accesses(owner) == []
 
 
@@ -216,9 +256,11 @@ def _record_fields(tree: ast.Module) -> set[str]:
         for stmt in cls.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 names.add(stmt.target.id)
-            elif isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
-                                                      for t in stmt.targets) \
-                    and isinstance(stmt.value, (ast.Tuple, ast.List)):
+            elif (
+                isinstance(stmt, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets)
+                and isinstance(stmt.value, (ast.Tuple, ast.List))
+            ):
                 names |= {e.value for e in stmt.value.elts if isinstance(e, ast.Constant)}
     return names
 
@@ -228,7 +270,7 @@ def _made_here(fn) -> set[str]:
     names = set()
     for node in ast.walk(fn):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
-            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Name):
                     names.add(t.id)
     return names
@@ -267,10 +309,15 @@ def foreign_writes(path: Path) -> list[tuple[int, str]]:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 visit(child, _made_here(child), parts)
                 continue
-            targets = child.targets if isinstance(child, (ast.Assign, ast.Delete)) else \
-                [child.target] if isinstance(child, (ast.AugAssign, ast.AnnAssign)) else []
+            targets = (
+                child.targets
+                if isinstance(child, (ast.Assign, ast.Delete))
+                else [child.target]
+                if isinstance(child, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
             for t in targets:
-                for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                for e in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
                     if isinstance(e, ast.Attribute) and not owned(e, made, parts):
                         found.append((e.lineno, ast.unparse(e)))
             visit(child, made, parts)
@@ -280,27 +327,46 @@ def foreign_writes(path: Path) -> list[tuple[int, str]]:
 
 
 def test_no_code_writes_attributes_of_objects_it_does_not_own():
-    found = [f"{rel}:{line}: {expr}" for path, rel in _sources() for line, expr in foreign_writes(path)
-             if (rel, expr) not in THIRD_PARTY_WRITES and (rel, expr) not in PENDING_WRITES]
+    found = [
+        f"{rel}:{line}: {expr}"
+        for path, rel in _sources()
+        for line, expr in foreign_writes(path)
+        if (rel, expr) not in THIRD_PARTY_WRITES and (rel, expr) not in PENDING_WRITES
+    ]
     assert not found, "attribute writes on objects the writer does not own:\n" + "\n".join(found)
 
 
 def test_the_write_check_sees_a_planted_violation(tmp_path):
     bad = tmp_path / "m.py"
-    bad.write_text("from dataclasses import dataclass, replace\n\n\n@dataclass\nclass Row:\n    slot: int\n\n\n"
-                   "class Planner:\n    def __init__(self, stats, queue):\n        self.stats, self.queue = stats, queue\n"
-                   "        self.own = Counter()\n\n"
-                   "    def plan(self, req, row):\n        self.own.n += 1\n        self.stats.kv_waits += 1\n"
-                   "        req.status = 'running'\n        fresh = replace(req)\n        fresh.status = 'x'\n"
-                   "        row.slot = 3\n        self.queue.stack[-1].done = 0\n        del req.cache\n")
-    assert sorted(e for _, e in foreign_writes(bad)) == ["req.cache", "req.status", "self.queue.stack[-1].done",
-                                                         "self.stats.kv_waits"]
+    bad.write_text(
+        "from dataclasses import dataclass, replace\n\n\n@dataclass\nclass Row:\n    slot: int\n\n\n"
+        "class Planner:\n    def __init__(self, stats, queue):\n        self.stats, self.queue = stats, queue\n"
+        "        self.own = Counter()\n\n"
+        "    def plan(self, req, row):\n        self.own.n += 1\n        self.stats.kv_waits += 1\n"
+        "        req.status = 'running'\n        fresh = replace(req)\n        fresh.status = 'x'\n"
+        "        row.slot = 3\n        self.queue.stack[-1].done = 0\n        del req.cache\n"
+    )
+    assert sorted(e for _, e in foreign_writes(bad)) == [
+        "req.cache",
+        "req.status",
+        "self.queue.stack[-1].done",
+        "self.stats.kv_waits",
+    ]
 
 
 # ---- the prefix cache calls nobody back ----------------------------------------------------------------------------
 CACHE_FILES = ("engine/prefix_cache.py", "engine/kv_cache.py")
-ABOVE_THE_CACHE = {"scheduler", "decode_planner", "prefill_planner", "memory_policy", "work_queue", "plan", "step",
-                   "engine", "requests"}
+ABOVE_THE_CACHE = {
+    "scheduler",
+    "decode_planner",
+    "prefill_planner",
+    "memory_policy",
+    "work_queue",
+    "plan",
+    "step",
+    "engine",
+    "requests",
+}
 
 
 def cache_callbacks(path: Path) -> list[tuple[int, str]]:
@@ -329,11 +395,16 @@ def test_the_prefix_cache_calls_nobody_back():
 
 def test_the_callback_check_sees_a_planted_violation(tmp_path):
     bad = tmp_path / "prefix_cache.py"  # the cache as it was: a split callback into the scheduler
-    bad.write_text("from collections.abc import Callable\n\nfrom .scheduler import PendingRow\n\n\nclass PrefixCache:\n"
-                   "    def match_insert(self, seq, on_split: Callable[[object, object, int], None]):\n        pass\n\n"
-                   "    def evict(self, n, done=None, *, notify: Callable = None):\n        pass\n")
-    assert sorted(w for _, w in cache_callbacks(bad)) == ["evict(notify)", "imports .scheduler",
-                                                         "match_insert(on_split)"]
+    bad.write_text(
+        "from collections.abc import Callable\n\nfrom .scheduler import PendingRow\n\n\nclass PrefixCache:\n"
+        "    def match_insert(self, seq, on_split: Callable[[object, object, int], None]):\n        pass\n\n"
+        "    def evict(self, n, done=None, *, notify: Callable = None):\n        pass\n"
+    )
+    assert sorted(w for _, w in cache_callbacks(bad)) == [
+        "evict(notify)",
+        "imports .scheduler",
+        "match_insert(on_split)",
+    ]
 
 
 def test_every_listed_write_still_exists():

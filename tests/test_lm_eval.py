@@ -1,6 +1,7 @@
 """The lm-evaluation-harness backend (`icqs-engine`) against lm-eval's own `hf` backend on the same weights (a tiny
 random Llama HF directory), through lm_eval.simple_evaluate on local task files written here: a few-shot
 multiple-choice task, a rolling log-likelihood (perplexity) task and a greedy generation task."""
+
 from __future__ import annotations
 
 import inspect
@@ -19,8 +20,9 @@ for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from engine.errors import UserError  # noqa: E402
 from tiny_models import TEXT  # noqa: E402
+
+from engine.errors import UserError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LENGTH = 128  # the perplexity documents span several rolling windows; the few-shot prompts fit
@@ -36,12 +38,11 @@ MC_TEST = [
     {"question": "What is stored in a table?", "choices": ["questions", "clouds", "broth"], "label": 0},
     {"question": "Who asked why?", "choices": ["he", "she", "the model"], "label": 1},
     {"question": "What spoils the broth?", "choices": ["many hands", "too many cooks"], "label": 1},
-    {"question": "What is a quiet way of thinking?", "choices": ["Reading", "Writing", "Judging", "Time"],
-     "label": 0},
+    {"question": "What is a quiet way of thinking?", "choices": ["Reading", "Writing", "Judging", "Time"], "label": 0},
     {"question": "How is the table sorted?", "choices": [" by the rating", "by the date"], "label": 0},
 ]
 PPL_DOCS = [{"text": TEXT}, {"text": TEXT[: len(TEXT) // 3]}] + [{"text": line} for line in TEXT.splitlines()[:6]]
-GEN_DOCS = [{"prompt": line[: len(line) // 2], "answer": line[len(line) // 2:]} for line in TEXT.splitlines()[:8]]
+GEN_DOCS = [{"prompt": line[: len(line) // 2], "answer": line[len(line) // 2 :]} for line in TEXT.splitlines()[:8]]
 
 
 def _write_task(root: Path, name: str, splits: dict[str, list[dict]], config: dict) -> None:
@@ -49,8 +50,12 @@ def _write_task(root: Path, name: str, splits: dict[str, list[dict]], config: di
     for split, docs in splits.items():
         files[split] = str(root / f"{name}_{split}.jsonl")
         Path(files[split]).write_text("".join(json.dumps(d) + "\n" for d in docs))
-    task = {"task": name, "dataset_path": "json",
-            "dataset_kwargs": {"data_files": files, "cache_dir": str(root / "datasets_cache")}, **config}
+    task = {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": files, "cache_dir": str(root / "datasets_cache")},
+        **config,
+    }
     (root / f"{name}.yaml").write_text(json.dumps(task, indent=1))  # JSON is YAML
 
 
@@ -59,39 +64,78 @@ def tasks(tmp_path_factory):
     from lm_eval.tasks import TaskManager
 
     root = tmp_path_factory.mktemp("lm_eval_tasks")
-    _write_task(root, "icqs_tiny_mc", {"train": MC_TRAIN, "test": MC_TEST}, {
-        "output_type": "multiple_choice", "training_split": "train", "fewshot_split": "train",
-        "test_split": "test", "num_fewshot": 2, "doc_to_text": "Question: {{question}}\nAnswer:",
-        "doc_to_choice": "{{choices}}", "doc_to_target": "label",
-        "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]})
-    _write_task(root, "icqs_tiny_ppl", {"test": PPL_DOCS}, {
-        "output_type": "loglikelihood_rolling", "test_split": "test", "doc_to_text": "",
-        "doc_to_target": "{{text}}",
-        "metric_list": [{"metric": "word_perplexity"}, {"metric": "byte_perplexity"}, {"metric": "bits_per_byte"}]})
-    _write_task(root, "icqs_tiny_gen", {"test": GEN_DOCS}, {
-        "output_type": "generate_until", "test_split": "test", "doc_to_text": "{{prompt}}",
-        "doc_to_target": "{{answer}}",
-        "generation_kwargs": {"until": ["."], "max_gen_toks": 10, "do_sample": False},
-        "metric_list": [{"metric": "exact_match"}]})
+    _write_task(
+        root,
+        "icqs_tiny_mc",
+        {"train": MC_TRAIN, "test": MC_TEST},
+        {
+            "output_type": "multiple_choice",
+            "training_split": "train",
+            "fewshot_split": "train",
+            "test_split": "test",
+            "num_fewshot": 2,
+            "doc_to_text": "Question: {{question}}\nAnswer:",
+            "doc_to_choice": "{{choices}}",
+            "doc_to_target": "label",
+            "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}],
+        },
+    )
+    _write_task(
+        root,
+        "icqs_tiny_ppl",
+        {"test": PPL_DOCS},
+        {
+            "output_type": "loglikelihood_rolling",
+            "test_split": "test",
+            "doc_to_text": "",
+            "doc_to_target": "{{text}}",
+            "metric_list": [{"metric": "word_perplexity"}, {"metric": "byte_perplexity"}, {"metric": "bits_per_byte"}],
+        },
+    )
+    _write_task(
+        root,
+        "icqs_tiny_gen",
+        {"test": GEN_DOCS},
+        {
+            "output_type": "generate_until",
+            "test_split": "test",
+            "doc_to_text": "{{prompt}}",
+            "doc_to_target": "{{answer}}",
+            "generation_kwargs": {"until": ["."], "max_gen_toks": 10, "do_sample": False},
+            "metric_list": [{"metric": "exact_match"}],
+        },
+    )
     return TaskManager(include_path=str(root), include_defaults=False)
 
 
 def evaluate(model: str, model_args: dict, tasks, names: list[str]) -> dict:
     import engine.lm_eval  # noqa: F401  (registers icqs-engine)
 
-    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=names, task_manager=tasks,
-                                   log_samples=True, device="cpu", batch_size=1, random_seed=0,
-                                   numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    return lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=names,
+        task_manager=tasks,
+        log_samples=True,
+        device="cpu",
+        batch_size=1,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
 
 
 @pytest.fixture(scope="module")
 def both(tiny_model_dir, tasks):
     """(icqs-engine results, hf results) for the three tasks, float32 on the same tiny weights."""
     names = ["icqs_tiny_mc", "icqs_tiny_ppl", "icqs_tiny_gen"]
-    ours = evaluate("icqs-engine", {"model": str(tiny_model_dir), "dtype": "float32",
-                                    "max_length": MAX_LENGTH}, tasks, names)
-    theirs = evaluate("hf", {"pretrained": str(tiny_model_dir), "dtype": "float32", "max_length": MAX_LENGTH},
-                      tasks, names)
+    ours = evaluate(
+        "icqs-engine", {"model": str(tiny_model_dir), "dtype": "float32", "max_length": MAX_LENGTH}, tasks, names
+    )
+    theirs = evaluate(
+        "hf", {"pretrained": str(tiny_model_dir), "dtype": "float32", "max_length": MAX_LENGTH}, tasks, names
+    )
     return ours, theirs
 
 
@@ -139,11 +183,13 @@ def test_greedy_generation_matches_hf(both, tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     outputs = [x["resps"][0][0] for x in a]
     assert outputs == [y["resps"][0][0] for y in b]
-    assert [tok(s, add_special_tokens=False).input_ids for s in outputs] == \
-        [tok(y["resps"][0][0], add_special_tokens=False).input_ids for y in b]
+    assert [tok(s, add_special_tokens=False).input_ids for s in outputs] == [
+        tok(y["resps"][0][0], add_special_tokens=False).input_ids for y in b
+    ]
     assert sum(len(s) for s in outputs) > 0
-    assert ours["results"]["icqs_tiny_gen"]["exact_match,none"] == theirs["results"]["icqs_tiny_gen"][
-        "exact_match,none"]
+    assert (
+        ours["results"]["icqs_tiny_gen"]["exact_match,none"] == theirs["results"]["icqs_tiny_gen"]["exact_match,none"]
+    )
 
 
 def test_engine_stats_in_results(both):
@@ -167,11 +213,14 @@ def test_prefix_token_and_bos_as_hf(tiny_model_dir, extra):
 
     ours = EngineLM(model=str(tiny_model_dir), dtype="float32", max_length=MAX_LENGTH, **extra)
     hf = HFLM(pretrained=str(tiny_model_dir), dtype="float32", device="cpu", max_length=MAX_LENGTH, **extra)
-    ll = [Instance("loglikelihood", {}, ("", " The quality of a demonstration"), 0),
-          Instance("loglikelihood", {}, ("A good example is ", "clear, short and correct"), 1)]
+    ll = [
+        Instance("loglikelihood", {}, ("", " The quality of a demonstration"), 0),
+        Instance("loglikelihood", {}, ("A good example is ", "clear, short and correct"), 1),
+    ]
     roll = [Instance("loglikelihood_rolling", {}, (TEXT[:700],), 0)]
-    for (a, greedy_a), (b, greedy_b) in zip(ours.loglikelihood(ll, disable_tqdm=True),
-                                            hf.loglikelihood(ll, disable_tqdm=True)):
+    for (a, greedy_a), (b, greedy_b) in zip(
+        ours.loglikelihood(ll, disable_tqdm=True), hf.loglikelihood(ll, disable_tqdm=True)
+    ):
         assert abs(a - b) < 1e-4 and greedy_a == greedy_b
     (a,), (b,) = ours.loglikelihood_rolling(roll, disable_tqdm=True), hf.loglikelihood_rolling(roll, True)
     assert abs(a - b) < 1e-4 * abs(b)
@@ -205,8 +254,17 @@ def test_model_args_checked(tiny_model_dir, caplog):
         EngineLM(model=str(tiny_model_dir), prefix_token_id=99999)
     with pytest.raises(UserError, match="add_bos_token='maybe'"):
         EngineLM(model=str(tiny_model_dir), add_bos_token="maybe")
-    lm = EngineLM(model=str(tiny_model_dir), dtype="float32", device="cuda", batch_size=8, max_batch_size=64,
-                  add_bos_token=False, token_budget=64, kv_tokens=1024, threads=1)
+    lm = EngineLM(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        device="cuda",
+        batch_size=8,
+        max_batch_size=64,
+        add_bos_token=False,
+        token_budget=64,
+        kv_tokens=1024,
+        threads=1,
+    )
     from engine.engine import Engine, EngineOptions
 
     if "deterministic" in inspect.signature(Engine.load).parameters or "deterministic" in vars(EngineOptions()):
@@ -224,13 +282,35 @@ def test_model_args_checked(tiny_model_dir, caplog):
 def test_command_line(tiny_model_dir, tmp_path):
     """`python -m engine.lm_eval` is lm-eval's CLI with icqs-engine registered, run as the README runs it: the local
     task shipped in examples/lm_eval (no network), results named after the model and the task."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "datasets_cache")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "datasets_cache"),
+    }
     run = subprocess.run(
-        [sys.executable, "-m", "engine.lm_eval", "run", "--model", "icqs-engine", "--model_args",
-         f"model={tiny_model_dir},dtype=float32,max_length={MAX_LENGTH}", "--tasks", "icqs_capitals",
-         "--include_path", "examples/lm_eval", "--output_path", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "engine.lm_eval",
+            "run",
+            "--model",
+            "icqs-engine",
+            "--model_args",
+            f"model={tiny_model_dir},dtype=float32,max_length={MAX_LENGTH}",
+            "--tasks",
+            "icqs_capitals",
+            "--include_path",
+            "examples/lm_eval",
+            "--output_path",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "icqs-engine loglikelihood" in run.stderr and "cache hits" in run.stderr
     assert "icqs_capitals" in run.stdout
@@ -245,7 +325,18 @@ def test_command_line_bad_model_args(tiny_model_dir, tasks, capsys):
     from engine.lm_eval import main
 
     include = tasks.include_path if isinstance(tasks.include_path, str) else tasks.include_path[0]
-    rc = main(["run", "--model", "icqs-engine", "--model_args", f"model={tiny_model_dir},flavour=sweet",
-               "--tasks", "icqs_tiny_mc", "--include_path", str(include)])
+    rc = main(
+        [
+            "run",
+            "--model",
+            "icqs-engine",
+            "--model_args",
+            f"model={tiny_model_dir},flavour=sweet",
+            "--tasks",
+            "icqs_tiny_mc",
+            "--include_path",
+            str(include),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("error: icqs-engine: unknown model_args flavour")

@@ -1,5 +1,6 @@
 """Model loading: the SmolLM2 GGUF against transformers' own GGUF loader, tiny GGUF round trips for every tensor type,
 HF directories (single, sharded, .bin), and a one-line UserError naming the path for each bad input."""
+
 from __future__ import annotations
 
 import functools
@@ -9,13 +10,13 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import ARCHS, hf_config, make_tiny_gguf
 
-from engine.config import ModelConfig
 from engine import gguf_loader
+from engine.config import ModelConfig
 from engine.errors import UserError
 from engine.gguf_loader import load_gguf
 from engine.loader import default_model_path, load_model_files
-from tiny_models import ARCHS, hf_config, make_tiny_gguf
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANTIZABLE = {"Q8_0": 0.01, "Q5_0": 0.05, "Q5_1": 0.05, "Q4_0": 0.1, "Q4_1": 0.1}  # max relative error
@@ -35,16 +36,22 @@ def smollm2_transformers_state(smollm2_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "GGUFReader", _FastReader)
         patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
-        model = AutoModelForCausalLM.from_pretrained(smollm2_path.parent, gguf_file=smollm2_path.name,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
+        )
     return model.state_dict()
 
 
 def test_smollm2_weights_equal_transformers_gguf_loading(smollm2_path, smollm2_transformers_state):
     """transformers dequantizes and un-permutes Q/K itself: equality proves our dequantization, names and un-permute."""
     config, weights, _ = load_model_files(smollm2_path)
-    assert (config.arch, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == \
-        ("llama", 30, 576, 9, 3)
+    assert (config.arch, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == (
+        "llama",
+        30,
+        576,
+        9,
+        3,
+    )
     assert config.vocab_size == 49152 and config.max_position == 8192 and config.tie_embeddings
     assert config.rope_theta == 100000.0 and config.rope_scaling is None
     theirs = {k: v for k, v in smollm2_transformers_state.items() if k != "lm_head.weight"}  # tied to embeddings
@@ -56,9 +63,21 @@ def test_smollm2_weights_equal_transformers_gguf_loading(smollm2_path, smollm2_t
 
 def _assert_config_matches_hf(config: ModelConfig, arch: str, **overrides):
     hf = ModelConfig.from_hf(hf_config(arch, **overrides))
-    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                  "head_dim", "rope_theta", "rope_scaling", "max_position", "tie_embeddings", "attention_bias",
-                  "bos_token_id"):
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "rope_theta",
+        "rope_scaling",
+        "max_position",
+        "tie_embeddings",
+        "attention_bias",
+        "bos_token_id",
+    ):
         assert getattr(config, field) == getattr(hf, field), field
     assert config.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
     assert config.eos_token_ids[0] == hf.eos_token_ids[0]
@@ -101,8 +120,9 @@ def test_tiny_gguf_gemma3(tmp_path):
     """gemma3: its norm names, norms stored as 1 + w given back as HF's w, window from the metadata, every 6th
     layer global; the config is the one HF reads from the equivalent config.json."""
     types = ["sliding_attention"] * 5 + ["full_attention"]
-    path, expected = make_tiny_gguf(tmp_path / "m.gguf", "gemma3", "F32", num_hidden_layers=6, layer_types=types,
-                                    query_pre_attn_scalar=16)
+    path, expected = make_tiny_gguf(
+        tmp_path / "m.gguf", "gemma3", "F32", num_hidden_layers=6, layer_types=types, query_pre_attn_scalar=16
+    )
     config, weights, _ = load_model_files(path)
     assert set(weights) == set(expected)
     for name, tensor in expected.items():
@@ -127,6 +147,7 @@ def test_quantized_weights_stay_close_to_the_float_weights(tmp_path, qtype):
 
 # --- HF directories ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_hf_dir_round_trip(tiny_model_dirs, arch):
     path = tiny_model_dirs[arch]
@@ -140,8 +161,10 @@ def test_hf_dir_round_trip(tiny_model_dirs, arch):
     windows = (8, (True, False, True)) if arch == "gemma3" else (None, ())
     assert (config.sliding_window, config.sliding_layers) == windows
     assert tokenizer.add_bos and tokenizer.bos_id == 0 and tokenizer.eos_ids == [1, 3]
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]) == \
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+        == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def _copy_without_weights(src, dst):
@@ -186,6 +209,7 @@ def test_hf_dir_transformers5_rope_parameters(tiny_model_dirs, tmp_path):
 
 
 # --- errors ------------------------------------------------------------------------------------------------------
+
 
 def _raises_with_path(path, match, where=None):
     with pytest.raises(UserError, match=match) as info:
@@ -249,8 +273,12 @@ def _small_gguf(path, arch="llama", tokenizer_model=None, pre="gpt2"):
 
     w = gguf.GGUFWriter(str(path), arch)
     if tokenizer_model:
-        for key, value in {"block_count": 1, "embedding_length": 8, "feed_forward_length": 16,
-                           "attention.head_count": 2}.items():
+        for key, value in {
+            "block_count": 1,
+            "embedding_length": 8,
+            "feed_forward_length": 16,
+            "attention.head_count": 2,
+        }.items():
             w.add_uint32(f"{arch}.{key}", value)
         w.add_tokenizer_model(tokenizer_model)
         w.add_tokenizer_pre(pre)
@@ -266,8 +294,9 @@ def test_errors_unsupported_gguf_contents(tmp_path):
     _raises_with_path(_small_gguf(tmp_path / "gemma.gguf", "gemma"), "unsupported architecture 'gemma'")
     _raises_with_path(_small_gguf(tmp_path / "bare.gguf"), "missing metadata llama.")
     _raises_with_path(_small_gguf(tmp_path / "t5.gguf", tokenizer_model="t5"), "tokenizer model 't5' is not supported")
-    _raises_with_path(_small_gguf(tmp_path / "pre.gguf", tokenizer_model="gpt2", pre="mystery"),
-                      "unsupported pre-tokenizer 'mystery'")
+    _raises_with_path(
+        _small_gguf(tmp_path / "pre.gguf", tokenizer_model="gpt2", pre="mystery"), "unsupported pre-tokenizer 'mystery'"
+    )
 
 
 def test_errors_bad_hf_dirs(tiny_model_dir, tmp_path):
@@ -307,16 +336,20 @@ def test_default_model_missing_says_how_to_install(monkeypatch):
         default_model_path()
 
 
-@pytest.mark.parametrize("scaling", [
-    {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    {"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 4096},
-])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        {"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 4096},
+    ],
+)
 def test_llama3_rope_scaling_recovered_from_rope_freqs(scaling):
     """Llama 3.1/3.2-sized heads: the recovered parameters give the same frequencies as the original ones."""
+    from tiny_models import llama3_rope_factors
+
     from engine.gguf_loader import llama3_rope_from_factors
     from kernels.rope import rope_inv_freq
-    from tiny_models import llama3_rope_factors
 
     scaling = {"rope_type": "llama3", **scaling}
     cfg = hf_config("llama3", head_dim=128, rope_theta=500000.0, rope_scaling=scaling)
@@ -338,11 +371,15 @@ def _sharded_copy(src, dst, shard_name):
 def test_shard_index_cannot_name_files_outside_the_model_dir(tiny_model_dir, tmp_path):
     """Before: `../x.safetensors`, an absolute path or a symlink out of the directory were loaded."""
     outside = shutil.copy(tiny_model_dir / "model.safetensors", tmp_path / "elsewhere.safetensors")
-    for name, shard in (("dotdot", "../elsewhere.safetensors"), ("absolute", str(outside)),
-                        ("nested", "sub/../../elsewhere.safetensors")):
+    for name, shard in (
+        ("dotdot", "../elsewhere.safetensors"),
+        ("absolute", str(outside)),
+        ("nested", "sub/../../elsewhere.safetensors"),
+    ):
         _sharded_copy(tiny_model_dir, tmp_path / name, shard)
-        _raises_with_path(tmp_path / name, "is outside the model directory",
-                          tmp_path / name / "model.safetensors.index.json")
+        _raises_with_path(
+            tmp_path / name, "is outside the model directory", tmp_path / name / "model.safetensors.index.json"
+        )
     _sharded_copy(tiny_model_dir, tmp_path / "link", "model-1.safetensors")
     (tmp_path / "link" / "model-1.safetensors").symlink_to(outside)
     _raises_with_path(tmp_path / "link", "links outside the model directory")
@@ -363,16 +400,19 @@ def test_hf_hub_cache_snapshot_links_to_its_blobs_still_load(tiny_model_dir, tmp
     assert all(torch.equal(loaded[k], v) for k, v in weights.items())
 
 
-@pytest.mark.parametrize("change, match", [
-    ({"num_attention_heads": 0}, r"num_attention_heads must be an integer in 1\.\.1,024, got 0"),
-    ({"num_attention_heads": 0, "head_dim": None}, r"num_attention_heads must be an integer in 1\.\.1,024, got 0"),
-    ({"num_hidden_layers": -1}, r"num_hidden_layers must be an integer in 1\.\.1,024, got -1"),
-    ({"num_hidden_layers": 10 ** 9}, r"num_hidden_layers must be an integer in 1\.\.1,024, got 1000000000"),
-    ({"num_hidden_layers": 3}, "config num_layers is 3, the weights have 2 layers"),
-    ({"hidden_size": "64"}, r"hidden_size must be an integer in 1\.\.65,536, got '64'"),
-    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ({"rms_norm_eps": -1.0}, r"rms_norm_eps must be a number in \(0, 0\.5\], got -1\.0"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"num_attention_heads": 0}, r"num_attention_heads must be an integer in 1\.\.1,024, got 0"),
+        ({"num_attention_heads": 0, "head_dim": None}, r"num_attention_heads must be an integer in 1\.\.1,024, got 0"),
+        ({"num_hidden_layers": -1}, r"num_hidden_layers must be an integer in 1\.\.1,024, got -1"),
+        ({"num_hidden_layers": 10**9}, r"num_hidden_layers must be an integer in 1\.\.1,024, got 1000000000"),
+        ({"num_hidden_layers": 3}, "config num_layers is 3, the weights have 2 layers"),
+        ({"hidden_size": "64"}, r"hidden_size must be an integer in 1\.\.65,536, got '64'"),
+        ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ({"rms_norm_eps": -1.0}, r"rms_norm_eps must be a number in \(0, 0\.5\], got -1\.0"),
+    ],
+)
 def test_errors_damaged_config_values(tiny_model_dir, tmp_path, change, match):
     bad = shutil.copytree(tiny_model_dir, tmp_path / "m")
     (bad / "config.json").write_text(json.dumps({**hf_config(), **change}))
@@ -387,6 +427,7 @@ def test_errors_json_files_that_are_not_objects(tiny_model_dir, tmp_path):
 
 
 # --- lean loading: Engine.load's memory over the weights it ends with ---------------------------------------------
+
 
 def _load_memory(model, dtype: str) -> dict:
     """benchmarks/bench_load.py's measurement (a fresh interpreter): peak and resident RSS of Engine.load above the
@@ -409,8 +450,15 @@ def mid_model_dir(tmp_path_factory):
     one layer's transient copies small beside the whole)."""
     from tiny_models import make_tiny_model
 
-    path = make_tiny_model(tmp_path_factory.mktemp("mid") / "m", hidden_size=768, intermediate_size=2048,
-                           num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4, head_dim=64)
+    path = make_tiny_model(
+        tmp_path_factory.mktemp("mid") / "m",
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+    )
     file = path / "model.safetensors"
     save_file({k: v.bfloat16() for k, v in load_file(str(file)).items()}, str(file))
     return path
@@ -428,7 +476,7 @@ def test_load_peak_memory_stays_near_the_weights(mid_model_dir, dtype):
     MiB): peak 1.15-1.18 bf16 and 1.13 fp32 on an AVX2 Zen 1, and up to 1.3002 once in CI: the flake this
     baseline removes."""
     m = _load_memory(mid_model_dir, dtype)
-    assert m["weight_bytes"] > 80 * 2 ** 20
+    assert m["weight_bytes"] > 80 * 2**20
     assert m["peak_ratio"] <= 1.3 and m["own_ratio"] <= 1.1 and m["resident_ratio"] <= 1.2, m
 
 
@@ -449,9 +497,10 @@ def test_load_onto_another_device_holds_one_tensor_on_the_host(model, smollm2_pa
         import bench_load
     finally:
         sys.path.remove(str(bench))
-    m = bench_load.run_child(bench.parent, str(smollm2_path if model == "smollm2" else mid_model_dir), "bfloat16",
-                             "device_child")
-    assert m["host_peak"] <= 1.5 * m["largest_tensor"] + 2 * 2 ** 20, m
+    m = bench_load.run_child(
+        bench.parent, str(smollm2_path if model == "smollm2" else mid_model_dir), "bfloat16", "device_child"
+    )
+    assert m["host_peak"] <= 1.5 * m["largest_tensor"] + 2 * 2**20, m
 
 
 def test_gguf_load_releases_the_file_pages(smollm2_path):

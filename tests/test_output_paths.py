@@ -3,6 +3,7 @@ wrote into the current folder and printed next steps for `/task.yaml`, and `icqs
 without the candidates. One check (commands/cli_args.check_output_path) where outputs are validated: each output
 option's argparse type, and the file and folder checks under it; `input_path` for what a command reads. One line,
 exit 2, nothing written."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The prefix cache on its own (no model): page reference counts and its victim indexes stay exact under random
 insert / lock / unlock / compute / evict / preempt sequences; eviction and preemption pick the least recently used
 victim from their indexes, without walking the tree."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -43,7 +44,7 @@ def assert_path_holds(cache: PrefixCache, path, seq: list[int]):
     pos = 0
     for node in path:
         span = cache.span(node)
-        assert span.start == pos and cache.chunk_source(node, 0, span.length).tokens == seq[pos:pos + span.length]
+        assert span.start == pos and cache.chunk_source(node, 0, span.length).tokens == seq[pos : pos + span.length]
         pos += span.length
     assert pos == len(seq)
 
@@ -60,14 +61,17 @@ def test_an_insert_that_cuts_a_node_past_its_middle_stops_at_the_cut():
 
 
 seqs = st.lists(st.integers(0, 3), min_size=1, max_size=14)
-ops = st.lists(st.one_of(
-    st.tuples(st.just("insert"), seqs),
-    st.tuples(st.just("private"), seqs),
-    st.tuples(st.just("unlock"), st.integers(0, 50)),
-    st.tuples(st.just("compute"), st.integers(0, 50)),
-    st.tuples(st.just("evict"), st.integers(1, 48)),
-    st.tuples(st.just("preempt"), st.integers(0, 50)),
-), max_size=40)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), seqs),
+        st.tuples(st.just("private"), seqs),
+        st.tuples(st.just("unlock"), st.integers(0, 50)),
+        st.tuples(st.just("compute"), st.integers(0, 50)),
+        st.tuples(st.just("evict"), st.integers(1, 48)),
+        st.tuples(st.just("preempt"), st.integers(0, 50)),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -145,7 +149,7 @@ def test_evict_takes_the_least_recently_used_leaf_without_walking(monkeypatch):
     monkeypatch.setattr(prefix_cache, "walk", no_walk)
     assert cache.evict(cache.free_tokens() + 1) == 1
     assert [cache.tokens(n)[0] for n in cache.children()] == [1, 3]
-    assert cache.evict(10 ** 6) == 3 and not cache.children()  # 3, then [7, 7], then its parent [1, 9, 9, 9]
+    assert cache.evict(10**6) == 3 and not cache.children()  # 3, then [7, 7], then its parent [1, 9, 9, 9]
 
 
 def test_preempt_takes_the_least_recently_used_node_outside_keep(monkeypatch):
@@ -170,6 +174,7 @@ def test_engine_pages_stay_exact_under_random_add_abort_step(tiny_model_dir, kee
 
     from engine import Engine
     from engine.loader import load_model_files
+
     config, w, tok = load_model_files(str(tiny_model_dir))
     eng = Engine(config, w, tok, dtype=torch.float32, kv_tokens=128, page_size=8, token_budget=24, keep_cache=keep)
     rng = random.Random(3)
@@ -180,7 +185,7 @@ def test_engine_pages_stay_exact_under_random_add_abort_step(tiny_model_dir, kee
         if r < 0.5:
             handles.append(eng.add_score(rng.choice(demos) + [rng.randrange(4, 100)], [rng.randrange(4, 100)]))
         elif r < 0.62:
-            handles.append(eng.add_generate(rng.choice(demos)[:rng.randrange(2, 30)], max_tokens=rng.randrange(1, 6)))
+            handles.append(eng.add_generate(rng.choice(demos)[: rng.randrange(2, 30)], max_tokens=rng.randrange(1, 6)))
         elif r < 0.7 and handles:
             eng.abort(rng.choice(handles))
         else:

@@ -1,5 +1,6 @@
 """Prefix sharing changes how much is computed, never the scores: sharing on/off, request order, step budget,
 KV pressure (preemption), and the online cache across calls all give the same log-probs (fp32, 1e-5)."""
+
 from __future__ import annotations
 
 import random
@@ -86,7 +87,7 @@ def test_online_cache_reuses_and_evicts(tiny):
     assert eng.kv.used_pages > 0  # kept for the next call
     small = engine(tiny, keep_cache=True, kv_tokens=128, token_budget=64)  # cannot keep everything: LRU evicts
     for chunk in range(0, len(reqs), 6):
-        assert logprobs(small, reqs[chunk:chunk + 6]) == pytest.approx(base[chunk:chunk + 6], abs=1e-5)
+        assert logprobs(small, reqs[chunk : chunk + 6]) == pytest.approx(base[chunk : chunk + 6], abs=1e-5)
     assert small.last_stats.evicted_nodes > 0
 
 
@@ -139,5 +140,5 @@ def test_the_last_layer_runs_on_the_rows_asked_for(tiny):
     eng.score(reqs)
     s = eng.last_stats
     # one row per distinct (scored position) of the job: the answers' positions under each demo set and question
-    needed = {tuple((c + a)[:p + 1]) for c, a in reqs for p in range(len(c) - 1, len(c) + len(a) - 1)}
+    needed = {tuple((c + a)[: p + 1]) for c, a in reqs for p in range(len(c) - 1, len(c) + len(a) - 1)}
     assert s.hidden_rows == len(needed) < s.tokens_computed / 3

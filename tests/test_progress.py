@@ -1,5 +1,6 @@
 """Progress (issue 37): tqdm bars on a terminal, plain lines without escape codes anywhere else (a log, a pipe, CI);
 one bar through the evaluator audit; the banner of `icqs demo`; `icqs --help` without the engine's imports."""
+
 import argparse
 import io
 import os
@@ -49,13 +50,37 @@ def test_plain_lines_are_rate_limited_and_quiet_for_short_bars(monkeypatch):
 def test_a_non_terminal_run_has_no_escape_codes(tmp_path, tiny_model_dir):
     """`icqs score` with stderr to a pipe: plain progress lines (the scoring's and the audit's), no escapes."""
     write_example(tmp_path / "ex")
-    env = {**os.environ, "ICQS_PROGRESS_INTERVAL": "1e-9",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "ICQS_PROGRESS_INTERVAL": "1e-9",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "icqs.cli", "score", str(tmp_path / "ex" / "task.yaml"),
-         str(tmp_path / "ex" / "candidates.jsonl"), "--out", str(tmp_path / "run"), "--model", str(tiny_model_dir),
-         "--dtype", "float32", "--method", "icqs", "--draws", "1", "--nondeterministic"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "icqs.cli",
+            "score",
+            str(tmp_path / "ex" / "task.yaml"),
+            str(tmp_path / "ex" / "candidates.jsonl"),
+            "--out",
+            str(tmp_path / "run"),
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--method",
+            "icqs",
+            "--draws",
+            "1",
+            "--nondeterministic",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert not CONTROL.search(done.stderr), repr(CONTROL.search(done.stderr))
     lines = done.stderr.splitlines()
@@ -75,10 +100,12 @@ def test_demo_banner_says_what_on_which_model_and_how_long():
 
 def test_help_imports_neither_the_engine_nor_numpy():
     """`icqs --help` and a mistyped command answer from the command table alone (no torch, numpy, scipy)."""
-    code = ("import sys; from icqs.cli import main\n"
-            "for argv in (['--help'], ['scroe']):\n"
-            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-            "print(sorted(m for m in ('torch', 'numpy', 'scipy', 'jsonschema') if m in sys.modules))")
+    code = (
+        "import sys; from icqs.cli import main\n"
+        "for argv in (['--help'], ['scroe']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'scipy', 'jsonschema') if m in sys.modules))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr

@@ -1,6 +1,7 @@
 """The README's snippets work: every `icqs` command line parses, every Python block compiles, the openai client
 block runs against a live server, the ALLURE template block loads, and every docs/ link exists. (The lm-eval
 command is run as the README gives it by tests/test_lm_eval.py::test_command_line.)"""
+
 import ast
 import re
 import shlex
@@ -16,13 +17,20 @@ BLOCKS = re.findall(r"^( *)```(\w*)\n(.*?)^\1```", README, re.S | re.M)
 
 
 def blocks(language: str) -> list[str]:
-    return ["\n".join(line[len(indent):] for line in body.splitlines())
-            for indent, lang, body in BLOCKS if lang == language]
+    return [
+        "\n".join(line[len(indent) :] for line in body.splitlines())
+        for indent, lang, body in BLOCKS
+        if lang == language
+    ]
 
 
 def icqs_lines() -> list[str]:
-    return [line.split("#", 1)[0].strip() for body in blocks("") for line in body.splitlines()
-            if re.match(r"icqs [a-z]", line)]  # a command, not a table row ("icqs        score ...")
+    return [
+        line.split("#", 1)[0].strip()
+        for body in blocks("")
+        for line in body.splitlines()
+        if re.match(r"icqs [a-z]", line)
+    ]  # a command, not a table row ("icqs        score ...")
 
 
 def test_the_readme_has_the_snippets_these_tests_read():
@@ -44,9 +52,10 @@ def test_python_blocks_compile(index):
 
 
 def test_the_openai_block_runs_against_a_live_server(tiny_model_dir):
+    from live_server import live_server
+
     from engine import Engine
     from engine.server import create_app
-    from live_server import live_server
 
     code = next(b for b in blocks("python") if "from openai import OpenAI" in b)
     engine = Engine.load(str(tiny_model_dir), dtype="float32", keep_cache=True)

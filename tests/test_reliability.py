@@ -1,6 +1,7 @@
 """Nothing lost, nothing unbounded (issue 24): output locks naming the holder, report outputs that never land on a
 run's files or an input, logs validated row by row, finite numbers only, JSONL split on `\\n` only, bounded reads.
 Each test fails on the code before the change it covers."""
+
 from __future__ import annotations
 
 import fcntl
@@ -9,10 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
+from test_icqs_runs import commands, files, one_error_line, tiny_model_dir  # noqa: F401  (fixtures)
 
 from commands.engine_cli import main as engine_main
 from icqs.cli import main as icqs_main
-from test_icqs_runs import commands, files, one_error_line, tiny_model_dir  # noqa: F401  (fixtures)
 
 
 def engine_score(capsys, *args) -> tuple[int, str]:
@@ -54,16 +55,23 @@ def test_a_second_writer_of_an_engine_output_is_refused_naming_the_holder(name, 
 def score_run(files, tiny_model_dir, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"
     argv = commands(files, tiny_model_dir, out)["score"]
-    assert icqs_main(argv[:argv.index("--method") + 1] + ["icqs", "epistemic"] + argv[argv.index("--quiet"):]) == 0
+    assert icqs_main(argv[: argv.index("--method") + 1] + ["icqs", "epistemic"] + argv[argv.index("--quiet") :]) == 0
     capsys.readouterr()
     return out
 
 
 def test_report_output_never_lands_on_a_run_file_or_an_input(score_run, files, tmp_path, capsys):  # noqa: F811
-    before = {p: p.read_bytes() for p in list(score_run.iterdir()) + [files / "c.jsonl", files / "task.yaml"]
-              if p.is_file()}
-    for target in [score_run / "run.json", score_run / "loglik.jsonl", score_run / "scores.jsonl",
-                   score_run / "other.html", files / "c.jsonl", files / "task.yaml"]:
+    before = {
+        p: p.read_bytes() for p in list(score_run.iterdir()) + [files / "c.jsonl", files / "task.yaml"] if p.is_file()
+    }
+    for target in [
+        score_run / "run.json",
+        score_run / "loglik.jsonl",
+        score_run / "scores.jsonl",
+        score_run / "other.html",
+        files / "c.jsonl",
+        files / "task.yaml",
+    ]:
         assert icqs_main(["report", str(score_run), "--output", str(target)]) == 2
         line = one_error_line(capsys)
         assert "run directory" in line or "not an HTML report" in line, line
@@ -73,8 +81,10 @@ def test_report_output_never_lands_on_a_run_file_or_an_input(score_run, files, t
     assert icqs_main(["report", str(score_run), "--output", str(score_run / "report.html")]) == 0  # the default
 
 
-@pytest.mark.parametrize("bad, what", [([1], "field 'loglik'"), ("x", "field 'loglik'"),
-                                       ([0.0, -1.0, 5.0], "loglik[2]"), (None, "field 'loglik'")])
+@pytest.mark.parametrize(
+    "bad, what",
+    [([1], "field 'loglik'"), ("x", "field 'loglik'"), ([0.0, -1.0, 5.0], "loglik[2]"), (None, "field 'loglik'")],
+)
 def test_a_corrupt_log_row_is_a_file_line_error_not_another_ranking(bad, what, score_run, capsys):
     log = score_run / "loglik.jsonl"
     lines = log.read_text().splitlines()
@@ -92,27 +102,34 @@ def test_a_corrupt_log_row_is_a_file_line_error_not_another_ranking(bad, what, s
 
 def test_run_json_with_an_absurd_M_is_refused_by_report(score_run, capsys):
     meta = json.loads((score_run / "run.json").read_text())
-    meta["task"]["M"] = 10 ** 6
+    meta["task"]["M"] = 10**6
     (score_run / "run.json").write_text(json.dumps(meta))
     assert icqs_main(["report", str(score_run)]) == 2
     assert "field 'M'" in one_error_line(capsys)
     assert not (score_run / "report.html").exists()
 
 
-@pytest.mark.parametrize("text, field", [('{"context": "a", "continuation": " b", "w": 1e400}', "w"),
-                                         ('{"context": "a", "continuation": " b", "m": {"x": [0, -1e999]}}', "m.x[1]")])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ('{"context": "a", "continuation": " b", "w": 1e400}', "w"),
+        ('{"context": "a", "continuation": " b", "m": {"x": [0, -1e999]}}', "m.x[1]"),
+    ],
+)
 def test_an_overflowing_number_is_refused_naming_its_field_before_anything_is_created(text, field, tmp_path, capsys):
     src = tmp_path / "in.jsonl"
     src.write_text(text + "\n")
-    status, err = engine_score(capsys, "--model", tmp_path / "never-loaded", "--input", src, "--output",
-                               tmp_path / "o.jsonl")
+    status, err = engine_score(
+        capsys, "--model", tmp_path / "never-loaded", "--input", src, "--output", tmp_path / "o.jsonl"
+    )
     assert status == 2 and err.count("\n") == 1 and f"{src}:1:" in err and repr(field) in err, err
     assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_a_path_with_a_newline_is_a_one_line_error(tmp_path, capsys):
-    status, err = engine_score(capsys, "--model", tmp_path, "--input", tmp_path / "a\nb.jsonl", "--output",
-                               tmp_path / "o.jsonl")
+    status, err = engine_score(
+        capsys, "--model", tmp_path, "--input", tmp_path / "a\nb.jsonl", "--output", tmp_path / "o.jsonl"
+    )
     assert status == 2 and err.count("\n") == 1 and "a\\nb.jsonl" in err, err
 
 
@@ -145,24 +162,41 @@ def bounded_run(argv: list[str], cwd: Path, seconds: float = 60, memory: int = 3
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     try:
-        p = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                           timeout=seconds, preexec_fn=limit)
+        p = subprocess.run(
+            [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=seconds, preexec_fn=limit
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{argv} still running after {seconds} s")
     return p.returncode, p.stderr
 
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+)
 
 
 @pytest.mark.parametrize("key", ["labels", "good", "name"])
 def test_a_yaml_alias_bomb_is_a_one_line_error(key, files, tmp_path):  # noqa: F811
-    task = BOMB + "".join(line for line in (files / "task.yaml").read_text().splitlines(True)
-                          if not line.startswith(f"{key}:")) + f"{key}: *i\n"
+    task = (
+        BOMB
+        + "".join(line for line in (files / "task.yaml").read_text().splitlines(True) if not line.startswith(f"{key}:"))
+        + f"{key}: *i\n"
+    )
     (tmp_path / "bomb.yaml").write_text(task)
-    status, err = bounded_run(["-m", "icqs.cli", "score", str(tmp_path / "bomb.yaml"), str(files / "c.jsonl"),
-                               "--out", str(tmp_path / "run"), "--model", str(tmp_path / "none")], tmp_path)
+    status, err = bounded_run(
+        [
+            "-m",
+            "icqs.cli",
+            "score",
+            str(tmp_path / "bomb.yaml"),
+            str(files / "c.jsonl"),
+            "--out",
+            str(tmp_path / "run"),
+            "--model",
+            str(tmp_path / "none"),
+        ],
+        tmp_path,
+    )
     assert status == 2 and err.count("\n") == 1 and "aliases are expanded" in err, err
     assert not (tmp_path / "run").exists()
 
@@ -192,40 +226,108 @@ def test_only_regular_files_are_read(kind, files, tmp_path):  # noqa: F811
     source = tmp_path / "fifo" if kind == "fifo" else Path(kind)
     if kind == "fifo":
         os.mkfifo(source)
-    for argv in (["-m", "engine", "score", "--input", str(source), "--output", str(tmp_path / "o.jsonl"),
-                  "--model", str(tmp_path / "none")],
-                 ["-m", "icqs.cli", "score", str(files / "task.yaml"), str(source), "--out", str(tmp_path / "r"),
-                  "--model", str(tmp_path / "none")],
-                 ["-m", "icqs.cli", "score", str(source), str(files / "c.jsonl"), "--out", str(tmp_path / "r"),
-                  "--model", str(tmp_path / "none")]):
+    for argv in (
+        [
+            "-m",
+            "engine",
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            "--model",
+            str(tmp_path / "none"),
+        ],
+        [
+            "-m",
+            "icqs.cli",
+            "score",
+            str(files / "task.yaml"),
+            str(source),
+            "--out",
+            str(tmp_path / "r"),
+            "--model",
+            str(tmp_path / "none"),
+        ],
+        [
+            "-m",
+            "icqs.cli",
+            "score",
+            str(source),
+            str(files / "c.jsonl"),
+            "--out",
+            str(tmp_path / "r"),
+            "--model",
+            str(tmp_path / "none"),
+        ],
+    ):
         status, err = bounded_run(argv, tmp_path, seconds=30)
         assert status == 2 and err.count("\n") == 1 and "not a regular file" in err, (argv, err)
 
 
-@pytest.mark.parametrize("option, value, says", [("--M", "99999999999999999999", "at most 256"),
-                                                  ("--N", "10" * 40, "at most 4,096"),
-                                                  ("--L", "99999", "at most 1,024"),
-                                                  ("--M", "9" * 5000, "expected a positive integer, got '999")])
+@pytest.mark.parametrize(
+    "option, value, says",
+    [
+        ("--M", "99999999999999999999", "at most 256"),
+        ("--N", "10" * 40, "at most 4,096"),
+        ("--L", "99999", "at most 1,024"),
+        ("--M", "9" * 5000, "expected a positive integer, got '999"),
+    ],
+)
 def test_icqs_score_sizes_are_bounded(option, value, says, files, tmp_path):  # noqa: F811
-    status, err = bounded_run(["-m", "icqs.cli", "score", str(files / "task.yaml"), str(files / "c.jsonl"), "--out",
-                               str(tmp_path / "r"), "--model", str(tmp_path / "none"), option, value], tmp_path, 30)
+    status, err = bounded_run(
+        [
+            "-m",
+            "icqs.cli",
+            "score",
+            str(files / "task.yaml"),
+            str(files / "c.jsonl"),
+            "--out",
+            str(tmp_path / "r"),
+            "--model",
+            str(tmp_path / "none"),
+            option,
+            value,
+        ],
+        tmp_path,
+        30,
+    )
     assert status == 2 and err.count("\n") == 1 and says in err and len(err) < 300, err
 
 
-@pytest.mark.parametrize("sizes, says", [("M: 100000000000\nN: 2\n", "'M' = 100000000000 is over the limit of 256"),
-                                         ("M: 2\nN: 100000000000\n", "'N' = 100000000000 is over the limit of 4096")])
+@pytest.mark.parametrize(
+    "sizes, says",
+    [
+        ("M: 100000000000\nN: 2\n", "'M' = 100000000000 is over the limit of 256"),
+        ("M: 2\nN: 100000000000\n", "'N' = 100000000000 is over the limit of 4096"),
+    ],
+)
 def test_task_sizes_are_bounded_before_listing_the_ratios(sizes, says, files, tmp_path):  # noqa: F811
     task = "".join(line for line in (files / "task.yaml").read_text().splitlines(True) if line[:2] not in ("M:", "N:"))
     (tmp_path / "t.yaml").write_text(task + sizes)
-    status, err = bounded_run(["-m", "icqs.cli", "score", str(tmp_path / "t.yaml"), str(files / "c.jsonl"), "--out",
-                               str(tmp_path / "r"), "--model", str(tmp_path / "none")], tmp_path, 30)
+    status, err = bounded_run(
+        [
+            "-m",
+            "icqs.cli",
+            "score",
+            str(tmp_path / "t.yaml"),
+            str(files / "c.jsonl"),
+            "--out",
+            str(tmp_path / "r"),
+            "--model",
+            str(tmp_path / "none"),
+        ],
+        tmp_path,
+        30,
+    )
     assert status == 2 and err.count("\n") == 1 and says in err, err
 
 
 def test_kv_tokens_beyond_memory_is_one_line(tiny_model_dir, tmp_path, capsys):
     src = pairs(tmp_path / "in.jsonl", PAIRS)
-    status, err = engine_score(capsys, "--model", tiny_model_dir, "--input", src, "--output", tmp_path / "o.jsonl",
-                               "--kv-tokens", str(10 ** 12))
+    status, err = engine_score(
+        capsys, "--model", tiny_model_dir, "--input", src, "--output", tmp_path / "o.jsonl", "--kv-tokens", str(10**12)
+    )
     assert status == 2 and err.count("\n") == 1 and "kv_tokens=1,000,000,000,000 needs" in err, err
     assert "lower --kv-tokens" in err and not (tmp_path / "o.jsonl").exists()
 
@@ -288,9 +390,11 @@ def test_a_bad_allure_memory_is_refused_before_the_run_folder_exists(damage, fil
     else:
         with Memory(db) as mem:
             mem.add(Example("i1", "user turn", "label: 1", "so 1", "1", 1, provenance={"run": "x"}))
-        sql = {"provenance": "UPDATE examples SET provenance = '{broken'",
-               "prob": "UPDATE examples SET evaluator_prob = 7.5",
-               "label": "UPDATE examples SET evaluator_label = 9"}[damage]
+        sql = {
+            "provenance": "UPDATE examples SET provenance = '{broken'",
+            "prob": "UPDATE examples SET evaluator_prob = 7.5",
+            "label": "UPDATE examples SET evaluator_label = 9",
+        }[damage]
         with sqlite3.connect(db) as con:
             con.execute(sql)
     before = db.read_bytes()

@@ -1,23 +1,38 @@
 """One run-directory contract (icqs/run_dirs.py): `icqs report | leaderboard | audit DIR` on score, judge, pairwise
 and ALLURE runs, tables on the terminal, `--json` documents that parse, `--quiet` that prints nothing but warnings
 and errors; the judge table's CIs and truth column, and a pairwise ranking its own bias check distrusts, marked."""
+
 import json
 import math
 
 import pytest
-
-from icqs.cli import main
-from icqs.judges.results import judge_summary, mean_ci, pairwise_audit_table, pairwise_leaderboard_table, \
-    pairwise_summary, share_ci
-from icqs.run_tables import Table
 from jsonl_files import write_jsonl
 from test_icqs_cli import TASK
 from test_icqs_runs import ALLURE_TEMPLATE, PAIRS, commands
 
+from icqs.cli import main
+from icqs.judges.results import (
+    judge_summary,
+    mean_ci,
+    pairwise_audit_table,
+    pairwise_leaderboard_table,
+    pairwise_summary,
+    share_ci,
+)
+from icqs.run_tables import Table
+
 KINDS = ("score", "judge", "pairwise", "allure")
-JUDGE_ITEMS = [{"id": f"{m}{n}", "model": m, "question": f"What is {n} + {n}?",
-                "response": f"It is {2 * n + (0 if m == 'good' else 1)}.", "label": int(m == "good")}
-               for m in ("good", "bad") for n in range(3)]
+JUDGE_ITEMS = [
+    {
+        "id": f"{m}{n}",
+        "model": m,
+        "question": f"What is {n} + {n}?",
+        "response": f"It is {2 * n + (0 if m == 'good' else 1)}.",
+        "label": int(m == "good"),
+    }
+    for m in ("good", "bad")
+    for n in range(3)
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +43,19 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("run_dirs")
     model = make_tiny_model(root / "llama", max_position_embeddings=2048)
     (root / "task.yaml").write_text(TASK)
-    write_jsonl(root / "c.jsonl", [{"id": f"{m}{i}", "model": m, "x": x, "y": y, "truth": float(m == "good")}
-                                   for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
-                                   for i, (x, y) in enumerate(zip(["four", "five"], answers))])
+    write_jsonl(
+        root / "c.jsonl",
+        [
+            {"id": f"{m}{i}", "model": m, "x": x, "y": y, "truth": float(m == "good")}
+            for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
+            for i, (x, y) in enumerate(zip(["four", "five"], answers))
+        ],
+    )
     write_jsonl(root / "items.jsonl", JUDGE_ITEMS)
     write_jsonl(root / "pairs.jsonl", PAIRS)
-    write_jsonl(root / "allure.jsonl", [dict(id=f"a{i}", response=f"so {i + (i % 2)}", answer=str(i)) for i in range(6)])
+    write_jsonl(
+        root / "allure.jsonl", [dict(id=f"a{i}", response=f"so {i + (i % 2)}", answer=str(i)) for i in range(6)]
+    )
     (root / "short.yaml").write_text(ALLURE_TEMPLATE)
     dirs = {}
     for kind in KINDS:
@@ -55,8 +77,12 @@ def test_report_on_every_run_type(kind, runs, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"wrote {out}"
     page = out.read_text()
     assert page.startswith("<!") and page.rstrip().endswith("</html>") and "<img" in page
-    title = {"score": "ICQS report", "judge": "Judge report", "pairwise": "Pairwise report",
-             "allure": "ALLURE audit of the evaluator"}[kind]
+    title = {
+        "score": "ICQS report",
+        "judge": "Judge report",
+        "pairwise": "Pairwise report",
+        "allure": "ALLURE audit of the evaluator",
+    }[kind]
     assert title in page
     if kind == "judge":  # grades with CIs beside the labels' truth, every item
         assert "<th>AUC vs labels</th>" in page and "<th>truth</th>" in page and page.count("<th>95% CI</th>") >= 3
@@ -74,24 +100,50 @@ def test_leaderboard_and_audit_or_what_the_run_lacks(kind, runs, capsys):
     printed = capsys.readouterr()
     if kind == "allure":  # an ALLURE run audits one evaluator: no ranking of models, and it says where to look
         assert code == 2 and printed.out == ""
-        assert printed.err.startswith(f"error: {run}: an ALLURE run audits one evaluator and ranks no models: "
-                                      f"`icqs audit DIR`") and printed.err.count("\n") == 1
+        assert (
+            printed.err.startswith(
+                f"error: {run}: an ALLURE run audits one evaluator and ranks no models: `icqs audit DIR`"
+            )
+            and printed.err.count("\n") == 1
+        )
     else:
         assert code == 0 and "{" not in printed.out  # a table, not JSON
-        assert {"score": "ICQS leaderboard", "judge": "judge: per model",
-                "pairwise": "pairwise leaderboard"}[kind] in printed.out
+        assert {"score": "ICQS leaderboard", "judge": "judge: per model", "pairwise": "pairwise leaderboard"}[
+            kind
+        ] in printed.out
     assert main(["audit", run]) == 0
     text = capsys.readouterr().out
-    assert {"score": "AUC", "judge": "judge: grades per number of demos (K)", "pairwise": "pairwise bias check",
-            "allure": "ALLURE: the evaluator per round"}[kind] in text and "{" not in text
+    assert {
+        "score": "AUC",
+        "judge": "judge: grades per number of demos (K)",
+        "pairwise": "pairwise bias check",
+        "allure": "ALLURE: the evaluator per round",
+    }[kind] in text and "{" not in text
 
 
 def test_a_judge_run_without_models_says_so(runs, tmp_path, capsys):
-    inp = write_jsonl(tmp_path / "plain.jsonl", [{k: v for k, v in it.items() if k not in ("model", "label")}
-                                                  for it in JUDGE_ITEMS])
+    inp = write_jsonl(
+        tmp_path / "plain.jsonl", [{k: v for k, v in it.items() if k not in ("model", "label")} for it in JUDGE_ITEMS]
+    )
     out = tmp_path / "plain"
-    assert main(["judge", inp, "--out", str(out), "--shots", "0", "--quiet", "--model", str(runs["model"]),
-                 "--dtype", "float32"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                inp,
+                "--out",
+                str(out),
+                "--shots",
+                "0",
+                "--quiet",
+                "--model",
+                str(runs["model"]),
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["leaderboard", str(out)]) == 2
     assert "ranks no models: its input rows name none (a `model` field)" in capsys.readouterr().err
@@ -152,11 +204,17 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
 
 
 def test_judge_summary_has_cis_and_truth():
-    items = [{"id": f"{m}{n}", "model": m, "label": lab} for m, labels in (("a", [1, 1, 1, 0]), ("b", [0, 0, 1, 0]))
-             for n, lab in enumerate(labels)]
+    items = [
+        {"id": f"{m}{n}", "model": m, "label": lab}
+        for m, labels in (("a", [1, 1, 1, 0]), ("b", [0, 0, 1, 0]))
+        for n, lab in enumerate(labels)
+    ]
     grades = {"a": [8.0, 7.5, 9.0, 6.0], "b": [3.0, 4.0, 6.5, 2.5]}
-    rows = [{"id": f"{m}{n}", "k": 0, "run": 0, "expected": g, "argmax": round(g), "probs": [0.1] * 10}
-            for m, gs in grades.items() for n, g in enumerate(gs)]
+    rows = [
+        {"id": f"{m}{n}", "k": 0, "run": 0, "expected": g, "argmax": round(g), "probs": [0.1] * 10}
+        for m, gs in grades.items()
+        for n, g in enumerate(gs)
+    ]
     s = judge_summary(items, rows)
     (a, b) = s["by_model"]
     assert (a["model"], a["rank"], a["true_rank"], b["rank"], b["true_rank"]) == ("a", 1, 1, 2, 2)
@@ -177,11 +235,23 @@ def _position_biased_rows() -> list[dict]:
     first = {"AB": "model_a", "BA": "model_b", "AB_sym": "model_a", "BA_sym": "model_b"}
     rows = []
     for n, (good, bad) in enumerate([("strong", "weak"), ("strong", "mid"), ("mid", "weak")] * 2):
-        variants = {v: {"model_a": 0.9 if o == "model_a" else 0.05, "model_b": 0.95 if o == "model_b" else 0.1,
-                        "tie": 0.0} for v, o in first.items()}
+        variants = {
+            v: {"model_a": 0.9 if o == "model_a" else 0.05, "model_b": 0.95 if o == "model_b" else 0.1, "tie": 0.0}
+            for v, o in first.items()
+        }
         agg = {o: sum(p[o] for p in variants.values()) / 4 for o in ("model_a", "model_b", "tie")}
-        rows.append({"id": f"p{n}", "model_a": good, "model_b": bad, "winner": "model_a", "variants": variants,
-                     "verdicts": first, "aggregate": agg, "verdict": "model_b"})
+        rows.append(
+            {
+                "id": f"p{n}",
+                "model_a": good,
+                "model_b": bad,
+                "winner": "model_a",
+                "variants": variants,
+                "verdicts": first,
+                "aggregate": agg,
+                "verdict": "model_b",
+            }
+        )
     return rows
 
 
@@ -204,9 +274,21 @@ def test_pairwise_report_marks_a_distrusted_ranking(runs, tmp_path, capsys):
     run = tmp_path / "biased"
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"command": "pairwise", "bootstrap": 20, "seed": 0, "tie": False}))
-    write_jsonl(run / "items.jsonl", [{"id": r["id"], "question": "q", "answer_a": "a", "answer_b": "b",
-                                       "model_a": r["model_a"], "model_b": r["model_b"], "winner": r["winner"]}
-                                      for r in _position_biased_rows()])
+    write_jsonl(
+        run / "items.jsonl",
+        [
+            {
+                "id": r["id"],
+                "question": "q",
+                "answer_a": "a",
+                "answer_b": "b",
+                "model_a": r["model_a"],
+                "model_b": r["model_b"],
+                "winner": r["winner"],
+            }
+            for r in _position_biased_rows()
+        ],
+    )
     write_jsonl(run / "verdicts.jsonl", _position_biased_rows())
     assert main(["leaderboard", str(run)]) == 0
     printed = capsys.readouterr()
@@ -217,9 +299,15 @@ def test_pairwise_report_marks_a_distrusted_ranking(runs, tmp_path, capsys):
 
 
 def test_table_text_aligns_numbers_right_and_marks_rows():
-    t = Table("t", ("name", "value", "CI"), (("a", "1.00", "[0.10, 0.90]"), ("bb", "-", "-")), ("note",),
-              frozenset({1}))
-    assert t.text().splitlines() == ["t", "  name  value            CI", "  a      1.00  [0.10, 0.90]",
-                                     "! bb        -             -", "  note"]
+    t = Table(
+        "t", ("name", "value", "CI"), (("a", "1.00", "[0.10, 0.90]"), ("bb", "-", "-")), ("note",), frozenset({1})
+    )
+    assert t.text().splitlines() == [
+        "t",
+        "  name  value            CI",
+        "  a      1.00  [0.10, 0.90]",
+        "! bb        -             -",
+        "  note",
+    ]
     with pytest.raises(ValueError):
         Table("t", ("a",), (("1", "2"),))

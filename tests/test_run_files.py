@@ -3,18 +3,19 @@ leaderboard.json validated by their JSON Schemas (icqs/schemas/run-*.json), non-
 file and field; the audit's state recorded in run.json (icqs/audit_state.py) so that a run without its audit says
 so and keeps its marks pending instead of reading as --no-audit; a method with missing rows named, and a leaderboard
 refused unless --partial."""
+
 from __future__ import annotations
 
 import json
 import shutil
 
 import pytest
+from jsonl_files import write_label_task
 
 from icqs.cli import main
+from icqs.methods import METHODS
 from icqs.run_files import RUN_FILES, read_run_file
 from icqs.run_files import run_file_schema as schema
-from icqs.methods import METHODS
-from jsonl_files import write_label_task
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +24,30 @@ def scored(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("scored")
     write_label_task(root, L=1)
     out = root / "run"
-    assert main(["score", str(root / "task.yaml"), str(root / "c.jsonl"), "--out", str(out), "--model",
-                 str(tiny_model_dir), "--dtype", "float32", "--method", "icqs", "icl", "--draws", "1",
-                 "--quiet", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                str(root / "task.yaml"),
+                str(root / "c.jsonl"),
+                "--out",
+                str(out),
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--method",
+                "icqs",
+                "icl",
+                "--draws",
+                "1",
+                "--quiet",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -49,16 +71,19 @@ def test_what_the_commands_write_passes_the_schemas(run):
     assert schema("run-meta")["properties"]["methods"]["items"]["enum"] == list(METHODS)
 
 
-@pytest.mark.parametrize("damage, expected", [
-    (lambda a: [{**a[0], "auc": "x"}, *a[1:]], "audit.json: field '[0].auc': 'x' is not of type 'number', 'null'"),
-    (lambda a: [{**a[0], "auc": 7.5}, *a[1:]], "audit.json: field '[0].auc': 7.5 is greater than the maximum of 1"),
-    (lambda a: [{**a[0], "method": "oracle"}, *a[1:]], "audit.json: field '[0].method': 'oracle' is not one of"),
-    (lambda a: [{**a[0], "ci": [0.1]}, *a[1:]], "audit.json: field '[0].ci': [0.1] is too short"),
-    (lambda a: "[" * 100000 + "]" * 100000, "audit.json: not valid JSON (nested too deeply)"),
-    (lambda a: json.dumps(a).replace('"auc": ', '"auc": NaN, "x": ', 1), "NaN is not standard JSON"),
-    (lambda a: json.dumps(a).replace('"auc": ', '"auc": 1e999, "x": ', 1), "a number too large for a float"),
-    (lambda a: {"method": "icqs"}, "audit.json: the file: {'method': 'icqs'} is not of type 'array'"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda a: [{**a[0], "auc": "x"}, *a[1:]], "audit.json: field '[0].auc': 'x' is not of type 'number', 'null'"),
+        (lambda a: [{**a[0], "auc": 7.5}, *a[1:]], "audit.json: field '[0].auc': 7.5 is greater than the maximum of 1"),
+        (lambda a: [{**a[0], "method": "oracle"}, *a[1:]], "audit.json: field '[0].method': 'oracle' is not one of"),
+        (lambda a: [{**a[0], "ci": [0.1]}, *a[1:]], "audit.json: field '[0].ci': [0.1] is too short"),
+        (lambda a: "[" * 100000 + "]" * 100000, "audit.json: not valid JSON (nested too deeply)"),
+        (lambda a: json.dumps(a).replace('"auc": ', '"auc": NaN, "x": ', 1), "NaN is not standard JSON"),
+        (lambda a: json.dumps(a).replace('"auc": ', '"auc": 1e999, "x": ', 1), "a number too large for a float"),
+        (lambda a: {"method": "icqs"}, "audit.json: the file: {'method': 'icqs'} is not of type 'array'"),
+    ],
+)
 def test_damaged_audit_json_is_one_line(run, capsys, damage, expected):
     entries = json.loads((run / "audit.json").read_text())
     damaged = damage(entries)
@@ -72,13 +97,16 @@ def test_damaged_audit_json_is_one_line(run, capsys, damage, expected):
     assert (run / "leaderboard.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"draws": "x"}, "run.json: field 'draws': 'x' is not of type 'integer'"),
-    ({"draws": 10 ** 9}, "run.json: field 'draws': 1000000000 is greater than the maximum of 1024"),
-    ({"audit": "maybe"}, "run.json: field 'audit': 'maybe' does not match"),
-    ({"methods": ["icqs", "oracle"]}, "run.json: field 'methods[1]': 'oracle' is not one of"),
-    ({"engine_stats": {"icqs": {"seconds": -1}}}, "field 'engine_stats.icqs.seconds': -1 is less than the minimum"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"draws": "x"}, "run.json: field 'draws': 'x' is not of type 'integer'"),
+        ({"draws": 10**9}, "run.json: field 'draws': 1000000000 is greater than the maximum of 1024"),
+        ({"audit": "maybe"}, "run.json: field 'audit': 'maybe' does not match"),
+        ({"methods": ["icqs", "oracle"]}, "run.json: field 'methods[1]': 'oracle' is not one of"),
+        ({"engine_stats": {"icqs": {"seconds": -1}}}, "field 'engine_stats.icqs.seconds': -1 is less than the minimum"),
+    ],
+)
 def test_damaged_run_json_is_one_line(run, capsys, change, expected):
     meta = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**meta, **change}))
@@ -155,8 +183,9 @@ def modes_run(tmp_path):
 
     words = ["price wrong", "date wrong", "price off", "late date", "wrong price", "date late"]
     kinds = ("false_positive", "false_negative")
-    examples = [SimpleNamespace(id=i + 1, user_text=w, response=w, error_kind=kinds[i % 2])
-                for i, w in enumerate(words)]
+    examples = [
+        SimpleNamespace(id=i + 1, user_text=w, response=w, error_kind=kinds[i % 2]) for i, w in enumerate(words)
+    ]
     embed = lambda texts: np.array([[1.0, 0.0] if "price" in t else [0.0, 1.0] for t in texts])  # noqa: E731
     modes = failure_modes(examples, embed, k=2, seed=0)
     (tmp_path / MODES_FILE).write_text(json.dumps(strict_json(modes)))
@@ -170,16 +199,19 @@ def test_failure_modes_read_back_by_their_schema(modes_run):
     assert load_modes(run) == modes and "failure_modes.json" in RUN_FILES
 
 
-@pytest.mark.parametrize("damage, expected", [
-    (lambda m: {**m, "cluster": ["x"] + m["cluster"][1:]}, "field 'cluster[0]': 'x' is not of type 'integer'"),
-    (lambda m: {**m, "cluster": [10 ** 9] + m["cluster"][1:]}, "is greater than the maximum of 4095"),
-    (lambda m: {**m, "xy": [[0.0]] + m["xy"][1:]}, "field 'xy[0]': [0.0] is too short"),
-    (lambda m: {k: v for k, v in m.items() if k != "names"}, "'names' is a required property"),
-    (lambda m: {**m, "ids": m["ids"][:-1]}, "its lists ids, cluster, xy and error_kind differ in length"),
-    (lambda m: {**m, "names": {}}, "has no name in field 'names'"),
-    (lambda m: "[" * 100000 + "]" * 100000, "not valid JSON (nested too deeply)"),
-    (lambda m: json.dumps(m).replace("[", "[NaN, ", 1), "NaN is not standard JSON"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda m: {**m, "cluster": ["x"] + m["cluster"][1:]}, "field 'cluster[0]': 'x' is not of type 'integer'"),
+        (lambda m: {**m, "cluster": [10**9] + m["cluster"][1:]}, "is greater than the maximum of 4095"),
+        (lambda m: {**m, "xy": [[0.0]] + m["xy"][1:]}, "field 'xy[0]': [0.0] is too short"),
+        (lambda m: {k: v for k, v in m.items() if k != "names"}, "'names' is a required property"),
+        (lambda m: {**m, "ids": m["ids"][:-1]}, "its lists ids, cluster, xy and error_kind differ in length"),
+        (lambda m: {**m, "names": {}}, "has no name in field 'names'"),
+        (lambda m: "[" * 100000 + "]" * 100000, "not valid JSON (nested too deeply)"),
+        (lambda m: json.dumps(m).replace("[", "[NaN, ", 1), "NaN is not standard JSON"),
+    ],
+)
 def test_a_damaged_failure_modes_json_is_one_line(modes_run, damage, expected):
     from engine.errors import UserError
     from icqs.allure.report import MODES_FILE, load_modes

@@ -1,6 +1,7 @@
 """The scoring server against a live uvicorn on 127.0.0.1 (tiny float32 model): results equal the in-process
 engine's, every malformed request is a 400 naming its field, the API key, the in-flight bound (503 +
 Retry-After), client disconnects, tokenizer endpoints and metrics."""
+
 import asyncio
 import threading
 import time
@@ -8,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from live_server import live_server
 
 from engine import Engine
 from engine.server import create_app
-from live_server import live_server
 
 TOL = 1e-5
 
@@ -41,6 +42,7 @@ def error_of(r, status):
 
 # ---- results equal the in-process engine's ---------------------------------------------------------------------
 
+
 def test_score_pairs_and_query_items_equal_in_process(server, reference):
     pairs = [["The cat sat on", " the mat"], ["The cat sat on", " a hat"], ["Once upon", " a time there was"]]
     got = server.post("/v1/score", json={"pairs": pairs}).json()["data"]
@@ -58,15 +60,20 @@ def test_score_pairs_and_query_items_equal_in_process(server, reference):
 def test_score_label_token_ids(server, reference):
     tok = reference.tokenizer
     labels = tok.encode(" yes")[:1] + tok.encode(" no")[:1]
-    body = {"query": "Is the sky blue? Answer:", "items": [" Yes or no", " Think"], "label_token_ids": labels,
-            "apply_softmax": True}
+    body = {
+        "query": "Is the sky blue? Answer:",
+        "items": [" Yes or no", " Think"],
+        "label_token_ids": labels,
+        "apply_softmax": True,
+    }
     got = server.post("/v1/score", json=body).json()
     for item, data, probs in zip(body["items"], got["data"], got["scores"]):
         prefix = [tok.bos_id] + tok.encode(body["query"] + item)
         want = [reference.score([(prefix, [t])])[0].logprob for t in labels]
         assert data["label_logprobs"] == pytest.approx(want, abs=TOL)
         assert sum(probs) == pytest.approx(1.0) and probs[0] / probs[1] == pytest.approx(
-            2.718281828 ** (want[0] - want[1]), rel=1e-4)
+            2.718281828 ** (want[0] - want[1]), rel=1e-4
+        )
 
 
 def test_echo_logprobs_equal_in_process_and_one_generated_token(server, reference):
@@ -76,7 +83,7 @@ def test_echo_logprobs_equal_in_process_and_one_generated_token(server, referenc
     lp = choice["logprobs"]
     assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     want = reference.score([(ids[:1], ids[1:])])[0]
-    assert lp["token_logprobs"][1:len(ids)] == pytest.approx(want.token_logprobs, abs=TOL)
+    assert lp["token_logprobs"][1 : len(ids)] == pytest.approx(want.token_logprobs, abs=TOL)
     greedy = [lp["token_logprobs"][i] == max(lp["top_logprobs"][i].values()) for i in range(1, len(ids))]
     assert all(greedy) == want.is_greedy
     for i in range(1, len(lp["tokens"])):  # the argmax and the token itself, at most logprobs + 1 entries
@@ -93,13 +100,14 @@ def test_echo_of_cached_prompts_sharing_a_prefix(server, reference):
     tok = reference.tokenizer
     a, b = tok.encode("Once upon a time there was a cat"), tok.encode("Once upon a time in the west")
     assert server.post("/v1/completions", json={"prompt": a, "max_tokens": 1, "temperature": 0}).status_code == 200
-    r = server.post("/v1/completions", json={"prompt": [a, b], "echo": True, "logprobs": 1, "max_tokens": 1,
-                                             "temperature": 0})
+    r = server.post(
+        "/v1/completions", json={"prompt": [a, b], "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+    )
     assert r.status_code == 200, r.text
     for ids, choice in zip((a, b), r.json()["choices"]):
         lp = choice["logprobs"]
         want = reference.score([(ids[:1], ids[1:])])[0].token_logprobs
-        assert lp["token_logprobs"][1:len(ids)] == pytest.approx(want, abs=TOL)
+        assert lp["token_logprobs"][1 : len(ids)] == pytest.approx(want, abs=TOL)
         new = reference.generate([ids], max_tokens=1)[0].token_ids  # the greedy token: its own top-1
         assert lp["token_logprobs"][-1] == pytest.approx(reference.score([(ids, new)])[0].logprob, abs=TOL)
         assert lp["top_logprobs"][-1] == {lp["tokens"][-1]: lp["token_logprobs"][-1]}
@@ -154,18 +162,30 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "stop": 3}, "stop", "not one of the accepted types"),
     ("/v1/chat/completions", {"messages": []}, "messages", "at least 1"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "Input should"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, "messages[0].content",
-     "not one of the accepted types"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99},
-     "top_logprobs", "less than or equal to 20"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": 7}]},
+        "messages[0].content",
+        "not one of the accepted types",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99},
+        "top_logprobs",
+        "less than or equal to 20",
+    ),
     ("/v1/score", {"pairs": [["b", "c"], ["a", ""]]}, "pairs[1]", "empty continuation"),
     ("/v1/score", {"pairs": [["a", [1, 2]]]}, "pairs[0]", "both be text or both be token ids"),
     ("/v1/score", {"pairs": [["a", "b", "c"]]}, "pairs[0]", "at most 2 items"),
     ("/v1/score", {"pairs": [[[1, 2], [100000]]]}, "pairs[0]", "outside the model's vocabulary"),
     ("/v1/score", {"query": "a"}, None, "give `query` with `items`"),
     ("/v1/score", {"query": "a", "items": []}, "items", "at least 1"),
-    ("/v1/score", {"query": "a", "items": [" b"], "label_token_ids": [100000]}, "label_token_ids",
-     "outside the model's vocabulary"),
+    (
+        "/v1/score",
+        {"query": "a", "items": [" b"], "label_token_ids": [100000]},
+        "label_token_ids",
+        "outside the model's vocabulary",
+    ),
     ("/v1/score", {"pairs": [["a " * 600, "b"]]}, "pairs[0]", "maximum context length"),
     ("/v1/generate", {"prompts": ["a"], "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ("/tokenize", {"prompt": 3}, "prompt", "valid string"),
@@ -180,8 +200,9 @@ def test_bad_input_is_a_400_naming_the_field(server, path, body, param, message)
 
 
 def test_body_that_is_not_json(server):
-    err = error_of(server.post("/v1/completions", content=b"{not json", headers={"content-type":
-                                                                                 "application/json"}), 400)
+    err = error_of(
+        server.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400
+    )
     assert "not valid JSON" in err["message"]
     assert "JSON object" in error_of(server.post("/v1/score", json=[1, 2]), 400)["message"]
 
@@ -191,6 +212,7 @@ def test_unknown_route_is_a_404_error_object(server):
 
 
 # ---- API key, load, disconnects ----------------------------------------------------------------------------------
+
 
 def test_api_key(engine):
     with live_server(create_app(engine, model_name="tiny", api_key="sekret")) as url:
@@ -238,8 +260,11 @@ def test_full_server_answers_503_with_retry_after(engine):
     gate = state.aengine = Gate(state.aengine)
     with live_server(app) as url:
         first = {}
-        t = threading.Thread(target=lambda: first.update(r=httpx.post(
-            url + "/v1/generate", json={"prompts": ["a", "b"], "max_tokens": 2}, timeout=60)))
+        t = threading.Thread(
+            target=lambda: first.update(
+                r=httpx.post(url + "/v1/generate", json={"prompts": ["a", "b"], "max_tokens": 2}, timeout=60)
+            )
+        )
         t.start()
         _wait_for(lambda: gate.waiting == 2)
         r = httpx.post(url + "/v1/score", json={"pairs": [["a", " b"]]})
@@ -266,6 +291,7 @@ def test_client_disconnect_cancels_its_requests(engine):
 
 # ---- an internal failure is a 500 and spares the other requests of its step -------------------------------------
 
+
 def test_engine_failure_is_500_and_other_requests_in_the_step_complete(tiny_model_dir, reference, monkeypatch):
     """A step that raises (an injected bug, set off by one request's token) answers that request's call with a
     500 `internal_error`; a concurrent good call, scored in the very same step, still gets its right answer."""
@@ -290,8 +316,10 @@ def test_engine_failure_is_500_and_other_requests_in_the_step_complete(tiny_mode
     with live_server(app) as url:
         aengine._inbox.put(lambda: time.sleep(1.0))  # hold the loop so that the three calls share one step
         with ThreadPoolExecutor(3) as pool:
-            calls = [pool.submit(httpx.post, url + path, json=body, timeout=60)
-                     for path, body in (("/v1/score", good), ("/v1/score", bad), ("/v1/completions", echo))]
+            calls = [
+                pool.submit(httpx.post, url + path, json=body, timeout=60)
+                for path, body in (("/v1/score", good), ("/v1/score", bad), ("/v1/completions", echo))
+            ]
             r_good, r_bad, r_echo = (c.result() for c in calls)
         err = error_of(r_bad, 500)
         assert err["type"] == "internal_error" and "injected fault" in err["message"]
@@ -303,5 +331,5 @@ def test_engine_failure_is_500_and_other_requests_in_the_step_complete(tiny_mode
         got = r_echo.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
         assert got == pytest.approx(reference.score([([1], [11, 12, 13, 17])])[0].token_logprobs, abs=TOL)
         # bad input is still a 400, and the server goes on serving
-        assert error_of(httpx.post(url + "/v1/score", json={"pairs": [[[1], [10 ** 9]]]}), 400)["param"] == "pairs[0]"
+        assert error_of(httpx.post(url + "/v1/score", json={"pairs": [[[1], [10**9]]]}), 400)["param"] == "pairs[0]"
         assert httpx.post(url + "/v1/score", json=good).status_code == 200

@@ -1,5 +1,6 @@
 """`python -m engine serve` as a process (starts, serves, finishes in-flight work on SIGTERM and exits; a busy
 port is a one-line error) and `--server URL` on the commands: the same results as the in-process engine."""
+
 import json
 import os
 import re
@@ -12,21 +13,22 @@ import time
 
 import httpx
 import pytest
-
-from engine import Engine
-from commands.engine_cli import main as engine_main
-from engine.server import create_app
-from icqs.cli import main as icqs_main
 from live_server import live_server
 from test_icqs_cli import TASK  # the tiny ICQS task of the icqs CLI tests
+
+from commands.engine_cli import main as engine_main
+from engine import Engine
+from engine.server import create_app
+from icqs.cli import main as icqs_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _start(args, timeout=120):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", *args], stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "serve", *args], stderr=subprocess.PIPE, text=True, env=env
+    )
     deadline, lines = time.monotonic() + timeout, []
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
@@ -42,14 +44,16 @@ def _start(args, timeout=120):
 
 
 def test_serve_process_finishes_in_flight_work_on_sigterm(tiny_model_dir):
-    proc, url = _start(["--model", str(tiny_model_dir), "--dtype", "float32", "--port", "0",
-                        "--served-model-name", "tiny"])
+    proc, url = _start(
+        ["--model", str(tiny_model_dir), "--dtype", "float32", "--port", "0", "--served-model-name", "tiny"]
+    )
     try:
         assert httpx.get(url + "/health").json()["model"] == "tiny"
         pairs = [[f"Item {i}: the quick brown fox jumps over the lazy dog " * 4, f" number {i}"] for i in range(300)]
         result = {}
-        t = threading.Thread(target=lambda: result.update(r=httpx.post(url + "/v1/score", json={"pairs": pairs},
-                                                                       timeout=120)))
+        t = threading.Thread(
+            target=lambda: result.update(r=httpx.post(url + "/v1/score", json={"pairs": pairs}, timeout=120))
+        )
         t.start()
         deadline = time.monotonic() + 60
         while httpx.get(url + "/health").json()["in_flight"] == 0 and "r" not in result:
@@ -85,10 +89,26 @@ def test_engine_score_with_server_equals_in_process(server_url, tiny_model_dir, 
     rows = [{"context": "The cat sat on", "continuation": c, "id": i} for i, c in enumerate([" the mat", " a hat"])]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     local, remote = tmp_path / "local.jsonl", tmp_path / "remote.jsonl"
-    assert engine_main(["score", "--input", str(tmp_path / "in.jsonl"), "--output", str(local), "--model",
-                        str(tiny_model_dir), "--dtype", "float32"]) == 0
-    assert engine_main(["score", "--input", str(tmp_path / "in.jsonl"), "--output", str(remote), "--server",
-                        server_url]) == 0
+    assert (
+        engine_main(
+            [
+                "score",
+                "--input",
+                str(tmp_path / "in.jsonl"),
+                "--output",
+                str(local),
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
+    assert (
+        engine_main(["score", "--input", str(tmp_path / "in.jsonl"), "--output", str(remote), "--server", server_url])
+        == 0
+    )
     for a, b in zip(map(json.loads, open(local)), map(json.loads, open(remote))):
         assert a.keys() == b.keys() and a["id"] == b["id"] and a["is_greedy"] == b["is_greedy"]
         assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-5)
@@ -96,14 +116,27 @@ def test_engine_score_with_server_equals_in_process(server_url, tiny_model_dir, 
 
 def test_icqs_score_with_server_equals_in_process(server_url, tiny_model_dir, tmp_path):
     (tmp_path / "task.yaml").write_text(TASK)
-    rows = [{"id": f"{m}{i}", "model": m, "x": x, "y": y} for m, answers in (("good", ["yes", "no"]),
-                                                                             ("bad", ["no", "yes"]))
-            for i, (x, y) in enumerate(zip(["four", "five"], answers))]
+    rows = [
+        {"id": f"{m}{i}", "model": m, "x": x, "y": y}
+        for m, answers in (("good", ["yes", "no"]), ("bad", ["no", "yes"]))
+        for i, (x, y) in enumerate(zip(["four", "five"], answers))
+    ]
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    common = ["score", str(tmp_path / "task.yaml"), str(tmp_path / "c.jsonl"), "--method", "icqs", "epistemic",
-              "icl", "judge", "--quiet"]
-    assert icqs_main(common + ["--out", str(tmp_path / "local"), "--model", str(tiny_model_dir), "--dtype",
-                               "float32"]) == 0
+    common = [
+        "score",
+        str(tmp_path / "task.yaml"),
+        str(tmp_path / "c.jsonl"),
+        "--method",
+        "icqs",
+        "epistemic",
+        "icl",
+        "judge",
+        "--quiet",
+    ]
+    assert (
+        icqs_main(common + ["--out", str(tmp_path / "local"), "--model", str(tiny_model_dir), "--dtype", "float32"])
+        == 0
+    )
     assert icqs_main(common + ["--out", str(tmp_path / "remote"), "--server", server_url]) == 0
     for name in ("loglik.jsonl", "scores.jsonl"):
         local = [json.loads(x) for x in open(tmp_path / "local" / name)]
@@ -131,12 +164,36 @@ def test_icqs_judge_with_server_equals_in_process(tmp_path_factory, tmp_path):
         for name, where in (("local", ["--model", str(model), "--dtype", "float32"]), ("remote", ["--server", url])):
             run = tmp_path / name
             run.mkdir()
-            (run / "demos.jsonl").write_text("".join(json.dumps({"id": it["id"], "rating": n + 5, "reason": "ok"})
-                                                     + "\n" for n, it in enumerate(items)))
-            assert icqs_main(["judge", str(tmp_path / "in.jsonl"), "--out", str(run), *where, "--shots", "0,1",
-                              "--runs", "2", "--generate", "--max-tokens", "3", "--batch", "2", "--quiet"]) == 0
-            runs[name] = sorted((json.loads(x) for x in open(run / "grades.jsonl")),
-                                key=lambda r: (r["id"], r["k"], r["run"]))
+            (run / "demos.jsonl").write_text(
+                "".join(
+                    json.dumps({"id": it["id"], "rating": n + 5, "reason": "ok"}) + "\n" for n, it in enumerate(items)
+                )
+            )
+            assert (
+                icqs_main(
+                    [
+                        "judge",
+                        str(tmp_path / "in.jsonl"),
+                        "--out",
+                        str(run),
+                        *where,
+                        "--shots",
+                        "0,1",
+                        "--runs",
+                        "2",
+                        "--generate",
+                        "--max-tokens",
+                        "3",
+                        "--batch",
+                        "2",
+                        "--quiet",
+                    ]
+                )
+                == 0
+            )
+            runs[name] = sorted(
+                (json.loads(x) for x in open(run / "grades.jsonl")), key=lambda r: (r["id"], r["k"], r["run"])
+            )
     assert len(runs["local"]) == len(runs["remote"]) == 12
     for a, b in zip(runs["local"], runs["remote"]):
         assert (a["id"], a["k"], a["run"]) == (b["id"], b["k"], b["run"]) and a.get("parsed") == b.get("parsed")

@@ -1,5 +1,6 @@
 """/docs works offline (issue 37): Swagger UI from the fastapi-offline package, its script and style served by the
 app itself (no CDN), public like /openapi.json; without the package, a static page of every endpoint and schema."""
+
 import re
 
 import pytest
@@ -21,8 +22,11 @@ def test_docs_is_swagger_ui_served_from_the_package(app):
         page = client.get("/docs")  # public, as /openapi.json: no API key
         assert page.status_code == 200 and "SwaggerUIBundle" in page.text and "/openapi.json" in page.text
         assert not re.search(r"(src|href)=['\"]?https?:", page.text)  # every asset from this server: works offline
-        for name, kind in (("swagger-ui-bundle.js", "javascript"), ("swagger-ui.css", "text/css"),
-                           ("favicon.png", "image/png")):
+        for name, kind in (
+            ("swagger-ui-bundle.js", "javascript"),
+            ("swagger-ui.css", "text/css"),
+            ("favicon.png", "image/png"),
+        ):
             asset = client.get(f"/docs/{name}")
             assert asset.status_code == 200 and kind in asset.headers["content-type"] and asset.content, name
             assert f"/docs/{name}" in page.text

@@ -2,14 +2,15 @@
 model): the token endpoints share the scoring endpoints' length limit and every text over it is refused before it
 is tokenized (a 50 MB text on /tokenize took a minute and 7 GB); a chat request without max_tokens generates a
 bounded default; with --api-key-all-endpoints the health, metrics and schema pages ask for the key too."""
+
 from __future__ import annotations
 
 import httpx
 import pytest
-
-from engine.server import DEFAULT_MAX_TOKENS, create_app
 from live_server import live_server
 from test_server_reliability import engine, error_of, url  # noqa: F401 - the fixtures: a tiny engine, its server
+
+from engine.server import DEFAULT_MAX_TOKENS, create_app
 
 
 def _longest(engine) -> int:
@@ -25,14 +26,12 @@ CASES = [
     ("/v1/score", {"query": "a " * (TOO_LONG // 2), "items": [" b"]}, "items[0]"),
     ("/v1/completions", {"prompt": "a" * TOO_LONG, "max_tokens": 1}, "prompt"),
     ("/v1/generate", {"prompts": ["a", "a" * TOO_LONG], "max_tokens": 1}, "prompts[1]"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * TOO_LONG}], "max_tokens": 1},
-     "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * TOO_LONG}], "max_tokens": 1}, "messages"),
 ]
 
 
 @pytest.mark.parametrize("path, body, param", CASES, ids=[f"{p}:{f}" for p, _, f in CASES])
-def test_a_text_longer_than_any_request_is_refused_before_it_is_tokenized(engine, url, path, body, param,
-                                                                         monkeypatch):
+def test_a_text_longer_than_any_request_is_refused_before_it_is_tokenized(engine, url, path, body, param, monkeypatch):
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("the text was tokenized")
 
@@ -128,8 +127,11 @@ def test_other_clients_are_served_while_a_call_is_tokenized(engine, monkeypatch)
     monkeypatch.setattr(engine.tokenizer, "encode_batch", held)
     with live_server(create_app(engine, model_name="tiny")) as base:
         result = {}
-        t = threading.Thread(target=lambda: result.update(r=httpx.post(
-            base + "/v1/score", json={"pairs": [["The quick brown fox", " jumps"]]}, timeout=60)))
+        t = threading.Thread(
+            target=lambda: result.update(
+                r=httpx.post(base + "/v1/score", json={"pairs": [["The quick brown fox", " jumps"]]}, timeout=60)
+            )
+        )
         t.start()
         try:
             assert busy.wait(20)

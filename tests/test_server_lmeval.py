@@ -1,15 +1,16 @@
 """lm-evaluation-harness's own `local-completions` model against a live server (tiny float32 model) on a small
 local multiple-choice task: every per-request log-likelihood equals the in-process engine's (<= 1e-5) and the
 accuracy is the same, with lm-eval's HF tokenizer and with the server's tokenizer endpoints ("remote")."""
+
 import json
 
 import pytest
+from live_server import live_server
 
 from engine import Engine
 from engine.requests import encode_pairs
 from engine.server import create_app
 from engine.tokenizer import Tokenizer
-from live_server import live_server
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity", reason="lm-eval[api] (tenacity) is needed by its local-completions model")
@@ -66,13 +67,28 @@ def test_local_completions_equals_in_process(served, task_dir, tiny_model_dir, b
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model_args = {"model": "tiny", "base_url": f"{served}/v1/completions", "tokenizer_backend": backend,
-                  "tokenized_requests": True, "num_concurrent": 4, "max_retries": 1, "timeout": 60}
+    model_args = {
+        "model": "tiny",
+        "base_url": f"{served}/v1/completions",
+        "tokenizer_backend": backend,
+        "tokenized_requests": True,
+        "num_concurrent": 4,
+        "max_retries": 1,
+        "timeout": 60,
+    }
     if backend == "huggingface":  # lm-eval's own tokenizer, BOS added as the model asks
         model_args.update(tokenizer=str(tiny_model_dir), add_bos_token=True)
-    out = lm_eval.simple_evaluate(model="local-completions", model_args=model_args, tasks=["tiny_mc"],
-                                  task_manager=TaskManager(include_path=str(task_dir)), log_samples=True,
-                                  random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    out = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args=model_args,
+        tasks=["tiny_mc"],
+        task_manager=TaskManager(include_path=str(task_dir)),
+        log_samples=True,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
     samples = sorted(out["samples"]["tiny_mc"], key=lambda s: s["doc_id"])
     assert len(samples) == len(DOCS)
 

@@ -1,11 +1,12 @@
 """The official `openai` package against a live server (tiny float32 model): completions with echo and
 log-probs, chat, streaming, n with a seed, the models list, and errors as the package's exceptions."""
+
 import openai
 import pytest
+from live_server import live_server
 
 from engine import Engine
 from engine.server import create_app
-from live_server import live_server
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,7 @@ def client(tiny_model_dir):
 
 def test_completion_echo_logprobs(client, reference):
     prompt = "The cat sat on the mat and"
-    out = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, echo=True, logprobs=2,
-                                    temperature=0)
+    out = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, echo=True, logprobs=2, temperature=0)
     choice = out.choices[0]
     ids = [reference.tokenizer.bos_id] + reference.tokenizer.encode(prompt)  # the tiny model asks for BOS
     gen = reference.generate([prompt], max_tokens=2)[0]
@@ -47,8 +47,9 @@ def test_completion_batch_of_token_prompts_and_n(client, reference):
 
 def test_chat_and_chat_logprobs(client, reference):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0,
-                                         logprobs=True, top_logprobs=2)
+    out = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
     prompt = reference.tokenizer.apply_chat_template(messages)
     gen = reference.generate([reference.tokenizer.encode(prompt)], max_tokens=5)[0]
     msg = out.choices[0]
@@ -60,14 +61,16 @@ def test_chat_and_chat_logprobs(client, reference):
 
 def test_streaming_completion_and_chat(client):
     full = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0)
-    chunks = list(client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6,
-                                            temperature=0, stream=True))
+    chunks = list(
+        client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
     assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
     messages = [{"role": "user", "content": "Hi"}]
     full = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
-    stream = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
-                                                 stream=True))
+    stream = list(
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, stream=True)
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream) == full.choices[0].message.content
 

@@ -2,6 +2,7 @@
 that are not Unicode, integers out of range, the API key checked before the body is read, a body-size limit, a
 request-count limit, a broken chat template, a 500 that keeps the connection, in-flight gauges that never go
 negative, and an OpenAPI schema that says 400 (not 422). Each test fails on the code before issue 24."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +11,10 @@ import time
 
 import httpx
 import pytest
+from live_server import live_server
 
 from engine import Engine
 from engine.server import create_app
-from live_server import live_server
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,9 @@ def error_of(r, status):
 
 
 def post_raw(url: str, path: str, text: str, headers: dict | None = None):
-    return httpx.post(url + path, content=text.encode(), headers={"content-type": "application/json",
-                                                                  **(headers or {})}, timeout=60)
+    return httpx.post(
+        url + path, content=text.encode(), headers={"content-type": "application/json", **(headers or {})}, timeout=60
+    )
 
 
 # lone surrogate escapes in every text field: JSON allows the escape, Unicode does not
@@ -44,8 +46,11 @@ SURROGATE = [
     ("/v1/completions", '{"prompt": "hi", "stop": "\\ud800"}', "stop"),
     ("/v1/completions", '{"prompt": "hi", "model": "\\ud800"}', "model"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
-     "messages[0].content"),
+    (
+        "/v1/chat/completions",
+        '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+        "messages[0].content",
+    ),
     ("/v1/score", '{"pairs": [["a\\ud800", " b"]]}', "pairs[0][0]"),
     ("/v1/score", '{"query": "a", "items": [" \\ud800"]}', "items[0]"),
     ("/v1/generate", '{"prompts": ["\\ud800"]}', "prompts[0]"),
@@ -60,15 +65,18 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(url, path, body, param):
     assert err["param"] == param and "Unicode" in err["message"], err
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", {"prompt": "hi", "seed": 2 ** 64}, "seed"),
-    ("/v1/completions", {"prompt": "hi", "seed": 2 ** 64, "stream": True}, "seed"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": -1}, "seed"),
-    ("/v1/generate", {"prompts": ["hi"], "seed": 2 ** 63}, "seed"),
-    ("/v1/generate", {"prompts": ["hi"], "max_tokens": 2 ** 40}, "max_tokens"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", {"prompt": "hi", "seed": 2**64}, "seed"),
+        ("/v1/completions", {"prompt": "hi", "seed": 2**64, "stream": True}, "seed"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": -1}, "seed"),
+        ("/v1/generate", {"prompts": ["hi"], "seed": 2**63}, "seed"),
+        ("/v1/generate", {"prompts": ["hi"], "max_tokens": 2**40}, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}, "max_tokens"),
+    ],
+)
 def test_integers_are_range_checked_naming_the_field(url, path, body, param):
     err = error_of(httpx.post(url + path, json=body, timeout=60), 400)
     assert err["param"] == param, err
@@ -88,7 +96,7 @@ def test_nan_in_a_body_is_not_json(url):
 def test_a_call_holds_a_bounded_number_of_requests(url):
     from engine.server.protocol import MAX_PER_CALL
 
-    body = {"query": "a", "items": [" b"] * (MAX_PER_CALL + 1), "label_token_ids": [10 ** 6]}
+    body = {"query": "a", "items": [" b"] * (MAX_PER_CALL + 1), "label_token_ids": [10**6]}
     err = error_of(httpx.post(url + "/v1/score", json=body, timeout=60), 400)
     assert err["param"] == "items" and f"at most {MAX_PER_CALL}" in err["message"], err
 
@@ -107,15 +115,23 @@ def _raw_exchange(url: str, requests: list[bytes], timeout: float = 5.0) -> list
                 if not byte:
                     raise ConnectionError(f"connection closed after {len(out)} responses")
                 head += byte
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             out.append(head + f.read(length))
     return out
 
 
 def _request(path: str, body: bytes, extra: str = "", length: int | None = None) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
-            f"Content-Length: {len(body) if length is None else length}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
+    ).encode() + body
 
 
 def test_api_key_is_checked_before_the_body_is_read(engine):
@@ -141,8 +157,9 @@ def test_a_500_keeps_the_connection_open(engine, monkeypatch):
 
     monkeypatch.setattr(native, "detokenize", broken)
     with live_server(create_app(engine, model_name="tiny")) as base:
-        first, second = _raw_exchange(base, [_request("/detokenize", b'{"tokens": [1]}'),
-                                             _request("/tokenize", b'{"prompt": "hi"}')])
+        first, second = _raw_exchange(
+            base, [_request("/detokenize", b'{"tokens": [1]}'), _request("/tokenize", b'{"prompt": "hi"}')]
+        )
     assert first.startswith(b"HTTP/1.1 500") and b"an injected bug" in first, first[:300]
     assert second.startswith(b"HTTP/1.1 200"), second[:300]
 
@@ -151,8 +168,9 @@ def test_a_broken_chat_template_is_a_400(tiny_model_dir):
     eng = Engine.load(str(tiny_model_dir), dtype="float32")
     eng.tokenizer.chat_template = "{{ messages.append(1) }}"  # the sandbox refuses it while rendering
     with live_server(create_app(eng, model_name="tiny")) as base:
-        err = error_of(httpx.post(base + "/v1/chat/completions", json={"messages": [{"role": "user",
-                                                                                      "content": "hi"}]}), 400)
+        err = error_of(
+            httpx.post(base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}), 400
+        )
     assert err["param"] == "messages" and "chat template" in err["message"], err
 
 

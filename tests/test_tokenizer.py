@@ -1,33 +1,62 @@
 """Tokenizers built from GGUF vocabularies: SmolLM2's against transformers' own GGUF tokenizer, the tiny GGUF's
 against the tokenizer.json it came from, pre-tokenizer choices, the on-disk cache, and chat templates."""
+
 from __future__ import annotations
 
 import pytest
 import tokenizers
+from tiny_models import make_tiny_gguf
 
 import engine.gguf_loader as gguf_loader
 from engine.errors import UserError
 from engine.gguf_loader import load_gguf_tokenizer
 from engine.loader import load_model_files
 from engine.tokenizer import Tokenizer, byte_level_bpe
-from tiny_models import make_tiny_gguf
 
 TEXTS = [
-    "Hello world", " Hello world", "Hello  world", "   three leading spaces", "trailing spaces   ",
-    "tabs\tand\nnewlines\n\n\nend", "12345 and 3.14159 and 1,000,000", "2024-11-22T03:04:05Z",
-    "x1y22z333", "don't you'll we've I'M THEY'RE it's", "naïve café résumé Ærøskøbing", "日本語のテキストです。",
+    "Hello world",
+    " Hello world",
+    "Hello  world",
+    "   three leading spaces",
+    "trailing spaces   ",
+    "tabs\tand\nnewlines\n\n\nend",
+    "12345 and 3.14159 and 1,000,000",
+    "2024-11-22T03:04:05Z",
+    "x1y22z333",
+    "don't you'll we've I'M THEY'RE it's",
+    "naïve café résumé Ærøskøbing",
+    "日本語のテキストです。",
     "Привет, мир!",
-    "emoji 😀👍🏽 and ❤️ ok", "مرحبا بالعالم", "a\u00a0non-breaking\u200bzero-width",
+    "emoji 😀👍🏽 and ❤️ ok",
+    "مرحبا بالعالم",
+    "a\u00a0non-breaking\u200bzero-width",
     "ALLCAPS lowercase MiXeD",
-    "def f(x):\n    return x ** 2  # square\n", "for (int i = 0; i < n; ++i) { sum += a[i]; }",
-    '<div class="x">&amp;</div>', "https://example.com/path?q=1&r=2#frag", "user@example.com",
-    "$19.99 (USD) — 50% off!!!", "[[A]] is better than [[B]]", "Rating: 10/10", "<|endoftext|>",
-    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", "text<|im_end|>more<|im_start|>",
-    "", " ", "\n", "x" * 80 + " " + "ab" * 30, "The end.",
+    "def f(x):\n    return x ** 2  # square\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i]; }",
+    '<div class="x">&amp;</div>',
+    "https://example.com/path?q=1&r=2#frag",
+    "user@example.com",
+    "$19.99 (USD) — 50% off!!!",
+    "[[A]] is better than [[B]]",
+    "Rating: 10/10",
+    "<|endoftext|>",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+    "text<|im_end|>more<|im_start|>",
+    "",
+    " ",
+    "\n",
+    "x" * 80 + " " + "ab" * 30,
+    "The end.",
 ]
-MESSAGES = [[{"role": "user", "content": "What is 2+2?"}],
-            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]]
+MESSAGES = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ],
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +84,9 @@ def test_smollm2_special_tokens_and_chat_template(smollm2_tokenizers):
     assert ours.decode(ids, skip_special_tokens=True) == "user\nHi"
     for messages in MESSAGES:
         for add in (True, False):
-            assert ours.apply_chat_template(messages, add_generation_prompt=add) == \
-                theirs.apply_chat_template(messages, add_generation_prompt=add, tokenize=False)
+            assert ours.apply_chat_template(messages, add_generation_prompt=add) == theirs.apply_chat_template(
+                messages, add_generation_prompt=add, tokenize=False
+            )
 
 
 def test_gguf_tokenizer_cache(smollm2_path, tmp_path, monkeypatch):
@@ -93,13 +123,16 @@ def _pieces(pre: str, text: str, vocab=(), merges=()) -> list[str]:
     return [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(text)]
 
 
-@pytest.mark.parametrize("pre, pieces", [
-    ("gpt2", ["abc", "Ġ12345", "Ġdon", "'t"]),
-    ("default", ["abc", "Ġ12345", "Ġdon", "'t"]),
-    ("smollm", ["abc", "Ġ", "1", "2", "3", "4", "5", "Ġdon", "'t"]),
-    ("llama-bpe", ["abc", "Ġ", "123", "45", "Ġdon", "'t"]),
-    ("qwen2", ["abc", "Ġ", "1", "2", "3", "4", "5", "Ġdon", "'t"]),
-])
+@pytest.mark.parametrize(
+    "pre, pieces",
+    [
+        ("gpt2", ["abc", "Ġ12345", "Ġdon", "'t"]),
+        ("default", ["abc", "Ġ12345", "Ġdon", "'t"]),
+        ("smollm", ["abc", "Ġ", "1", "2", "3", "4", "5", "Ġdon", "'t"]),
+        ("llama-bpe", ["abc", "Ġ", "123", "45", "Ġdon", "'t"]),
+        ("qwen2", ["abc", "Ġ", "1", "2", "3", "4", "5", "Ġdon", "'t"]),
+    ],
+)
 def test_pre_tokenizers(pre, pieces):
     assert _pieces(pre, "abc 12345 don't") == pieces
 
@@ -118,12 +151,14 @@ def test_encode_never_adds_bos_and_template_errors(tiny_model_dir):
     bare = Tokenizer(tok.backend, bos_id=0, eos_ids=[1], add_bos=True, chat_template=None)
     with pytest.raises(UserError, match="no chat template"):
         bare.apply_chat_template(MESSAGES[0])
-    strict = Tokenizer(tok.backend, bos_id=0, eos_ids=[1], add_bos=True,
-                       chat_template="{{ raise_exception('roles must alternate') }}")
+    strict = Tokenizer(
+        tok.backend, bos_id=0, eos_ids=[1], add_bos=True, chat_template="{{ raise_exception('roles must alternate') }}"
+    )
     with pytest.raises(UserError, match="roles must alternate"):
         strict.apply_chat_template(MESSAGES[0])
-    with_bos = Tokenizer(tok.backend, bos_id=0, eos_ids=[1], add_bos=True,
-                         chat_template="{{ bos_token }}{{ eos_token }}")
+    with_bos = Tokenizer(
+        tok.backend, bos_id=0, eos_ids=[1], add_bos=True, chat_template="{{ bos_token }}{{ eos_token }}"
+    )
     assert with_bos.apply_chat_template(MESSAGES[0]) == "<s></s>"
 
 

@@ -4,6 +4,7 @@ tensor type), small enough to build in well under a second and to run a forward 
 make_tiny_model(dir, arch)       -> HF dir: config.json, model.safetensors, tokenizer.json, tokenizer_config.json
 make_tiny_gguf(file, arch, qtype) -> (GGUF file as llama.cpp's converter writes it, the weights a loader must return)
 """
+
 from __future__ import annotations
 
 import json
@@ -47,13 +48,29 @@ def hf_config(arch: str = "llama", **overrides) -> dict:
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
     model_type = {"llama3": "llama", "smollm": "llama"}.get(arch, arch)
-    cls = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[model_type]
+    cls = {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "gemma3": "Gemma3ForCausalLM",
+    }[model_type]
     cfg = {
-        "architectures": [cls], "model_type": model_type, "vocab_size": 384, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
-        "tie_word_embeddings": arch in ("smollm", "qwen3", "gemma3"), "hidden_act": "silu", "bos_token_id": 0,
+        "architectures": [cls],
+        "model_type": model_type,
+        "vocab_size": 384,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": arch in ("smollm", "qwen3", "gemma3"),
+        "hidden_act": "silu",
+        "bos_token_id": 0,
         "eos_token_id": [1, 3],
     }
     if model_type == "llama":
@@ -67,21 +84,38 @@ def hf_config(arch: str = "llama", **overrides) -> dict:
     if model_type == "gemma3":  # a window shorter than most prompts, local and global layers, a query scale
         # other than head_dim, each layer type with its own rope base
         del cfg["hidden_act"]
-        cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", num_hidden_layers=3,
-                   layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=8,
-                   query_pre_attn_scalar=24, rope_theta=1000000.0, rope_local_base_freq=10000.0,
-                   attention_bias=False, final_logit_softcapping=None, attn_logit_softcapping=None,
-                   rms_norm_eps=1e-6)
+        cfg.update(
+            model_type="gemma3_text",
+            hidden_activation="gelu_pytorch_tanh",
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            attention_bias=False,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            rms_norm_eps=1e-6,
+        )
     if arch == "llama3":  # with head_dim 16 and an original context of 64, the three llama3 bands all occur
-        cfg.update(rope_theta=500000.0, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64})
+        cfg.update(
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
     cfg.update(overrides)
     return cfg
 
 
-def random_weights(cfg: dict, seed: int = 0, std: float = 0.05, device=None,
-                   dtype=torch.float32) -> dict[str, torch.Tensor]:
+def random_weights(
+    cfg: dict, seed: int = 0, std: float = 0.05, device=None, dtype=torch.float32
+) -> dict[str, torch.Tensor]:
     """HF-named weights (float32 on the CPU unless told: real model shapes are drawn on the GPU in bf16, as the
     GPU check does); norms are 1 + noise so a wrong norm weight shows in the outputs."""
     gen = torch.Generator(device=device or "cpu").manual_seed(seed)
@@ -95,25 +129,43 @@ def random_weights(cfg: dict, seed: int = 0, std: float = 0.05, device=None,
     w = {"model.embed_tokens.weight": normal(v, h, scale=2 * std), "model.norm.weight": 1 + normal(h, scale=0.1)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        w.update({
-            p + "input_layernorm.weight": 1 + normal(h, scale=0.1),
-            p + "post_attention_layernorm.weight": 1 + normal(h, scale=0.1),
-            p + "self_attn.q_proj.weight": normal(q, h), p + "self_attn.k_proj.weight": normal(kv, h),
-            p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.o_proj.weight": normal(h, q),
-            p + "mlp.gate_proj.weight": normal(inter, h), p + "mlp.up_proj.weight": normal(inter, h),
-            p + "mlp.down_proj.weight": normal(h, inter),
-        })
+        w.update(
+            {
+                p + "input_layernorm.weight": 1 + normal(h, scale=0.1),
+                p + "post_attention_layernorm.weight": 1 + normal(h, scale=0.1),
+                p + "self_attn.q_proj.weight": normal(q, h),
+                p + "self_attn.k_proj.weight": normal(kv, h),
+                p + "self_attn.v_proj.weight": normal(kv, h),
+                p + "self_attn.o_proj.weight": normal(h, q),
+                p + "mlp.gate_proj.weight": normal(inter, h),
+                p + "mlp.up_proj.weight": normal(inter, h),
+                p + "mlp.down_proj.weight": normal(h, inter),
+            }
+        )
         if cfg.get("attention_bias"):
-            w.update({p + "self_attn.q_proj.bias": normal(q), p + "self_attn.k_proj.bias": normal(kv),
-                      p + "self_attn.v_proj.bias": normal(kv)})
+            w.update(
+                {
+                    p + "self_attn.q_proj.bias": normal(q),
+                    p + "self_attn.k_proj.bias": normal(kv),
+                    p + "self_attn.v_proj.bias": normal(kv),
+                }
+            )
         if cfg["model_type"] == "qwen3":  # far from 1, so that a missing or misplaced q/k norm shows
-            w.update({p + "self_attn.q_norm.weight": 1 + normal(hd, scale=0.5),
-                      p + "self_attn.k_norm.weight": 1 + normal(hd, scale=0.5)})
+            w.update(
+                {
+                    p + "self_attn.q_norm.weight": 1 + normal(hd, scale=0.5),
+                    p + "self_attn.k_norm.weight": 1 + normal(hd, scale=0.5),
+                }
+            )
         if cfg["model_type"] == "gemma3_text":  # Gemma stores w and applies (1 + w): noise around 0, q/k far from it
-            w.update({p + "self_attn.q_norm.weight": normal(hd, scale=0.5),
-                      p + "self_attn.k_norm.weight": normal(hd, scale=0.5),
-                      p + "pre_feedforward_layernorm.weight": normal(h, scale=0.1),
-                      p + "post_feedforward_layernorm.weight": normal(h, scale=0.1)})
+            w.update(
+                {
+                    p + "self_attn.q_norm.weight": normal(hd, scale=0.5),
+                    p + "self_attn.k_norm.weight": normal(hd, scale=0.5),
+                    p + "pre_feedforward_layernorm.weight": normal(h, scale=0.1),
+                    p + "post_feedforward_layernorm.weight": normal(h, scale=0.1),
+                }
+            )
             for name in ("input_layernorm", "post_attention_layernorm"):
                 w[p + name + ".weight"] -= 1
     if cfg["model_type"] == "gemma3_text":
@@ -131,14 +183,19 @@ def train_tokenizer(vocab_size: int, text: str = TEXT, exact: bool = True):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(text.splitlines(keepends=True), trainer)
     if exact and tok.get_vocab_size() != vocab_size:
         raise ValueError(f"the tiny tokenizer text only yields {tok.get_vocab_size()} tokens, not {vocab_size}")
     # As for Llama, HF's own tokenizer adds BOS; engine.tokenizer.Tokenizer.encode never does.
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", 0)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)]
+    )
     return tok
 
 
@@ -152,8 +209,13 @@ def make_tiny_model(path, arch: str = "llama", seed: int = 0, **config_overrides
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(random_weights(cfg, seed), str(path / "model.safetensors"))
     train_tokenizer(cfg["vocab_size"]).save(str(path / "tokenizer.json"))
-    tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-               "add_bos_token": True, "chat_template": CHATML_TEMPLATE}
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "add_bos_token": True,
+        "chat_template": CHATML_TEMPLATE,
+    }
     (path / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     return path
 
@@ -162,20 +224,34 @@ def make_tiny_model(path, arch: str = "llama", seed: int = 0, **config_overrides
 
 # Block types gguf-py cannot quantize: random blocks are written instead, with their fp16 scales (at these byte
 # offsets of each block) set so that values stay around +-0.1.
-RANDOM_BLOCK_SCALES = {"Q2_K": ((80, 82), 2e-3), "Q3_K": ((108,), 8e-4), "Q4_K": ((0, 2), 1e-4),
-                       "Q5_K": ((0, 2), 5e-5), "Q6_K": ((208,), 2.5e-5),
-                       "IQ4_NL": ((0,), 1e-3)}  # a type the engine does not load, for its error
-_GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-               "lm_head.weight": "output.weight", "input_layernorm.weight": "attn_norm.weight",
-               "post_attention_layernorm.weight": "ffn_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
-               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-               "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
-               "self_attn.k_norm.weight": "attn_k_norm.weight"}
+RANDOM_BLOCK_SCALES = {
+    "Q2_K": ((80, 82), 2e-3),
+    "Q3_K": ((108,), 8e-4),
+    "Q4_K": ((0, 2), 1e-4),
+    "Q5_K": ((0, 2), 5e-5),
+    "Q6_K": ((208,), 2.5e-5),
+    "IQ4_NL": ((0,), 1e-3),
+}  # a type the engine does not load, for its error
+_GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
 
 
-_GEMMA3_GGUF_NAMES = {"post_attention_layernorm.weight": "post_attention_norm.weight",
-                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-                      "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+_GEMMA3_GGUF_NAMES = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
 
 
 def gguf_name(hf_name: str, gemma3: bool = False) -> str:
@@ -183,7 +259,8 @@ def gguf_name(hf_name: str, gemma3: bool = False) -> str:
         return _GGUF_NAMES[hf_name]
     if gemma3 and hf_name.split(".", 3)[-1] in _GEMMA3_GGUF_NAMES:
         return gguf_name(hf_name.rsplit(".", 2)[0] + ".self_attn.q_norm.weight").replace(
-            "attn_q_norm.weight", _GEMMA3_GGUF_NAMES[hf_name.split(".", 3)[-1]])
+            "attn_q_norm.weight", _GEMMA3_GGUF_NAMES[hf_name.split(".", 3)[-1]]
+        )
     _, _, layer, rest = hf_name.split(".", 3)
     if rest.startswith("self_attn.") and rest[10] in "qkv" and rest[11:17] == "_proj.":
         return f"blk.{layer}.attn_{rest[10]}.{rest[17:]}"
@@ -209,7 +286,8 @@ def llama3_rope_factors(cfg: dict) -> np.ndarray:
             factors.append(rs["factor"])
         else:
             smooth = (rs["original_max_position_embeddings"] / wavelen - rs["low_freq_factor"]) / (
-                rs["high_freq_factor"] - rs["low_freq_factor"])
+                rs["high_freq_factor"] - rs["low_freq_factor"]
+            )
             factors.append(1 / ((1 - smooth) / rs["factor"] + smooth))
     return np.array(factors, dtype=np.float32)
 
@@ -244,15 +322,16 @@ def _encode_tensor(w: torch.Tensor, qtype: str, rng: np.random.Generator):
         blocks = rng.integers(0, 256, (rows, cols // block_elems, block_bytes), dtype=np.uint8)
         for off in offsets:
             d = rng.uniform(0.5 * scale, scale, blocks.shape[:2]).astype(np.float16)
-            blocks[:, :, off:off + 2] = d[..., None].view(np.uint8)
+            blocks[:, :, off : off + 2] = d[..., None].view(np.uint8)
         blocks = blocks.reshape(rows, -1)
     else:
         blocks = gguf.quants.quantize(w.numpy(), kind)
     return blocks, kind, reference_dequantize(blocks, qtype, tuple(w.shape))
 
 
-def make_tiny_gguf(path, arch: str = "llama", qtype: str = "F32", seed: int = 0, vocab: str = "bpe",
-                   **config_overrides):
+def make_tiny_gguf(
+    path, arch: str = "llama", qtype: str = "F32", seed: int = 0, vocab: str = "bpe", **config_overrides
+):
     """Write a tiny random GGUF the way llama.cpp's converter would (Q/K rows permuted for llama, norms and
     biases in F32, every matrix in `qtype`, ChatML template). `arch`: llama, mistral, llama3 (rope_freqs.weight),
     smollm (tied embeddings) -> GGUF arch llama; qwen2. K-quant types widen the model to 256-wide rows.
@@ -323,8 +402,9 @@ def _add_sentencepiece_vocab(w, vocab_size: int) -> None:
     specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     n_pieces = vocab_size - len(specials) - 256
     trainer = SentencePieceBPETokenizer()
-    trainer.train_from_iterator(TEXT.splitlines(), vocab_size=n_pieces + 1, special_tokens=["<unk>"],
-                                show_progress=False)
+    trainer.train_from_iterator(
+        TEXT.splitlines(), vocab_size=n_pieces + 1, special_tokens=["<unk>"], show_progress=False
+    )
     model = json.loads(trainer._tokenizer.to_str())["model"]
     pieces = [t for t in sorted(model["vocab"], key=model["vocab"].get) if t != "<unk>"]
     merged = {m if isinstance(m, str) else "".join(m): rank for rank, m in enumerate(model["merges"])}

@@ -11,6 +11,7 @@ kept-alive connection stays open. The OpenAPI schema (/openapi.json) says what t
 400 with the error object (never 422), and the rejections the schema language can express are in it. /docs shows
 it offline: Swagger UI served from the `fastapi-offline` package's copy of it (its script and style at /docs/ASSET,
 no CDN), or, without that package, a plain page listing every endpoint with its request and response schemas."""
+
 from __future__ import annotations
 
 import html
@@ -31,12 +32,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import AsyncEngine, QueueFull
 from ..errors import EngineFailure, UserError
+from . import DEFAULT_MAX_TOKENS, native
 from . import completions as openai_api
-from . import native
 from .metrics import Metrics
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-                       ScoreRequest, TokenizeRequest)
-from . import DEFAULT_MAX_TOKENS
+from .protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    ScoreRequest,
+    TokenizeRequest,
+)
 from .state import ServerState, cancel_on_disconnect
 
 access_log = logging.getLogger("engine.server.access")
@@ -44,15 +51,25 @@ log = logging.getLogger("engine.server")
 
 MAX_BODY_BYTES = 64 << 20  # a call of 256 pairs of a 32k-token context each is about 32 MiB of JSON
 MAX_INT_DIGITS = 40  # no field takes an integer longer than this (2**128 has 39 digits)
-DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
-               "favicon.png": "image/png"}  # the files of the fastapi-offline package that /docs loads
+DOCS_ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "favicon.png": "image/png",
+}  # the files of the fastapi-offline package that /docs loads
 PUBLIC = ("/health", "/metrics", "/openapi.json", "/docs") + tuple(f"/docs/{name}" for name in DOCS_ASSETS)
 # answered without the API key, unless api_key_all_endpoints
 
 
-def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
-               max_queue: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               default_max_tokens: int = DEFAULT_MAX_TOKENS, api_key_all_endpoints: bool = False) -> FastAPI:
+def create_app(
+    engine,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_queue: int | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    api_key_all_endpoints: bool = False,
+) -> FastAPI:
     """A FastAPI app serving `engine` (an Engine or an AsyncEngine). `max_queue` bounds the engine requests in
     flight, queued or running (a call that does not fit gets 503 + Retry-After); `api_key` makes every /v1 and
     tokenizer route ask for `Authorization: Bearer <key>`, and every route (PUBLIC too: the health, metrics and
@@ -60,8 +77,14 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     `max_body_bytes` is a 413; a chat request without max_tokens generates at most `default_max_tokens`."""
     owned = not isinstance(engine, AsyncEngine)
     aengine = AsyncEngine(engine) if owned else engine  # the bound is the server's: all of a call or none
-    state = ServerState(aengine, aengine.engine, model_name or "default", api_key=api_key, max_queue=max_queue,
-                        default_max_tokens=default_max_tokens)
+    state = ServerState(
+        aengine,
+        aengine.engine,
+        model_name or "default",
+        api_key=api_key,
+        max_queue=max_queue,
+        default_max_tokens=default_max_tokens,
+    )
     public = () if api_key_all_endpoints and api_key is not None else PUBLIC
     metrics = Metrics(aengine.stats)
 
@@ -83,9 +106,13 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     async def docs():
         if swagger_ui_dir() is None:
             return HTMLResponse(endpoints_page(app.openapi()))
-        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} API",
-                                   swagger_js_url="/docs/swagger-ui-bundle.js", swagger_css_url="/docs/swagger-ui.css",
-                                   swagger_favicon_url="/docs/favicon.png")
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} API",
+            swagger_js_url="/docs/swagger-ui-bundle.js",
+            swagger_css_url="/docs/swagger-ui.css",
+            swagger_favicon_url="/docs/favicon.png",
+        )
 
     @app.get("/docs/{name}", include_in_schema=False)
     async def docs_asset(name: str):
@@ -114,8 +141,18 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
     @api.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                            "owned_by": "icqs-engine", "max_model_len": state.max_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "icqs-engine",
+                    "max_model_len": state.max_len,
+                }
+            ],
+        }
 
     @api.get("/tokenizer_info")
     async def tokenizer_info():
@@ -162,9 +199,11 @@ def endpoints_page(schema: dict) -> str:
     """/docs without Swagger UI: every endpoint (method, path, summary) with its request and response schemas, from
     the OpenAPI schema, on one static page (no scripts)."""
     esc = html.escape
-    parts = [f"<h1>{esc(schema['info']['title'])} API</h1><p>The machine-readable schema: "
-             "<a href='/openapi.json'>/openapi.json</a>. (Install the <code>fastapi-offline</code> package for "
-             "the interactive page.)</p>"]
+    parts = [
+        f"<h1>{esc(schema['info']['title'])} API</h1><p>The machine-readable schema: "
+        "<a href='/openapi.json'>/openapi.json</a>. (Install the <code>fastapi-offline</code> package for "
+        "the interactive page.)</p>"
+    ]
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
             parts.append(f"<h2>{esc(method.upper())} {esc(path)}</h2><p>{esc(op.get('summary', ''))}</p>")
@@ -174,16 +213,25 @@ def endpoints_page(schema: dict) -> str:
             for code, response in op.get("responses", {}).items():
                 media = response.get("content", {})
                 shown = {kind: m.get("schema", {}) for kind, m in media.items()}
-                parts.append(f"<h3>{esc(code)}: {esc(response.get('description', ''))}</h3>"
-                             + (f"<pre>{esc(json.dumps(shown, indent=1))}</pre>" if shown else ""))
+                parts.append(
+                    f"<h3>{esc(code)}: {esc(response.get('description', ''))}</h3>"
+                    + (f"<pre>{esc(json.dumps(shown, indent=1))}</pre>" if shown else "")
+                )
     components = schema.get("components", {}).get("schemas", {})
     if components:
-        parts.append("<h2>schemas</h2>" + "".join(f"<h3 id='{esc(name)}'>{esc(name)}</h3><pre>"
-                                                  f"{esc(json.dumps(s, indent=1))}</pre>"
-                                                  for name, s in components.items()))
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>" + esc(schema["info"]["title"])
-            + " API</title><style>body{font-family:sans-serif;max-width:1100px;margin:auto}pre{background:#f4f4f4;"
-            "padding:6px;overflow-x:auto;font-size:12px}</style></head><body>" + "".join(parts) + "</body></html>")
+        parts.append(
+            "<h2>schemas</h2>"
+            + "".join(
+                f"<h3 id='{esc(name)}'>{esc(name)}</h3><pre>{esc(json.dumps(s, indent=1))}</pre>"
+                for name, s in components.items()
+            )
+        )
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>"
+        + esc(schema["info"]["title"])
+        + " API</title><style>body{font-family:sans-serif;max-width:1100px;margin:auto}pre{background:#f4f4f4;"
+        "padding:6px;overflow-x:auto;font-size:12px}</style></head><body>" + "".join(parts) + "</body></html>"
+    )
 
 
 async def _respond(request: Request, work):
@@ -201,8 +249,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(QueueFull)
     async def queue_full(request, e: QueueFull):
-        return JSONResponse(APIError(503, f"the server is busy ({e}); retry later").body(), status_code=503,
-                            headers={"Retry-After": "1"})
+        return JSONResponse(
+            APIError(503, f"the server is busy ({e}); retry later").body(),
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
 
     @app.exception_handler(UserError)
     async def user_error(request, e: UserError):
@@ -218,8 +269,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, e: StarletteHTTPException):
-        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code,
-                            headers=getattr(e, "headers", None))
+        return JSONResponse(
+            APIError(e.status_code, str(e.detail)).body(),
+            status_code=e.status_code,
+            headers=getattr(e, "headers", None),
+        )
 
 
 def validation_error(errors) -> APIError:
@@ -227,8 +281,11 @@ def validation_error(errors) -> APIError:
     failed, the accepted types."""
     err = errors[0]
     if err.get("type") == "json_invalid":
-        return APIError(400, "the request body is not valid JSON" + (f" ({err['ctx']['error']})" if "standard JSON"
-                                                                     in str(err.get("ctx", {}).get("error")) else ""))
+        return APIError(
+            400,
+            "the request body is not valid JSON"
+            + (f" ({err['ctx']['error']})" if "standard JSON" in str(err.get("ctx", {}).get("error")) else ""),
+        )
     text = next((e for e in errors if "not valid Unicode" in e.get("msg", "")), None)
     if text is not None:  # inside a union too: the string member is the one the client meant
         path, _ = _field_path(text.get("loc", ()))
@@ -239,10 +296,17 @@ def validation_error(errors) -> APIError:
         return APIError(400, f"{path}: an integer of {huge['input'].digits} digits is out of range", param=path)
     path, tag = _field_path(err.get("loc", ()))
     if not path:
-        return APIError(400, "the request body must be a JSON object" if err.get("type") in (
-            "missing", "model_attributes_type", "dict_type") else err.get("msg", "").removeprefix("Value error, "))
-    message = "this field is required" if err.get("type") == "missing" else \
-        err.get("msg", "invalid value").removeprefix("Value error, ")
+        return APIError(
+            400,
+            "the request body must be a JSON object"
+            if err.get("type") in ("missing", "model_attributes_type", "dict_type")
+            else err.get("msg", "").removeprefix("Value error, "),
+        )
+    message = (
+        "this field is required"
+        if err.get("type") == "missing"
+        else err.get("msg", "invalid value").removeprefix("Value error, ")
+    )
     located = [_field_path(e.get("loc", ())) for e in errors]
     if len(errors) > 1 and all(p == path and t is not None for p, t in located):
         message = f"not one of the accepted types ({', '.join(dict.fromkeys(t for _, t in located))})"
@@ -274,8 +338,19 @@ def _is_field(part: str) -> bool:
 class AccessLog:
     """ASGI middleware: one JSON line per request (method, path, status, seconds) and the HTTP metrics."""
 
-    KNOWN = {"/v1/completions", "/v1/chat/completions", "/v1/score", "/v1/generate", "/v1/models", "/v1/tokenizer",
-             "/tokenizer_info", "/tokenize", "/detokenize", "/health", "/metrics"}
+    KNOWN = {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/score",
+        "/v1/generate",
+        "/v1/models",
+        "/v1/tokenizer",
+        "/tokenizer_info",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/metrics",
+    }
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -297,11 +372,21 @@ class AccessLog:
             path = scope["path"] if scope["path"] in self.KNOWN else "other"
             self.metrics.observe(path, status[0], seconds)
             client = scope.get("client") or ("", 0)
-            access_log.info(json.dumps({"method": scope["method"], "path": scope["path"], "status": status[0],
-                                        "seconds": round(seconds, 6), "client": f"{client[0]}:{client[1]}"}))
+            access_log.info(
+                json.dumps(
+                    {
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status[0],
+                        "seconds": round(seconds, 6),
+                        "client": f"{client[0]}:{client[1]}",
+                    }
+                )
+            )
 
 
 # ---- before the handlers: the key, the body, a bug ------------------------------------------------------------
+
 
 def _json_response(status: int, error: APIError):
     return JSONResponse(error.body(), status_code=status, headers=error.headers)
@@ -331,8 +416,9 @@ class Guard:
         if self.expected is not None and scope["path"] not in self.public:
             header = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(header, self.expected):
-                error = APIError(401, "missing or wrong API key (send `Authorization: Bearer <key>`)",
-                                 code="invalid_api_key")
+                error = APIError(
+                    401, "missing or wrong API key (send `Authorization: Bearer <key>`)", code="invalid_api_key"
+                )
                 return await _json_response(401, error)(scope, receive, send)
         try:
             declared = int(dict(scope["headers"]).get(b"content-length", b"0"))
@@ -386,7 +472,7 @@ def _parse_float(text: str):
     """A JSON number written with a fraction or exponent; an integral one (`1.0`, `2e3`) is the integer, as JSON
     Schema counts it (so `n: 1.0` is accepted like `n: 1`), within the doubles' exact range."""
     value = float(text)
-    return int(value) if value.is_integer() and abs(value) <= 2 ** 53 else value
+    return int(value) if value.is_integer() and abs(value) <= 2**53 else value
 
 
 def _no_constant(name: str):
@@ -399,8 +485,9 @@ class StrictJSONRequest(Request):
 
     async def json(self):
         if not hasattr(self, "_json"):
-            self._json = json.loads(await self.body(), parse_int=_parse_int, parse_float=_parse_float,
-                                    parse_constant=_no_constant)
+            self._json = json.loads(
+                await self.body(), parse_int=_parse_int, parse_float=_parse_float, parse_constant=_no_constant
+            )
         return self._json
 
 
@@ -410,18 +497,35 @@ class StrictJSONRoute(APIRoute):
 
         async def strict(request: Request):
             return await handler(StrictJSONRequest(request.scope, request.receive))
+
         return strict
 
 
 # ---- the OpenAPI schema: what the server does -------------------------------------------------------------------
 
-ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "type"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
-        "code": {"type": ["string", "null"]}}}}}
-ERRORS = {"400": "bad request: the error object names the field (`param`)", "401": "missing or wrong API key",
-          "413": "request body too large", "503": "the server is busy (Retry-After)",
-          "500": "internal error (a bug or an engine failure)"}
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+ERRORS = {
+    "400": "bad request: the error object names the field (`param`)",
+    "401": "missing or wrong API key",
+    "413": "request body too large",
+    "503": "the server is busy (Retry-After)",
+    "500": "internal error (a bug or an engine failure)",
+}
 
 
 def _openapi(app: FastAPI, public=PUBLIC) -> dict:
@@ -480,11 +584,14 @@ def _capped(node, cap: int) -> None:
     if isinstance(node, dict):
         if node.get("type") == "string":
             node["maxLength"] = cap
-        elif node.get("type") == "array" and isinstance(node.get("items"), dict) \
-                and node["items"].get("type") == "integer":
+        elif (
+            node.get("type") == "array"
+            and isinstance(node.get("items"), dict)
+            and node["items"].get("type") == "integer"
+        ):
             node["maxItems"] = cap
         for key in ("anyOf", "prefixItems", "items"):
-            for child in (node.get(key) if isinstance(node.get(key), list) else [node.get(key)]):
+            for child in node.get(key) if isinstance(node.get(key), list) else [node.get(key)]:
                 _capped(child, cap)
 
 
@@ -494,9 +601,17 @@ def _express_rejections(components: dict, vocab: int, max_len: int, model: str, 
     than the context holds, and /v1/score's two shapes (pairs, or query with items). (What depends on tokenizing,
     the prompt's length, and the server's queue cannot be.)"""
     _token_ids(components, vocab)
-    for name, field in (("CompletionRequest", "prompt"), ("ScoreRequest", "query"), ("ScoreRequest", "items"),
-                        ("ScoreRequest", "pairs"), ("GenerateRequest", "prompts"), ("TokenizeRequest", "prompt"),
-                        ("DetokenizeRequest", "tokens"), ("ChatMessage", "content"), ("ContentPart", "text")):
+    for name, field in (
+        ("CompletionRequest", "prompt"),
+        ("ScoreRequest", "query"),
+        ("ScoreRequest", "items"),
+        ("ScoreRequest", "pairs"),
+        ("GenerateRequest", "prompts"),
+        ("TokenizeRequest", "prompt"),
+        ("DetokenizeRequest", "tokens"),
+        ("ChatMessage", "content"),
+        ("ContentPart", "text"),
+    ):
         _capped(components[name]["properties"][field], max_text)
     for component in components.values():
         if "model" in component.get("properties", {}):
@@ -516,7 +631,12 @@ def _express_rejections(components: dict, vocab: int, max_len: int, model: str, 
     _nonempty(pair["prefixItems"][1])  # the continuation
     null = {"type": "null"}
     score["anyOf"] = [
-        {"required": ["pairs"], "properties": {"pairs": {"type": "array"}, "query": null, "items": null,
-                                                "label_token_ids": null}},
-        {"required": ["query", "items"], "properties": {"query": {"not": null}, "items": {"type": "array"},
-                                                         "pairs": null}}]
+        {
+            "required": ["pairs"],
+            "properties": {"pairs": {"type": "array"}, "query": null, "items": null, "label_token_ids": null},
+        },
+        {
+            "required": ["query", "items"],
+            "properties": {"query": {"not": null}, "items": {"type": "array"}, "pairs": null},
+        },
+    ]

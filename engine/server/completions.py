@@ -6,6 +6,7 @@ prefix cache (the first position gets `null`, as in the OpenAI API). Generated t
 submitted alongside; their log-probs and alternatives, when asked, come from one more score request over the
 prompt (cached by then) and the generated tokens, so `top_logprobs` always holds the very numbers of
 `token_logprobs` (a greedy token asked for its top-1 is its own: no second request)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,13 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # the engine's fin
 
 
 def _gen_params(req, max_tokens: int, seed_offset: int) -> dict:
-    return dict(max_tokens=max_tokens, temperature=float(req.temperature), top_p=float(req.top_p),
-                seed=None if req.seed is None else req.seed + seed_offset, stop=req.stop_list())
+    return dict(
+        max_tokens=max_tokens,
+        temperature=float(req.temperature),
+        top_p=float(req.top_p),
+        seed=None if req.seed is None else req.seed + seed_offset,
+        stop=req.stop_list(),
+    )
 
 
 def _top_dict(state: ServerState, pairs, token: int, logprob: float) -> dict:
@@ -51,8 +57,10 @@ class Scored:
         return scored
 
     def top_dicts(self, state) -> list:
-        return [None if top is None else _top_dict(state, top, t, lp)
-                for t, lp, top in zip(self.tokens, self.logprobs, self.tops)]
+        return [
+            None if top is None else _top_dict(state, top, t, lp)
+            for t, lp, top in zip(self.tokens, self.logprobs, self.tops)
+        ]
 
 
 async def _score_all(state: ServerState, pairs, top_k: int):
@@ -63,12 +71,21 @@ async def _run(state: ServerState, prompts, req, max_tokens: int, echo: bool, to
     """For each prompt: its echo Scored (or None) and its n generations with their Scored (or None)."""
     n = req.n
     echo_pairs = [(ids[:1], ids[1:]) for ids in prompts if len(ids) > 1] if echo and top_k else []
-    gens = [state.aengine.generate(ids, **_gen_params(req, max_tokens, i * n + j))
-            for i, ids in enumerate(prompts) for j in range(n)] if max_tokens > 0 else []
+    gens = (
+        [
+            state.aengine.generate(ids, **_gen_params(req, max_tokens, i * n + j))
+            for i, ids in enumerate(prompts)
+            for j in range(n)
+        ]
+        if max_tokens > 0
+        else []
+    )
     echo_results, *generations = await asyncio.gather(_score_all(state, echo_pairs, top_k), *gens)
     echo_results = iter(echo_results)
-    echoes = [(Scored(ids, next(echo_results) if len(ids) > 1 else None, first_null=True)
-               if echo and top_k else None) for ids in prompts]
+    echoes = [
+        (Scored(ids, next(echo_results) if len(ids) > 1 else None, first_null=True) if echo and top_k else None)
+        for ids in prompts
+    ]
     gen_scored = [None] * len(generations)
     if top_k == 1 and (req.temperature == 0 or req.top_p == 0):  # lm-eval's case: no second request
         gen_scored = [Scored.greedy(g) for g in generations]
@@ -87,8 +104,12 @@ def _completion_logprobs(state, echo: Scored | None, gen_scored: Scored | None) 
     for text in tokens:
         offsets.append(at)
         at += len(text)
-    return {"tokens": tokens, "token_logprobs": [v for p in parts for v in p.logprobs],
-            "top_logprobs": [t for p in parts for t in p.top_dicts(state)], "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [v for p in parts for v in p.logprobs],
+        "top_logprobs": [t for p in parts for t in p.top_dicts(state)],
+        "text_offset": offsets,
+    }
 
 
 async def completions(state: ServerState, req: CompletionRequest):
@@ -105,8 +126,9 @@ async def completions(state: ServerState, req: CompletionRequest):
         if max_tokens == 0:
             raise bad_request("max_tokens", "a stream needs max_tokens >= 1")
     top_k = None if req.logprobs is None else max(req.logprobs, 1)  # the argmax is always among the alternatives
-    ticket = state.admit(len(prompts) * (req.n * (max_tokens > 0) * (2 if top_k else 1) + (1 if req.echo else 0)),
-                         "prompt")
+    ticket = state.admit(
+        len(prompts) * (req.n * (max_tokens > 0) * (2 if top_k else 1) + (1 if req.echo else 0)), "prompt"
+    )
     rid, created = state.request_id("cmpl"), int(time.time())
     if req.stream:
         return _stream(state, ticket, prompts, req, max_tokens, rid, created, chat=False)
@@ -120,16 +142,29 @@ async def completions(state: ServerState, req: CompletionRequest):
         for j in range(req.n):
             k = i * req.n + j
             gen = generations[k] if generations else None
-            choice = {"index": k, "text": echo_text + (gen.text if gen else ""),
-                      "logprobs": None, "finish_reason": FINISH[gen.finish_reason] if gen else "length"}
+            choice = {
+                "index": k,
+                "text": echo_text + (gen.text if gen else ""),
+                "logprobs": None,
+                "finish_reason": FINISH[gen.finish_reason] if gen else "length",
+            }
             if top_k:
                 choice["logprobs"] = _completion_logprobs(state, echoes[i], gen_scored[k] if gen else None)
             choices.append(choice)
     completion_tokens = sum(len(g.token_ids) for g in generations)
     prompt_tokens = sum(len(ids) for ids in prompts)
-    return {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-            "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                          "total_tokens": prompt_tokens + completion_tokens}}
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": state.model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
@@ -149,16 +184,19 @@ def _chat_logprobs(state, scored: Scored | None, top_logprobs: int) -> dict:
 
     if scored is None:
         return {"content": []}
-    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top[:top_logprobs]]}
-                        for t, lp, top in zip(scored.tokens, scored.logprobs, scored.tops)]}
+    return {
+        "content": [
+            {**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top[:top_logprobs]]}
+            for t, lp, top in zip(scored.tokens, scored.logprobs, scored.tops)
+        ]
+    }
 
 
 async def chat_completions(state: ServerState, req: ChatCompletionRequest):
     state.check_model(req.model)
     ids = await asyncio.to_thread(_chat_prompt, state, req)  # the template and the tokenizer off the event loop
     # without max_tokens: what the context holds, at most the server's default (--default-max-tokens), as vLLM
-    max_tokens = req.max_completion_tokens or req.max_tokens or min(state.max_len - len(ids),
-                                                                     state.default_max_tokens)
+    max_tokens = req.max_completion_tokens or req.max_tokens or min(state.max_len - len(ids), state.default_max_tokens)
     state.check_length(len(ids), 1, "messages")
     for key in ("max_completion_tokens", "max_tokens"):  # each one given must fit, the one used or not
         if getattr(req, key) is not None:
@@ -177,17 +215,30 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest):
         ticket.release()
     choices = []
     for j, gen in enumerate(generations):
-        choice = {"index": j, "message": {"role": "assistant", "content": gen.text},
-                  "logprobs": _chat_logprobs(state, gen_scored[j], req.top_logprobs or 0) if top_k else None,
-                  "finish_reason": FINISH[gen.finish_reason]}
+        choice = {
+            "index": j,
+            "message": {"role": "assistant", "content": gen.text},
+            "logprobs": _chat_logprobs(state, gen_scored[j], req.top_logprobs or 0) if top_k else None,
+            "finish_reason": FINISH[gen.finish_reason],
+        }
         choices.append(choice)
     completion_tokens = sum(len(g.token_ids) for g in generations)
-    return {"id": rid, "object": "chat.completion", "created": created, "model": state.model_name,
-            "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": completion_tokens,
-                                          "total_tokens": len(ids) + completion_tokens}}
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": state.model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(ids) + completion_tokens,
+        },
+    }
 
 
 # ---- streaming (server-sent events) ---------------------------------------------------------------------------
+
 
 def _stream(state: ServerState, ticket, prompts, req, max_tokens: int, rid: str, created: int, chat: bool):
     """An async iterator of SSE lines: every choice's tokens as they come, each choice closed by its finish
@@ -205,12 +256,16 @@ def _stream(state: ServerState, ticket, prompts, req, max_tokens: int, rid: str,
 
     def chunk(k, delta: str, finish):
         if chat:
-            body = {"index": k, "delta": {"content": delta} if delta else {}, "logprobs": None,
-                    "finish_reason": finish}
+            body = {"index": k, "delta": {"content": delta} if delta else {}, "logprobs": None, "finish_reason": finish}
         else:
             body = {"index": k, "text": delta, "logprobs": None, "finish_reason": finish}
-        return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                "model": state.model_name, "choices": [body]}
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": state.model_name,
+            "choices": [body],
+        }
 
     async def events():
         tasks = [asyncio.ensure_future(pump(i * n + j, ids)) for i, ids in enumerate(prompts) for j in range(n)]

@@ -3,6 +3,7 @@
 HTTP requests are counted by endpoint and status and timed per endpoint here; the engine's own counters and
 gauges (tokens computed vs requested, cache hits, queue depth, KV pages, forward steps and their time) are read
 from `AsyncEngine.stats()` when /metrics is scraped."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,17 +46,27 @@ class EngineCollector:
         if steps is not None:  # every step's seconds, as the engine recorded them
             counts = np.histogram(steps, bins=[0.0, *STEP_BUCKETS, np.inf])[0].cumsum().tolist()
             buckets = [(str(b), c) for b, c in zip([*STEP_BUCKETS, "+Inf"], counts)]
-            yield HistogramMetricFamily("engine_step_seconds", "time of one engine step (forward, log-probs, "
-                                        "sampling)", buckets=buckets, sum_value=float(np.sum(steps)))
+            yield HistogramMetricFamily(
+                "engine_step_seconds",
+                "time of one engine step (forward, log-probs, sampling)",
+                buckets=buckets,
+                sum_value=float(np.sum(steps)),
+            )
 
 
 class Metrics:
     def __init__(self, engine_stats):
         self.registry = CollectorRegistry()
-        self.requests = Counter("http_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("http_request_seconds", "HTTP request latency by endpoint", ["endpoint"],
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "http_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "http_request_seconds",
+            "HTTP request latency by endpoint",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(EngineCollector(engine_stats))
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:

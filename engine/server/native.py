@@ -5,6 +5,7 @@ client (engine/client.py) builds the very tokenizer the server uses.
 
 Texts are tokenized off the event loop (a worker thread; the tokenizer releases the GIL), so that a call of many
 long texts does not hold up the other clients, nor the server's view of a client that left or of a SIGTERM."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,13 @@ from .state import ServerState
 
 
 def _score_item(i: int, res, top_k: int) -> dict:
-    item = {"index": i, "logprob": res.logprob, "token_logprobs": res.token_logprobs,
-            "num_tokens": res.num_tokens, "is_greedy": res.is_greedy}
+    item = {
+        "index": i,
+        "logprob": res.logprob,
+        "token_logprobs": res.token_logprobs,
+        "num_tokens": res.num_tokens,
+        "is_greedy": res.is_greedy,
+    }
     if top_k:
         item["top_logprobs"] = [[list(p) for p in top] for top in res.top_logprobs]
     return item
@@ -38,8 +44,12 @@ async def score(state: ServerState, req: ScoreRequest) -> dict:
             ticket.release()
         data = [_score_item(i, r, req.top_logprobs) for i, r in enumerate(results)]
         usage = sum(len(c) + len(x) for c, x in encoded)
-        return {"object": "list", "model": state.model_name, "data": data,
-                "usage": {"prompt_tokens": usage, "total_tokens": usage}}
+        return {
+            "object": "list",
+            "model": state.model_name,
+            "data": data,
+            "usage": {"prompt_tokens": usage, "total_tokens": usage},
+        }
     labels = state.check_ids(list(req.label_token_ids), "label_token_ids")
     ticket = state.admit(len(encoded) * len(labels), "label_token_ids")
     prefixes = [ctx + cont for ctx, cont in encoded]  # query + item: the labels' common context
@@ -49,7 +59,7 @@ async def score(state: ServerState, req: ScoreRequest) -> dict:
         ticket.release()
     data, scores = [], []
     for i in range(len(prefixes)):
-        lps = [r.logprob for r in results[i * len(labels):(i + 1) * len(labels)]]
+        lps = [r.logprob for r in results[i * len(labels) : (i + 1) * len(labels)]]
         probs = [math.exp(lp) for lp in lps]
         if req.apply_softmax:
             total = sum(probs)
@@ -57,30 +67,56 @@ async def score(state: ServerState, req: ScoreRequest) -> dict:
         data.append({"index": i, "label_logprobs": lps, "scores": probs})
         scores.append(probs)
     usage = sum(len(p) for p in prefixes)
-    return {"object": "list", "model": state.model_name, "data": data, "scores": scores,
-            "usage": {"prompt_tokens": usage, "total_tokens": usage}}
+    return {
+        "object": "list",
+        "model": state.model_name,
+        "data": data,
+        "scores": scores,
+        "usage": {"prompt_tokens": usage, "total_tokens": usage},
+    }
 
 
 async def generate(state: ServerState, req: GenerateRequest) -> dict:
     """As Engine.generate: prompt i samples with seed + i."""
     state.check_model(req.model)
-    prompts = await asyncio.to_thread(state.encode_prompts, req.prompts,
-                                      [f"prompts[{i}]" for i in range(len(req.prompts))])
+    prompts = await asyncio.to_thread(
+        state.encode_prompts, req.prompts, [f"prompts[{i}]" for i in range(len(req.prompts))]
+    )
     for i, ids in enumerate(prompts):
         state.check_length(len(ids), 1, f"prompts[{i}]")
         state.check_length(len(ids), req.max_tokens, "max_tokens")
     ticket = state.admit(len(prompts), "prompts")
     try:
-        gens = await asyncio.gather(*(state.aengine.generate(
-            ids, max_tokens=req.max_tokens, temperature=float(req.temperature), top_p=float(req.top_p),
-            seed=None if req.seed is None else req.seed + i, stop=req.stop or []) for i, ids in enumerate(prompts)))
+        gens = await asyncio.gather(
+            *(
+                state.aengine.generate(
+                    ids,
+                    max_tokens=req.max_tokens,
+                    temperature=float(req.temperature),
+                    top_p=float(req.top_p),
+                    seed=None if req.seed is None else req.seed + i,
+                    stop=req.stop or [],
+                )
+                for i, ids in enumerate(prompts)
+            )
+        )
     finally:
         ticket.release()
-    return {"object": "list", "model": state.model_name,
-            "data": [{"index": i, "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
-                      "token_logprobs": g.token_logprobs} for i, g in enumerate(gens)],
-            "usage": {"prompt_tokens": sum(map(len, prompts)),
-                      "completion_tokens": sum(len(g.token_ids) for g in gens)}}
+    return {
+        "object": "list",
+        "model": state.model_name,
+        "data": [
+            {
+                "index": i,
+                "text": g.text,
+                "token_ids": g.token_ids,
+                "finish_reason": g.finish_reason,
+                "token_logprobs": g.token_logprobs,
+            }
+            for i, g in enumerate(gens)
+        ],
+        "usage": {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": sum(len(g.token_ids) for g in gens)},
+    }
 
 
 def _token(state: ServerState, token_id: int | None) -> str | None:
@@ -89,16 +125,32 @@ def _token(state: ServerState, token_id: int | None) -> str | None:
 
 def tokenizer_info(state: ServerState) -> dict:
     tok = state.tokenizer
-    return {"eos_token": _token(state, tok.eos_id), "bos_token": _token(state, tok.bos_id), "pad_token": None,
-            "eos_token_id": tok.eos_id, "bos_token_id": tok.bos_id, "add_bos_token": tok.add_bos,
-            "chat_template": tok.chat_template, "model_max_length": state.max_len, "vocab_size": tok.vocab_size}
+    return {
+        "eos_token": _token(state, tok.eos_id),
+        "bos_token": _token(state, tok.bos_id),
+        "pad_token": None,
+        "eos_token_id": tok.eos_id,
+        "bos_token_id": tok.bos_id,
+        "add_bos_token": tok.add_bos,
+        "chat_template": tok.chat_template,
+        "model_max_length": state.max_len,
+        "vocab_size": tok.vocab_size,
+    }
 
 
 def tokenizer_full(state: ServerState) -> dict:
     tok = state.tokenizer
-    return {"model": state.model_name, "tokenizer_json": tok.backend.to_str(), "bos_id": tok.bos_id,
-            "eos_ids": tok.eos_ids, "add_bos": tok.add_bos, "chat_template": tok.chat_template,
-            "config": asdict(state.config), "max_len": state.max_len, "kv_tokens": state.limits.kv_tokens}
+    return {
+        "model": state.model_name,
+        "tokenizer_json": tok.backend.to_str(),
+        "bos_id": tok.bos_id,
+        "eos_ids": tok.eos_ids,
+        "add_bos": tok.add_bos,
+        "chat_template": tok.chat_template,
+        "config": asdict(state.config),
+        "max_len": state.max_len,
+        "kv_tokens": state.limits.kv_tokens,
+    }
 
 
 def tokenize(state: ServerState, req: TokenizeRequest) -> dict:

@@ -5,19 +5,29 @@ naming its field. Every string must be valid Unicode (a lone UTF-16 surrogate su
 its field); integers are range-checked (a seed is below 2**53, max_tokens 32 bits); a call holds at most
 MAX_PER_CALL prompts, items or pairs. Checks that need the model (token ids inside the vocabulary, lengths under the
 model's maximum, the model's name) are made by the handlers before any work is queued."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 MAX_LOGPROBS = 20  # top-k alternatives per token, at most
 MAX_N = 16  # choices per prompt, at most
 MAX_PER_CALL = 4096  # prompts, items, pairs, messages or label ids in one call (engine/client.py sends 256)
 MAX_STOP = 16  # stop strings
-MAX_SEED = 2 ** 53 - 1  # the integers every JSON implementation holds exactly (RFC 7493); inside torch's 64 bits
-MAX_TOKENS = 2 ** 31 - 1  # a bound on the number itself; the model's context is the real limit (checked later)
+MAX_SEED = 2**53 - 1  # the integers every JSON implementation holds exactly (RFC 7493); inside torch's 64 bits
+MAX_TOKENS = 2**31 - 1  # a bound on the number itself; the model's context is the real limit (checked later)
 
 
 def _unicode(text: str) -> str:
@@ -38,13 +48,25 @@ Seed = Optional[Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]]
 class APIError(Exception):
     """An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
-        self.type = type or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                             413: "invalid_request_error", 500: "internal_error",
-                             503: "overloaded_error"}.get(status, "server_error")
+        self.type = type or {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            404: "not_found_error",
+            413: "invalid_request_error",
+            500: "internal_error",
+            503: "overloaded_error",
+        }.get(status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -74,8 +96,13 @@ class SamplingFields(Request):
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
-    prompt: Union[UStr, Annotated[list[UStr], Field(max_length=MAX_PER_CALL)], TokenIds,
-                  Annotated[list[TokenIds], Field(max_length=MAX_PER_CALL)]]
+
+    prompt: Union[
+        UStr,
+        Annotated[list[UStr], Field(max_length=MAX_PER_CALL)],
+        TokenIds,
+        Annotated[list[TokenIds], Field(max_length=MAX_PER_CALL)],
+    ]
     max_tokens: Optional[StrictInt] = Field(16, ge=0, le=MAX_TOKENS)
     echo: StrictBool = False
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -107,6 +134,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
+
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_PER_CALL)
     max_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
@@ -120,6 +148,7 @@ class ScoreRequest(Request):
 
     Without `label_token_ids` each item is a continuation of the query and is scored token by token; with them,
     each item is appended to the query and the next-token log-probs of the labels are returned."""
+
     query: Optional[Text] = None
     items: Optional[list[Text]] = Field(None, min_length=1, max_length=MAX_PER_CALL)
     pairs: Optional[list[tuple[Text, Text]]] = Field(None, min_length=1, max_length=MAX_PER_CALL)
@@ -141,6 +170,7 @@ class ScoreRequest(Request):
 
 class GenerateRequest(Request):
     """POST /v1/generate: the engine's own `generate` (token ids and the engine's finish reasons)."""
+
     prompts: list[Text] = Field(min_length=1, max_length=MAX_PER_CALL)
     max_tokens: StrictInt = Field(128, ge=1, le=MAX_TOKENS)
     temperature: Number = Field(0.0, ge=0, le=2)

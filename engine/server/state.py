@@ -2,21 +2,35 @@
 any of its work is queued (model name, token ids inside the vocabulary, lengths under the model's maximum, room
 in the queue). The request checks are engine/requests.py's, the engine's own; a failed one is a 400 whose
 `param` is the field of the HTTP body (the RequestError's index and field say which)."""
+
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
 
-from ..requests import encode_pairs, prompt_ids
-from ..requests import RequestError, check_generate_length, check_score_length, check_token_ids
+from ..requests import (
+    RequestError,
+    check_generate_length,
+    check_score_length,
+    check_token_ids,
+    encode_pairs,
+    prompt_ids,
+)
 from . import DEFAULT_MAX_TOKENS
 from .protocol import APIError, bad_request
 
 
 class ServerState:
-    def __init__(self, aengine, engine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
+    def __init__(
+        self,
+        aengine,
+        engine,
+        model_name: str,
+        api_key: str | None = None,
+        max_queue: int | None = None,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ):
         self.aengine, self.engine = aengine, engine
         self.tokenizer, self.config = engine.tokenizer, engine.config
         self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
@@ -33,8 +47,12 @@ class ServerState:
     # ---- checks --------------------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(400, f"model: unknown model {model!r} (this server serves {self.model_name!r})",
-                           param="model", code="model_not_found")
+            raise APIError(
+                400,
+                f"model: unknown model {model!r} (this server serves {self.model_name!r})",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_ids(self, ids: list[int], param: str) -> list[int]:
         if not ids:
@@ -54,9 +72,12 @@ class ServerState:
     def check_text(self, n_chars: int, param: str) -> None:
         """A text of n_chars characters (or that many token ids) is at most the longest a request can hold."""
         if n_chars > self.max_text_chars:
-            raise bad_request(param, f"{n_chars:,} characters or token ids: longer than any request can be (at most "
-                                     f"{self.max_text_chars:,}, what {self.max_len:,} tokens of this model's "
-                                     f"vocabulary can spell)")
+            raise bad_request(
+                param,
+                f"{n_chars:,} characters or token ids: longer than any request can be (at most "
+                f"{self.max_text_chars:,}, what {self.max_len:,} tokens of this model's "
+                f"vocabulary can spell)",
+            )
 
     def encode_prompts(self, prompts, params: list[str]) -> list[list[int]]:
         """encode_prompt of each prompt (named by its param), every one's length checked before any is tokenized."""
@@ -99,8 +120,11 @@ class ServerState:
             if n > self.max_queue:
                 raise bad_request(param, f"{n} requests in one call exceed the server's limit of {self.max_queue}")
             if self.in_flight + n > self.max_queue:
-                raise APIError(503, f"the server is busy ({self.in_flight} requests in flight, at most "
-                                    f"{self.max_queue}); retry later", headers={"Retry-After": "1"})
+                raise APIError(
+                    503,
+                    f"the server is busy ({self.in_flight} requests in flight, at most {self.max_queue}); retry later",
+                    headers={"Retry-After": "1"},
+                )
         self.in_flight += n
         return Ticket(self, n)
 

@@ -6,6 +6,7 @@
                     between the ablated run's labels and the full run's
 Stage names carry the size of the example set they sample from, so a memory that grew later gets new stages.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,11 @@ def sweep_rows(run: AuditRun) -> list[dict]:
     if not stages:
         return []
     of = max(s["of"] for s in stages)
-    return [dict(n=s["n"], of=of, stage=s["stage"], **run.metrics(s["stage"]))
-            for s in sorted(stages, key=lambda s: s["n"]) if s["of"] == of]
+    return [
+        dict(n=s["n"], of=of, stage=s["stage"], **run.metrics(s["stage"]))
+        for s in sorted(stages, key=lambda s: s["n"])
+        if s["of"] == of
+    ]
 
 
 def ablation_rows(run: AuditRun, modes: dict | None) -> list[dict]:
@@ -68,8 +72,14 @@ def ablation_rows(run: AuditRun, modes: dict | None) -> list[dict]:
     out = [dict(cluster=None, name="none ablated", removed=0, kappa=1.0, stage=full, **run.metrics(full))]
     for s in sorted((s for s in stages if s["of"] == of), key=lambda s: s["cluster"]):
         c = s["cluster"]
-        out.append(dict(cluster=c, name=modes["names"].get(str(c), f"cluster {c}"),
-                        removed=of - len(s["icl_ids"]),
-                        kappa=cohen_kappa([r["label"] for r in run.rows(s["stage"])], full_labels),
-                        stage=s["stage"], **run.metrics(s["stage"])))
+        out.append(
+            dict(
+                cluster=c,
+                name=modes["names"].get(str(c), f"cluster {c}"),
+                removed=of - len(s["icl_ids"]),
+                kappa=cohen_kappa([r["label"] for r in run.rows(s["stage"])], full_labels),
+                stage=s["stage"],
+                **run.metrics(s["stage"]),
+            )
+        )
     return out

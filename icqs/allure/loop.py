@@ -9,14 +9,15 @@ The loop stops after `rounds` rounds, when the next round would show the evaluat
 (no new errors, or every new example rejected), or when new examples await review (`icqs allure review`, then run
 again to resume).
 """
+
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 
 from .audit import disagreements
-from .metrics import f1
 from .memory import Example, Memory
+from .metrics import f1
 from .run_dir import AuditRun
 
 
@@ -41,8 +42,9 @@ def turns_of(memory: Memory, ids: list[int]) -> list[tuple[str, str]]:
     return [found[i].turns for i in ids]
 
 
-def grow(run: AuditRun, memory: Memory, template, rows: list[dict], round_no: int, review: bool,
-         provenance: dict) -> int:
+def grow(
+    run: AuditRun, memory: Memory, template, rows: list[dict], round_no: int, review: bool, provenance: dict
+) -> int:
     """Add an ICL example for every audit-split error of a round; returns how many were new to the memory."""
     items = {it["id"]: it for it in run.items}
     audit_rows = [r for r in rows if r["split"] == "audit"]
@@ -51,12 +53,21 @@ def grow(run: AuditRun, memory: Memory, template, rows: list[dict], round_no: in
         r = audit_rows[i]
         item = items[r["id"]]
         user, assistant = template.icl_example(item, r["truth"])
-        ex = Example(item_id=item["id"], user_text=user, assistant_text=assistant, response=str(item["response"]),
-                     answer=None if item.get("answer") is None else str(item["answer"]),
-                     correct_label=int(r["truth"]), evaluator_label=int(r["label"]),
-                     evaluator_prob=float(r["p_correct"]), error_kind=kind,
-                     status="pending" if review else "accepted", run_id=run.run_id, round=round_no,
-                     provenance={**provenance, "stage": f"round-{round_no}", "group": item.get("group")})
+        ex = Example(
+            item_id=item["id"],
+            user_text=user,
+            assistant_text=assistant,
+            response=str(item["response"]),
+            answer=None if item.get("answer") is None else str(item["answer"]),
+            correct_label=int(r["truth"]),
+            evaluator_label=int(r["label"]),
+            evaluator_prob=float(r["p_correct"]),
+            error_kind=kind,
+            status="pending" if review else "accepted",
+            run_id=run.run_id,
+            round=round_no,
+            provenance={**provenance, "stage": f"round-{round_no}", "group": item.get("group")},
+        )
         added += memory.add(ex) is not None
     return added
 
@@ -71,25 +82,40 @@ def evaluator_warnings(rows: list[dict]) -> list[str]:
     score = f1(truths, labels)
     out = []
     if len(set(labels)) == 1:
-        out.append(f"the evaluator labelled all {len(rows)} items {labels[0]} ({'right' if labels[0] else 'wrong'}), "
-                   f"whatever the response (F1 {score:.2f}): a constant evaluator; try a stronger --model "
-                   f"(qwen2.5-1.5b), a clearer 'system' instruction in the template, or more rounds")
+        out.append(
+            f"the evaluator labelled all {len(rows)} items {labels[0]} ({'right' if labels[0] else 'wrong'}), "
+            f"whatever the response (F1 {score:.2f}): a constant evaluator; try a stronger --model "
+            f"(qwen2.5-1.5b), a clearer 'system' instruction in the template, or more rounds"
+        )
     elif score == 0.0:
-        out.append(f"the evaluator's F1 is 0.00: it labelled none of the {sum(truths)} right responses right; check "
-                   f"the ground truth printed at the start and the template's instruction")
+        out.append(
+            f"the evaluator's F1 is 0.00: it labelled none of the {sum(truths)} right responses right; check "
+            f"the ground truth printed at the start and the template's instruction"
+        )
     return out
 
 
-def iterate(run: AuditRun, evaluator, memory: Memory, rounds: int, review: bool = False,
-            max_icl: int | None = None, provenance: dict | None = None) -> Outcome:
+def iterate(
+    run: AuditRun,
+    evaluator,
+    memory: Memory,
+    rounds: int,
+    review: bool = False,
+    max_icl: int | None = None,
+    provenance: dict | None = None,
+) -> Outcome:
     provenance = provenance or {}
     for r in range(1, rounds + 1):
         name = f"round-{r}"
         if run.stage(name) is None:
             pending = memory.examples(status="pending", run_id=run.run_id)
             if pending:
-                return Outcome("review", r - 1, f"{len(pending)} new ICL example(s) await review: run "
-                                                f"`icqs allure review --memory {memory.path}`, then run again")
+                return Outcome(
+                    "review",
+                    r - 1,
+                    f"{len(pending)} new ICL example(s) await review: run "
+                    f"`icqs allure review --memory {memory.path}`, then run again",
+                )
             ids = shown_examples(memory, max_icl)
             last = run.stage(f"round-{r - 1}")
             if last is not None and last["icl_ids"] == ids:
@@ -109,7 +135,14 @@ def round_table(run: AuditRun, memory: Memory) -> list[dict]:
         if not run.complete(st["stage"]):
             continue
         added = memory.examples(run_id=run.run_id, round=st["round"])
-        out.append(dict(round=st["round"], n_icl=len(st["icl_ids"]), new_examples=len(added),
-                        new_accepted=sum(e.status == "accepted" for e in added), **run.metrics(st["stage"]),
-                        warnings=evaluator_warnings(run.rows(st["stage"]))))
+        out.append(
+            dict(
+                round=st["round"],
+                n_icl=len(st["icl_ids"]),
+                new_examples=len(added),
+                new_accepted=sum(e.status == "accepted" for e in added),
+                **run.metrics(st["stage"]),
+                warnings=evaluator_warnings(run.rows(st["stage"])),
+            )
+        )
     return out

@@ -5,6 +5,7 @@ Each example keeps the generated response, the task's correct answer, the correc
 model, template). An example is 'pending' until a human audit accepts or rejects it (`icqs allure review`) when the
 run asks for review, else 'accepted' at once; only accepted examples are shown to the evaluator.
 """
+
 from __future__ import annotations
 
 import json
@@ -127,8 +128,10 @@ class Memory:
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         with self.db:
-            cur = self.db.execute(f"INSERT INTO examples ({cols}) VALUES ({marks}) "
-                                  "ON CONFLICT (user_text, assistant_text) DO NOTHING", row)
+            cur = self.db.execute(
+                f"INSERT INTO examples ({cols}) VALUES ({marks}) ON CONFLICT (user_text, assistant_text) DO NOTHING",
+                row,
+            )
         return cur.lastrowid if cur.rowcount else None
 
     @staticmethod
@@ -163,8 +166,9 @@ class Memory:
             raise UserError(f"no example with id {example_id} in the memory", self.path)
         return self._example(r)
 
-    def examples(self, status: str | None = None, run_id: str | None = None, round: int | None = None,
-                 ids=None) -> list[Example]:
+    def examples(
+        self, status: str | None = None, run_id: str | None = None, round: int | None = None, ids=None
+    ) -> list[Example]:
         """Examples in insertion order, filtered by status, run, round and/or a set of ids."""
         where, args = [], []
         for column, value in (("status", status), ("run_id", run_id), ("round", round)):
@@ -188,8 +192,9 @@ class Memory:
             raise UserError(f"unknown review decision {status!r} (use one of {', '.join(STATUSES)})")
         self.get(example_id)
         with self.db:
-            self.db.execute("UPDATE examples SET status = ?, reviewed_at = ? WHERE id = ?",
-                            (status, _now(), int(example_id)))
+            self.db.execute(
+                "UPDATE examples SET status = ?, reviewed_at = ? WHERE id = ?", (status, _now(), int(example_id))
+            )
 
     def tag(self, example_id: int, failure_mode: str | None) -> None:
         self.get(example_id)

@@ -3,6 +3,7 @@
 Computed from the confusion counts and, for AUC, from ranks (the Mann-Whitney statistic), so that a round with a
 single class gives NaN for the undefined quantities instead of an exception; tests check them against scikit-learn.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,12 @@ def confusion(y_true, y_pred) -> dict:
     p = np.asarray(y_pred, dtype=int)
     if t.shape != p.shape:
         raise ValueError(f"y_true and y_pred differ in length: {t.shape} vs {p.shape}")
-    return dict(tp=int(np.sum((t == 1) & (p == 1))), fp=int(np.sum((t == 0) & (p == 1))),
-                tn=int(np.sum((t == 0) & (p == 0))), fn=int(np.sum((t == 1) & (p == 0))))
+    return dict(
+        tp=int(np.sum((t == 1) & (p == 1))),
+        fp=int(np.sum((t == 0) & (p == 1))),
+        tn=int(np.sum((t == 0) & (p == 0))),
+        fn=int(np.sum((t == 1) & (p == 0))),
+    )
 
 
 def f1(y_true, y_pred) -> float:

@@ -1,5 +1,6 @@
 """The report's figures (matplotlib, rendered to PNG bytes): metrics per round, F1/AUC vs the number of ICL examples
 (the paper's Fig. 3), the t-SNE map of failure modes (Fig. 5) and the cluster ablation (Fig. 6-7)."""
+
 from __future__ import annotations
 
 import io
@@ -85,8 +86,14 @@ def tsne_figure(modes: dict | None) -> bytes | None:
         for kind, marker in (("false_positive", "o"), ("false_negative", "^")):
             pts = [xy for xy, cc, k in zip(modes["xy"], modes["cluster"], modes["error_kind"]) if cc == c and k == kind]
             if pts:
-                ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=cmap(c % 10), marker=marker, s=40,
-                           label=f"{c}: {modes['names'][str(c)]} ({kind.replace('_', ' ')})")
+                ax.scatter(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    color=cmap(c % 10),
+                    marker=marker,
+                    s=40,
+                    label=f"{c}: {modes['names'][str(c)]} ({kind.replace('_', ' ')})",
+                )
     ax.set_title("t-SNE of ICL examples (MiniLM embeddings), coloured by k-means cluster")
     ax.legend(fontsize=7, loc="best")
     return _png(fig)
@@ -101,8 +108,9 @@ def ablation_figure(rows: list[dict]) -> bytes | None:
     x = range(len(abl))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for i, metric in enumerate(("f1", "auc")):
-        axes[0].bar([j + 0.4 * i for j in x], [_get(r, "all", metric) for r in abl], width=0.4, label=metric,
-                    color=f"C{i}")
+        axes[0].bar(
+            [j + 0.4 * i for j in x], [_get(r, "all", metric) for r in abl], width=0.4, label=metric, color=f"C{i}"
+        )
         axes[0].axhline(_get(full, "all", metric), color=f"C{i}", linestyle="--")
     axes[0].set_title("F1 / AUC with a cluster ablated (dashed: none)")
     axes[0].set_ylim(0, 1.02)

@@ -1,4 +1,5 @@
 """The run's summary (from the run folder and the memory, no model needed) and its HTML report with the plots."""
+
 from __future__ import annotations
 
 import base64
@@ -44,8 +45,15 @@ def summary(run: AuditRun, memory: Memory) -> dict:
 
     modes = load_modes(run)
     truth = ground_truth(run.items, template_from_dict(run.settings["template"], "run.json"))
-    return dict(settings=run.settings, ground_truth=truth, rounds=round_table(run, memory), sweep=sweep_rows(run),
-                ablation=ablation_rows(run, modes), failure_modes=modes, memory=memory.counts())
+    return dict(
+        settings=run.settings,
+        ground_truth=truth,
+        rounds=round_table(run, memory),
+        sweep=sweep_rows(run),
+        ablation=ablation_rows(run, modes),
+        failure_modes=modes,
+        memory=memory.counts(),
+    )
 
 
 def _fmt(v) -> str:
@@ -80,11 +88,23 @@ def rounds_table(rows: list[dict]) -> Table:
     F1, AUC and errors on the audited and the holdout items."""
     splits = [s for s in ("audit", "holdout") if any(s in r for r in rows)]
     cols = ("round", "ICL examples", "new") + tuple(f"{s} {m}" for s in splits for m in ("acc", "F1", "AUC", "errors"))
-    body = tuple((str(r["round"]), str(r["n_icl"]), str(r["new_examples"]),
-                  *(num(r.get(s, {}).get(m)) for s in splits for m in ("accuracy", "f1", "auc", "errors")))
-                 for r in rows)
-    notes = ("round r: the evaluator shown every accepted ICL example so far; its errors on the audited items become "
-             "new examples; holdout items are only measured",) if rows else ("no completed round yet",)
+    body = tuple(
+        (
+            str(r["round"]),
+            str(r["n_icl"]),
+            str(r["new_examples"]),
+            *(num(r.get(s, {}).get(m)) for s in splits for m in ("accuracy", "f1", "auc", "errors")),
+        )
+        for r in rows
+    )
+    notes = (
+        (
+            "round r: the evaluator shown every accepted ICL example so far; its errors on the audited items become "
+            "new examples; holdout items are only measured",
+        )
+        if rows
+        else ("no completed round yet",)
+    )
     return Table("ALLURE: the evaluator per round", cols, body, notes)
 
 
@@ -101,21 +121,40 @@ def render_html(s: dict, examples: list, questions: dict | None = None) -> str:
     """The report; `questions`: item id -> the item's question (or source) for the memory table."""
     questions = questions or {}
     st = s["settings"]
-    parts = [f"<h1>ALLURE audit of the evaluator</h1><p>items: {html.escape(str(st.get('tasks')))}, model: "
-             f"{html.escape(str(st.get('model')))}, template: {html.escape(str(st.get('template', {}).get('name')))}"
-             f", holdout fraction: {_fmt(st.get('holdout'))}, memory: {html.escape(json.dumps(s['memory']))}</p>"]
+    parts = [
+        f"<h1>ALLURE audit of the evaluator</h1><p>items: {html.escape(str(st.get('tasks')))}, model: "
+        f"{html.escape(str(st.get('model')))}, template: {html.escape(str(st.get('template', {}).get('name')))}"
+        f", holdout fraction: {_fmt(st.get('holdout'))}, memory: {html.escape(json.dumps(s['memory']))}</p>"
+    ]
     if s.get("ground_truth"):
-        parts.append("<h2>Ground truth</h2><p>Whether each response is right, by its match rule (or its human "
-                     "label), before any round: the evaluator's labels are checked against this.</p>")
-        parts.append(_table(["rule", "right", "wrong", "how", "examples (read from the response / expected)"],
-                            [[g["kind"] if g["kind"] == g["named"] else f"{g['kind']} (for {g['named']})",
-                              g["right"], g["wrong"], g["rule"],
-                              "\n".join(f"{v}: {e['response'][:80]!r}" + ("" if g["kind"] == "label" else
-                                                                          f" -> {e['read']!r} / {e['expected']!r}")
-                                        for v, rows in g["examples"].items() for e in rows)]
-                             for g in s["ground_truth"]]))
-    parts.append("<h2>Rounds</h2><p>Round r shows the evaluator every accepted ICL example; its errors on audit "
-                 "items become new examples. Holdout items are never turned into examples.</p>")
+        parts.append(
+            "<h2>Ground truth</h2><p>Whether each response is right, by its match rule (or its human "
+            "label), before any round: the evaluator's labels are checked against this.</p>"
+        )
+        parts.append(
+            _table(
+                ["rule", "right", "wrong", "how", "examples (read from the response / expected)"],
+                [
+                    [
+                        g["kind"] if g["kind"] == g["named"] else f"{g['kind']} (for {g['named']})",
+                        g["right"],
+                        g["wrong"],
+                        g["rule"],
+                        "\n".join(
+                            f"{v}: {e['response'][:80]!r}"
+                            + ("" if g["kind"] == "label" else f" -> {e['read']!r} / {e['expected']!r}")
+                            for v, rows in g["examples"].items()
+                            for e in rows
+                        ),
+                    ]
+                    for g in s["ground_truth"]
+                ],
+            )
+        )
+    parts.append(
+        "<h2>Rounds</h2><p>Round r shows the evaluator every accepted ICL example; its errors on audit "
+        "items become new examples. Holdout items are never turned into examples.</p>"
+    )
     parts.append(_table(*_split_columns(s["rounds"], ["round", "n_icl", "new_examples", "new_accepted"])))
     warned = [f"round {r['round']}: {w}" for r in s["rounds"] for w in r.get("warnings", [])]
     if warned:
@@ -129,27 +168,52 @@ def render_html(s: dict, examples: list, questions: dict | None = None) -> str:
     parts.append("<h2>Failure modes</h2>")
     if modes:
         counts = {c: modes["cluster"].count(int(c)) for c in modes["names"]}
-        parts.append(_table(["cluster", "examples", "top words"],
-                            [[c, counts[c], name] for c, name in sorted(modes["names"].items())]))
+        parts.append(
+            _table(
+                ["cluster", "examples", "top words"],
+                [[c, counts[c], name] for c, name in sorted(modes["names"].items())],
+            )
+        )
     parts.append(_img(plots.tsne_figure(modes), "t-SNE map of the ICL examples"))
     parts.append("<h2>Cluster ablation</h2>")
     if s["ablation"]:
-        rows = [[r["cluster"], r["name"], r["removed"], r["kappa"], r["all"]["f1"], r["all"]["auc"],
-                 r["all"]["errors"]] for r in s["ablation"]]
-        parts.append(_table(["ablated cluster", "name", "examples removed", "kappa vs full", "F1", "AUC",
-                             "errors"], rows))
+        rows = [
+            [r["cluster"], r["name"], r["removed"], r["kappa"], r["all"]["f1"], r["all"]["auc"], r["all"]["errors"]]
+            for r in s["ablation"]
+        ]
+        parts.append(
+            _table(["ablated cluster", "name", "examples removed", "kappa vs full", "F1", "AUC", "errors"], rows)
+        )
     parts.append(_img(plots.ablation_figure(s["ablation"]), "cluster ablation"))
     parts.append("<h2>ICL examples memory</h2>")
-    parts.append(_table(["id", "status", "round", "error", "failure mode", "question", "ICL user turn", "label"],
-                        [[e.id, e.status, e.round, e.error_kind, e.failure_mode,
-                          str(questions.get(e.item_id, ""))[:300], e.user_text[:300], e.correct_label]
-                         for e in examples]))
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 12px}.wide{overflow-x:auto}"
-             "table{border-collapse:collapse;"
-             "margin:8px 0;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top;"
-             "white-space:pre-wrap}img{max-width:100%}.warn{color:#a00}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ALLURE report</title><style>{style}"
-            f"</style></head><body>{''.join(parts)}</body></html>\n")
+    parts.append(
+        _table(
+            ["id", "status", "round", "error", "failure mode", "question", "ICL user turn", "label"],
+            [
+                [
+                    e.id,
+                    e.status,
+                    e.round,
+                    e.error_kind,
+                    e.failure_mode,
+                    str(questions.get(e.item_id, ""))[:300],
+                    e.user_text[:300],
+                    e.correct_label,
+                ]
+                for e in examples
+            ],
+        )
+    )
+    style = (
+        "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 12px}.wide{overflow-x:auto}"
+        "table{border-collapse:collapse;"
+        "margin:8px 0;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top;"
+        "white-space:pre-wrap}img{max-width:100%}.warn{color:#a00}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ALLURE report</title><style>{style}"
+        f"</style></head><body>{''.join(parts)}</body></html>\n"
+    )
 
 
 def write_report(run: AuditRun, memory: Memory, out: Path | None = None) -> tuple[Path, dict]:

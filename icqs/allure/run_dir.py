@@ -9,12 +9,12 @@ with the audit's own logs.
   evals.jsonl   one row per (stage, item): the audited truth, P(label = 1) and the evaluator's label
 Metrics are recomputed from these rows; nothing else is kept.
 """
+
 from __future__ import annotations
 
 import hashlib
 import uuid
 from pathlib import Path
-
 
 from engine.errors import UserError
 from engine.progress import progress_bar
@@ -64,10 +64,12 @@ class AuditRun(RunDir):
         opened = self._fd is not None
         super().start()
         if not opened:
-            self.stages = ResultWriter(self.path / "stages.jsonl", key="stage",
-                                       validate=validator(allure_stage_schema()))
-            self.evals = ResultWriter(self.path / "evals.jsonl", key=("stage", "id"),
-                                      validate=validator(allure_eval_schema()))
+            self.stages = ResultWriter(
+                self.path / "stages.jsonl", key="stage", validate=validator(allure_stage_schema())
+            )
+            self.evals = ResultWriter(
+                self.path / "evals.jsonl", key=("stage", "id"), validate=validator(allure_eval_schema())
+            )
         return self
 
     def _release(self) -> None:
@@ -99,11 +101,19 @@ class AuditRun(RunDir):
         todo = [it for it in self.items if not self.evals.done((name, it["id"]))]
         with progress_bar(total=len(todo), desc=name, unit="item", disable=not todo or not self.progress) as bar:
             for start in range(0, len(todo), CHUNK):
-                chunk = todo[start:start + CHUNK]
+                chunk = todo[start : start + CHUNK]
                 got = evaluator.label(chunk, turns)
                 for it, p, lab in zip(chunk, got.p_correct, got.labels):
-                    self.evals.write(dict(stage=name, id=it["id"], split=it["split"], truth=int(it["truth"]),
-                                          p_correct=round(float(p), 6), label=int(lab)))
+                    self.evals.write(
+                        dict(
+                            stage=name,
+                            id=it["id"],
+                            split=it["split"],
+                            truth=int(it["truth"]),
+                            p_correct=round(float(p), 6),
+                            label=int(lab),
+                        )
+                    )
                 bar.update(len(chunk))
         return self.rows(name)
 
@@ -123,8 +133,9 @@ class AuditRun(RunDir):
         for split in ("all", "audit", "holdout"):
             sel = [r for r in rows if split == "all" or r["split"] == split]
             if sel:
-                out[split] = summarize([r["truth"] for r in sel], [r["label"] for r in sel],
-                                       [r["p_correct"] for r in sel])
+                out[split] = summarize(
+                    [r["truth"] for r in sel], [r["label"] for r in sel], [r["p_correct"] for r in sel]
+                )
         groups = {it["id"]: it.get("group") for it in self.items}
         by_group: dict = {}
         for r in rows:
@@ -142,8 +153,12 @@ def reread_items(settings: dict) -> list[dict]:
     from .template import template_from_dict
 
     try:
-        tasks, template, holdout, seed = (settings["tasks"], settings["template"], settings["holdout"],
-                                          settings["seed"])
+        tasks, template, holdout, seed = (
+            settings["tasks"],
+            settings["template"],
+            settings["holdout"],
+            settings["seed"],
+        )
     except KeyError as e:
         raise UserError(f"corrupt run.json (no {e})") from None
     if not Path(tasks).is_file() or file_sha256(tasks) != settings.get("tasks_sha256"):

@@ -6,14 +6,14 @@ an option letter, or text) or "label" (a human 1/0 label; a row with a label and
 "split" ("audit": its errors grow the memory, "holdout": only measured), "group" (a problem type for error counts),
 and any further fields the template's user turn names ({question}, {source}, ...).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-from engine.errors import UserError
-from engine.errors import did_you_mean
+from engine.errors import UserError, did_you_mean
 from icqs.contracts import check_row
 from icqs.io import read_jsonl
 
@@ -59,12 +59,18 @@ def load_items(path, template: Template, holdout: float = 0.0, seed: int = 0) ->
             raise UserError(str(e), *where) from None
         missing = [f for f in template.fields if f not in row]
         if missing == ["answer"] and "label" in row:
-            raise UserError(f"a row with a label and no answer needs a template that does not show the expected "
-                            f"answer; template {template.name!r} uses {{answer}}: use --template summary or a "
-                            f"YAML template (`icqs schema allure-template`)", *where)
+            raise UserError(
+                f"a row with a label and no answer needs a template that does not show the expected "
+                f"answer; template {template.name!r} uses {{answer}}: use --template summary or a "
+                f"YAML template (`icqs schema allure-template`)",
+                *where,
+            )
         if missing:
-            raise UserError(f"missing field(s) {', '.join(map(repr, missing))} used by template "
-                            f"{template.name!r}{did_you_mean(missing[0], row)}", *where)
+            raise UserError(
+                f"missing field(s) {', '.join(map(repr, missing))} used by template "
+                f"{template.name!r}{did_you_mean(missing[0], row)}",
+                *where,
+            )
         if "split" in row and row["split"] not in SPLITS:
             raise UserError(f"'split' must be one of {', '.join(SPLITS)}, got {row['split']!r}", *where)
     if not rows:
@@ -85,7 +91,7 @@ def _assign_splits(rows: list[dict], holdout: float, seed: int) -> None:
 
 def _short(text: str, width: int = 70) -> str:
     text = " ".join(str(text).split())
-    return repr(text if len(text) <= width else text[:width - 3] + "...")
+    return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
 def ground_truth(items: list[dict], template: Template) -> list[dict]:
@@ -98,12 +104,18 @@ def ground_truth(items: list[dict], template: Template) -> list[dict]:
         groups.setdefault((m.kind, spec_of(item, template.match).kind), []).append((item, m))
     out = []
     for (kind, said), group in groups.items():
-        examples = {verdict: [dict(id=it["id"], response=str(it["response"]), read=m.read, expected=m.expected)
-                              for it, m in group if bool(it["truth"]) == (verdict == "right")][:EXAMPLES]
-                    for verdict in ("right", "wrong")}
+        examples = {
+            verdict: [
+                dict(id=it["id"], response=str(it["response"]), read=m.read, expected=m.expected)
+                for it, m in group
+                if bool(it["truth"]) == (verdict == "right")
+            ][:EXAMPLES]
+            for verdict in ("right", "wrong")
+        }
         right = sum(int(it["truth"]) for it, _ in group)
-        out.append(dict(kind=kind, named=said, rule=RULES[kind], right=right, wrong=len(group) - right,
-                        examples=examples))
+        out.append(
+            dict(kind=kind, named=said, rule=RULES[kind], right=right, wrong=len(group) - right, examples=examples)
+        )
     return out
 
 
@@ -113,17 +125,27 @@ def ground_truth_text(items: list[dict], template: Template) -> str:
     right_total = sum(int(it["truth"]) for it in items)
     lines = [f"ground truth: {right_total} of {len(items)} responses right (`icqs schema allure` states each rule)"]
     for g in ground_truth(items, template):
-        name = g["kind"] if g["kind"] == g["named"] else f"{g['kind']} (for match {g['named']!r}" + (
-            ", answers without a number)" if g["named"] == "number" else ")")
+        name = (
+            g["kind"]
+            if g["kind"] == g["named"]
+            else f"{g['kind']} (for match {g['named']!r}"
+            + (", answers without a number)" if g["named"] == "number" else ")")
+        )
         lines.append(f"  {name}: {g['right']} right, {g['wrong']} wrong of {g['right'] + g['wrong']}; {g['rule']}")
         for verdict, rows in g["examples"].items():
             for e in rows:
-                read = "" if g["kind"] == "label" else \
-                    f" -> read {e['read']!r}" + (" = " if verdict == "right" else " != ") + \
-                    f"expected {e['expected']!r}"
+                read = (
+                    ""
+                    if g["kind"] == "label"
+                    else f" -> read {e['read']!r}"
+                    + (" = " if verdict == "right" else " != ")
+                    + f"expected {e['expected']!r}"
+                )
                 lines.append(f"    {verdict}  {e['id']}: {_short(e['response'])}{read}")
     if right_total in (0, len(items)):
-        lines.append(f"warning: every response counts as {'right' if right_total else 'wrong'}: the audit cannot "
-                     "tell a good evaluator from one that always answers the same; check the match rule above "
-                     "(`match` in the template or the items: exact, contains, regex, number, option)")
+        lines.append(
+            f"warning: every response counts as {'right' if right_total else 'wrong'}: the audit cannot "
+            "tell a good evaluator from one that always answers the same; check the match rule above "
+            "(`match` in the template or the items: exact, contains, regex, number, option)"
+        )
     return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ with the keys
   icl_max_words optional {field: n}: in ICL examples only, that field is cut to its first n words (long sources)
   match         the default match spec for items without their own "match" (see icqs.allure.audit)
 """
+
 from __future__ import annotations
 
 import re
@@ -33,18 +34,22 @@ LABELS = (0, 1)
 
 BUILTIN = {
     "answer": dict(
-        system=("You grade answers. The user gives a response to a task and the task's expected answer. Reply "
-                "'label: 1' if the response's final answer equals the expected answer and 'label: 0' if it "
-                "does not."),
+        system=(
+            "You grade answers. The user gives a response to a task and the task's expected answer. Reply "
+            "'label: 1' if the response's final answer equals the expected answer and 'label: 0' if it "
+            "does not."
+        ),
         user="Response: {response}\nExpected answer: {answer}",
         match="number",
     ),
     "summary": dict(
-        system=("Evaluation criteria: consistency (0 or 1), the factual alignment between the summary and the "
-                "source text. A factually consistent summary contains only statements that are entailed by the "
-                "source text. Read the source text, then the summary, and check whether the summary contains "
-                "any fact not supported by the source. Reply 'label: 1' if the summary is factually consistent "
-                "and 'label: 0' if it is not."),
+        system=(
+            "Evaluation criteria: consistency (0 or 1), the factual alignment between the summary and the "
+            "source text. A factually consistent summary contains only statements that are entailed by the "
+            "source text. Read the source text, then the summary, and check whether the summary contains "
+            "any fact not supported by the source. Reply 'label: 1' if the summary is factually consistent "
+            "and 'label: 0' if it is not."
+        ),
         user="Source text: {source}\nSummary: {response}",
         icl_max_words={"source": 120},
         match="label",
@@ -101,15 +106,22 @@ class Template:
 
     def prompt(self, tokenizer, examples: list[tuple[str, str]], item: dict) -> str:
         """The chat prompt, ending where the assistant writes the label digit."""
-        return tokenizer.apply_chat_template(self.messages(examples, item), add_generation_prompt=True) \
-            + self.label_prefix
+        return (
+            tokenizer.apply_chat_template(self.messages(examples, item), add_generation_prompt=True) + self.label_prefix
+        )
 
     def to_dict(self) -> dict:
         m = {"kind": self.match.kind, "which": self.match.which}
         if self.match.pattern:
             m["pattern"] = self.match.pattern
-        return dict(name=self.name, system=self.system, user=self.user, label_prefix=self.label_prefix,
-                    icl_max_words=dict(self.icl_max_words), match=m)
+        return dict(
+            name=self.name,
+            system=self.system,
+            user=self.user,
+            label_prefix=self.label_prefix,
+            icl_max_words=dict(self.icl_max_words),
+            match=m,
+        )
 
 
 def load_template(spec: str) -> Template:
@@ -138,15 +150,23 @@ def template_from_dict(d: dict, where: str = "template") -> Template:
         match = MatchSpec.parse(d.get("match", "number"))
     except MatchSpecError as e:
         raise UserError(str(e), where) from None
-    t = Template(name=str(d.get("name", where)), system=d["system"], user=d["user"],
-                 label_prefix=str(d.get("label_prefix", "label:")), icl_max_words=dict(d.get("icl_max_words") or {}),
-                 match=match)
+    t = Template(
+        name=str(d.get("name", where)),
+        system=d["system"],
+        user=d["user"],
+        label_prefix=str(d.get("label_prefix", "label:")),
+        icl_max_words=dict(d.get("icl_max_words") or {}),
+        match=match,
+    )
     try:
         specs = [spec for _, name, spec, _ in string.Formatter().parse(t.user) if name]  # "{response" fails here
     except ValueError as e:
         raise UserError(f"bad 'user' format string: {e}", where) from None
     for spec in specs:  # "{response:>999999999}" would pad every prompt to a gigabyte
         if "{" in spec or any(int(n) > MAX_FORMAT_WIDTH for n in re.findall(r"\d+", spec)):
-            raise UserError(f"bad 'user' format string: the format spec {spec!r} has a width or precision over "
-                            f"{MAX_FORMAT_WIDTH} (or a nested field)", where)
+            raise UserError(
+                f"bad 'user' format string: the format spec {spec!r} has a width or precision over "
+                f"{MAX_FORMAT_WIDTH} (or a nested field)",
+                where,
+            )
     return t

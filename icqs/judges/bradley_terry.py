@@ -4,6 +4,7 @@ P(a beats b) = 1 / (1 + 10 ** ((s_b - s_a) / 400)), with strengths on the Elo sc
 logistic regression without intercept on +1/-1 indicator rows (as in the Chatbot Arena leaderboard); a tie counts
 as half a win for each side. Rank = 1 + the number of models whose lower bound is above this model's upper bound.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,7 +80,8 @@ def leaderboard(battles: list[tuple[str, str, str]], rounds: int = 200, seed: in
     board = bootstrap_bt(battles, rounds, seed)
     ranks = interval_ranks(board)
     counts = {m: sum(m in (a, b) for a, b, _ in battles) for m in board}
-    rows = [{"model": m, "rank": ranks[m], **{k: round(v, 2) for k, v in s.items()}, "battles": counts[m]}
-            for m, s in board.items()]
+    rows = [
+        {"model": m, "rank": ranks[m], **{k: round(v, 2) for k, v in s.items()}, "battles": counts[m]}
+        for m, s in board.items()
+    ]
     return sorted(rows, key=lambda r: -r["score"])
-

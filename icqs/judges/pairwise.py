@@ -10,6 +10,7 @@ The tie symbol stays "C". Each verdict over the symbols [[A]], [[B]], [[C]] is m
 positions and under both symbol assignments, a judge without bias picks the first position and the symbol "A"
 half of the time; the rates below measure how far it is from that.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,15 +21,15 @@ import numpy as np
 from ..options import option_logprobs
 from .prompts import VERDICT_PREFIX, chat_wrap, pairwise_prompt
 
-SYMBOLS = ("A", "B", "C")          # C: tie
-OUTCOMES = ("model_a", "model_b", "tie")   # answer-level verdicts: X = answer_a, Y = answer_b
+SYMBOLS = ("A", "B", "C")  # C: tie
+OUTCOMES = ("model_a", "model_b", "tie")  # answer-level verdicts: X = answer_a, Y = answer_b
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    x_first: bool                   # X is shown in the first position
-    first_label: str                # the symbol of the first position ("A" or "B")
+    x_first: bool  # X is shown in the first position
+    first_label: str  # the symbol of the first position ("A" or "B")
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -45,7 +46,7 @@ class Variant:
         return next(o for o in OUTCOMES if self.symbol_of(o) == symbol)
 
     def position_of(self, outcome: str) -> str | None:
-        """"first" / "second" for a decisive outcome, None for a tie."""
+        """ "first" / "second" for a decisive outcome, None for a tie."""
         if outcome == "tie":
             return None
         return "first" if (outcome == "model_a") == self.x_first else "second"
@@ -114,33 +115,51 @@ def decide(probs, decisive: bool = False) -> str:
     return OUTCOMES[int(np.argmax(probs[:2] if decisive else probs))]
 
 
-def pairwise_logprob_verdicts(engine, items: list[dict], progress: bool = False, tie: bool = True,
-                              rubric: str | None = None) -> list[dict]:
+def pairwise_logprob_verdicts(
+    engine, items: list[dict], progress: bool = False, tie: bool = True, rubric: str | None = None
+) -> list[dict]:
     """items: dicts with question, x, y. For each item and variant the verdict distribution read from the
     log-probs of "[[A]]", "[[B]]", "[[C]]" (without `tie`: "[[A]]", "[[B]]"; one scoring call for all of them),
     mapped to the answers as {model_a, model_b, tie}; the aggregate of the four; each variant's verdict and the
     aggregated verdict (argmax)."""
     options = verdict_options(tie)
-    prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"], tie, rubric), VERDICT_PREFIX)
-               for it in items for v in VARIANTS]
+    prompts = [
+        chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"], tie, rubric), VERDICT_PREFIX)
+        for it in items
+        for v in VARIANTS
+    ]
     lp = option_logprobs(engine, prompts, options, normalize=True, progress=progress)
     probs = np.exp(lp).reshape(len(items), len(VARIANTS), len(options))
     out = []
     for i in range(len(items)):
         per = {v.name: to_outcome_probs(v, probs[i, j]) for j, v in enumerate(VARIANTS)}
         agg = aggregate(list(per.values()))
-        out.append({"variants": {k: labeled(p) for k, p in per.items()},
-                    "verdicts": {k: decide(p) for k, p in per.items()},
-                    "aggregate": labeled(agg), "verdict": decide(agg)})
+        out.append(
+            {
+                "variants": {k: labeled(p) for k, p in per.items()},
+                "verdicts": {k: decide(p) for k, p in per.items()},
+                "aggregate": labeled(agg),
+                "verdict": decide(agg),
+            }
+        )
     return out
 
 
-def pairwise_generated_verdicts(engine, items: list[dict], max_tokens: int = 256,
-                                progress: bool = False, tie: bool = True, rubric: str | None = None) -> list[dict]:
+def pairwise_generated_verdicts(
+    engine,
+    items: list[dict],
+    max_tokens: int = 256,
+    progress: bool = False,
+    tie: bool = True,
+    rubric: str | None = None,
+) -> list[dict]:
     """The judge's own generated judgment for each variant, its verdict parsed and mapped back (None: no verdict
     in the text), and the majority of the four ("tie" when model_a and model_b get as many votes)."""
-    prompts = [chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"], tie, rubric)) for it in items
-               for v in VARIANTS]
+    prompts = [
+        chat_wrap(engine.tokenizer, v.prompt(it["question"], it["x"], it["y"], tie, rubric))
+        for it in items
+        for v in VARIANTS
+    ]
     gens = engine.generate(prompts, max_tokens=max_tokens, temperature=0.0, progress=progress)
     out = []
     for i in range(len(items)):
@@ -148,8 +167,13 @@ def pairwise_generated_verdicts(engine, items: list[dict], max_tokens: int = 256
         for j, v in enumerate(VARIANTS):
             symbol = parse_verdict(gens[i * len(VARIANTS) + j].text)
             verdicts[v.name] = None if symbol is None else v.outcome_of(symbol)
-        out.append({"verdicts": verdicts, "verdict": majority(list(verdicts.values())),
-                    "texts": {v.name: gens[i * len(VARIANTS) + j].text for j, v in enumerate(VARIANTS)}})
+        out.append(
+            {
+                "verdicts": verdicts,
+                "verdict": majority(list(verdicts.values())),
+                "texts": {v.name: gens[i * len(VARIANTS) + j].text for j, v in enumerate(VARIANTS)},
+            }
+        )
     return out
 
 
@@ -164,15 +188,21 @@ def _accuracy(rows: list[dict], verdict_of) -> dict:
     """Agreement of verdict_of(row) with row["winner"]; None verdicts count as wrong and are reported."""
     labelled = [r for r in rows if r.get("winner") is not None]
     got = [verdict_of(r) for r in labelled]
-    return {"n": len(labelled), "accuracy": float(np.mean([g == r["winner"] for g, r in zip(got, labelled)]))
-            if labelled else None, "no_verdict": sum(g is None for g in got)}
+    return {
+        "n": len(labelled),
+        "accuracy": float(np.mean([g == r["winner"] for g, r in zip(got, labelled)])) if labelled else None,
+        "no_verdict": sum(g is None for g in got),
+    }
 
 
 def summarize_pairwise(rows: list[dict]) -> dict:
     """Accuracy against the `winner` labels (per variant and aggregated; `decisive`: tie option ignored), bias
     and flip rates of the log-prob verdicts, and the same for the generated ones when present."""
-    summary = {"pairs": len(rows), "variants": {v.name: v.layout() for v in VARIANTS},
-               "logprob": {"bias": bias_report([r["verdicts"] for r in rows])}}
+    summary = {
+        "pairs": len(rows),
+        "variants": {v.name: v.layout() for v in VARIANTS},
+        "logprob": {"bias": bias_report([r["verdicts"] for r in rows])},
+    }
     if any(r.get("winner") is not None for r in rows):
         acc = {v.name: _accuracy(rows, lambda r, n=v.name: r["verdicts"][n]) for v in VARIANTS}
         acc["aggregate"] = _accuracy(rows, lambda r: r["verdict"])
@@ -183,9 +213,11 @@ def summarize_pairwise(rows: list[dict]) -> dict:
     gen_rows = [r["generated"] for r in rows if "generated" in r]
     if gen_rows:
         complete = [g["verdicts"] for g in gen_rows if None not in g["verdicts"].values()]
-        gen = {"pairs": len(gen_rows), "without_a_verdict": sum(o is None for g in gen_rows
-                                                                  for o in g["verdicts"].values()),
-               "bias_on_fully_parsed": bias_report(complete)}
+        gen = {
+            "pairs": len(gen_rows),
+            "without_a_verdict": sum(o is None for g in gen_rows for o in g["verdicts"].values()),
+            "bias_on_fully_parsed": bias_report(complete),
+        }
         if any(r.get("winner") is not None for r in rows):
             both = [{**g, "winner": r.get("winner")} for r, g in zip(rows, gen_rows)]
             gen["accuracy"] = {v.name: _accuracy(both, lambda g, n=v.name: g["verdicts"][n]) for v in VARIANTS}

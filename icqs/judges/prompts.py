@@ -6,6 +6,7 @@ many-shot Unsupervised ICL (Table 5) puts a preamble and K unsolved Problems, th
 uses the first K demos of one draw, so it contains every demo of the smaller prompts in the same order: the
 prompts of one draw share their prefixes, which the engine's prefix tree computes once.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ RATING_PREFIX = '{"rating": "'
 @dataclass(frozen=True)
 class Demo:
     """One in-context example: a question, a response, and (for solved demos) the judge's Solution text."""
+
     question: str
     response: str
     solution: str | None = None
@@ -81,8 +83,7 @@ def unsupervised_prompt(question: str, response: str, demos: list[Demo], k: int)
     if max(k, UNSUPERVISED_SOLVED) > len(demos):
         raise ValueError(f"{k}-shot unsupervised prompt needs {max(k, UNSUPERVISED_SOLVED)} demos, have {len(demos)}")
     unsolved = "".join(_problem(d, False) for d in demos[:k])
-    return (UNSUPERVISED_PREAMBLE + "\n\n" + unsolved
-            + reinforced_prompt(question, response, demos, UNSUPERVISED_SOLVED))
+    return UNSUPERVISED_PREAMBLE + "\n\n" + unsolved + reinforced_prompt(question, response, demos, UNSUPERVISED_SOLVED)
 
 
 PROMPTS = {"reinforced": reinforced_prompt, "unsupervised": unsupervised_prompt}
@@ -103,8 +104,10 @@ PAIRWISE_INSTRUCTION = (
 VERDICT_PREFIX = "My final verdict is: "
 
 
-NO_TIE = ('"[[A]]" if assistant A is better, "[[B]]" if assistant B is better, and "[[C]]" for a tie.',
-          '"[[A]]" if assistant A is better and "[[B]]" if assistant B is better; a tie is not allowed.')
+NO_TIE = (
+    '"[[A]]" if assistant A is better, "[[B]]" if assistant B is better, and "[[C]]" for a tie.',
+    '"[[A]]" if assistant A is better and "[[B]]" if assistant B is better; a tie is not allowed.',
+)
 
 
 def pairwise_instruction(tie: bool = True, rubric: str | None = None) -> str:
@@ -113,12 +116,15 @@ def pairwise_instruction(tie: bool = True, rubric: str | None = None) -> str:
     return text + (f"\n\nJudge by this rubric:\n{rubric.strip()}" if rubric else "")
 
 
-def pairwise_prompt(question: str, first: str, second: str, labels: tuple[str, str], tie: bool = True,
-                    rubric: str | None = None) -> str:
+def pairwise_prompt(
+    question: str, first: str, second: str, labels: tuple[str, str], tie: bool = True, rubric: str | None = None
+) -> str:
     """The pairwise prompt with `first` shown first as assistant labels[0] and `second` as labels[1]."""
-    return (f"{pairwise_instruction(tie, rubric)}\n\n[User Question]\n{question}\n\n"
-            f"[The Start of Assistant {labels[0]}'s Answer]\n{first}\n[The End of Assistant {labels[0]}'s Answer]\n\n"
-            f"[The Start of Assistant {labels[1]}'s Answer]\n{second}\n[The End of Assistant {labels[1]}'s Answer]")
+    return (
+        f"{pairwise_instruction(tie, rubric)}\n\n[User Question]\n{question}\n\n"
+        f"[The Start of Assistant {labels[0]}'s Answer]\n{first}\n[The End of Assistant {labels[0]}'s Answer]\n\n"
+        f"[The Start of Assistant {labels[1]}'s Answer]\n{second}\n[The End of Assistant {labels[1]}'s Answer]"
+    )
 
 
 def chat_wrap(tokenizer, user_text: str, answer_prefix: str = "") -> str:

@@ -12,6 +12,7 @@ demos are in it (nested). `shared` draws use one permutation for every graded it
 whole demo block); per-item draws use a permutation seeded by the item id, as in the paper. The graded item itself
 is never among its demos.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -24,24 +25,34 @@ from .grading import RATINGS, rating_options
 from .prompts import RATING_PREFIX, Demo, chat_wrap, grading_problem, solution_text
 
 
-def generate_demos(engine, pool: list[dict], cache_path, max_tokens: int = 48, batch: int = 16,
-                   progress: bool = False) -> dict[str, Demo]:
+def generate_demos(
+    engine, pool: list[dict], cache_path, max_tokens: int = 48, batch: int = 16, progress: bool = False
+) -> dict[str, Demo]:
     """id -> solved Demo (the judge's zero-shot rating and generated reason) for every pool item."""
     tok = engine.tokenizer
     with ResultWriter(cache_path, key="id") as cache:
         todo = [it for it in pool if not cache.done(it["id"])]
         for start in range(0, len(todo), batch):
-            part = todo[start:start + batch]
+            part = todo[start : start + batch]
             heads = [chat_wrap(tok, grading_problem(it["question"], it["response"]), RATING_PREFIX) for it in part]
             probs = np.exp(option_logprobs(engine, heads, rating_options(), progress=progress))
             ratings = [int(RATINGS[i]) for i in probs.argmax(axis=1)]
-            gens = engine.generate([h + f'{r}", "reason": "' for h, r in zip(heads, ratings)], max_tokens=max_tokens,
-                                   temperature=0.0, stop=['"'], progress=progress)
+            gens = engine.generate(
+                [h + f'{r}", "reason": "' for h, r in zip(heads, ratings)],
+                max_tokens=max_tokens,
+                temperature=0.0,
+                stop=['"'],
+                progress=progress,
+            )
             for it, r, g in zip(part, ratings, gens):
                 cache.write({"id": it["id"], "rating": r, "reason": g.text.strip(), "finish": g.finish_reason})
         judged = {row["id"]: row for row in cache.rows}
-    return {it["id"]: Demo(it["question"], it["response"],
-                           solution_text(judged[it["id"]]["rating"], judged[it["id"]]["reason"])) for it in pool}
+    return {
+        it["id"]: Demo(
+            it["question"], it["response"], solution_text(judged[it["id"]]["rating"], judged[it["id"]]["reason"])
+        )
+        for it in pool
+    }
 
 
 def draw(demos: dict[str, Demo], seed: int, exclude: str | None = None, limit: int | None = None) -> list[Demo]:
@@ -65,4 +76,5 @@ def demo_drawer(demos: dict[str, Demo], seed: int, per_item: bool, limit: int | 
     def for_item(it):
         own = demos.get(it["id"])
         return [d for d in shared if d is not own][:limit]
+
     return for_item

@@ -11,6 +11,7 @@ Pairwise (verdicts.jsonl): the bias check as measured values beside the values o
 agreement with the reference `winner` (Wilson CI), the Bradley-Terry leaderboard when every row names its two
 models, and the reasons (if any) the bias check gives for distrusting that ranking.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,13 @@ def judge_summary(items: list[dict], rows: list[dict]) -> dict:
     for k in ks:
         part = [r for r in rows if r["k"] == k]
         grade = _per_item(part)  # id -> the mean expected grade over the runs
-        entry = {"k": k, "rows": len(part), "items": len(grade),
-                 "mean_expected": round(float(np.mean(list(grade.values()))), 3), "ci": mean_ci(list(grade.values()))}
+        entry = {
+            "k": k,
+            "rows": len(part),
+            "items": len(grade),
+            "mean_expected": round(float(np.mean(list(grade.values()))), 3),
+            "ci": mean_ci(list(grade.values())),
+        }
         if "parsed" in part[0]:
             entry["unscored"] = sum(r.get("parsed") is None for r in part)
         summary["by_k"].append(entry)
@@ -79,12 +85,15 @@ def judge_summary(items: list[dict], rows: list[dict]) -> dict:
             summary["agreement"].append(agreement)
             if agreement["verdict"] in ("at chance", "inverted"):
                 lo, hi = agreement["ci"]
-                warnings.append(f"warning: judge with K={k}: agreement with the reference labels, AUC "
-                                f"{agreement['auc']:.2f} [{lo:.2f},{hi:.2f}], is {agreement['verdict']}: its grades "
-                                f"are not evidence")
+                warnings.append(
+                    f"warning: judge with K={k}: agreement with the reference labels, AUC "
+                    f"{agreement['auc']:.2f} [{lo:.2f},{hi:.2f}], is {agreement['verdict']}: its grades "
+                    f"are not evidence"
+                )
     if 0 in runs and 1 in runs:
-        summary["consistency"] = consistency_by_k([r for r in rows if r["run"] == 0],
-                                                  [r for r in rows if r["run"] == 1])
+        summary["consistency"] = consistency_by_k(
+            [r for r in rows if r["run"] == 0], [r for r in rows if r["run"] == 1]
+        )
     summary["warnings"] = warnings
     return summary
 
@@ -108,8 +117,14 @@ def _by_model(k: int, grade: dict, by_id: dict) -> list[dict]:
     out = []
     for m, mean, rank in zip(models, means, _ranks(means)):
         ids = per_model[m]
-        entry = {"k": k, "model": m, "n": len(ids), "mean_expected": round(mean, 3),
-                 "ci": mean_ci([grade[i] for i in ids]), "rank": rank}
+        entry = {
+            "k": k,
+            "model": m,
+            "n": len(ids),
+            "mean_expected": round(mean, 3),
+            "ci": mean_ci([grade[i] for i in ids]),
+            "rank": rank,
+        }
         labels = [by_id[i]["label"] for i in ids if "label" in by_id[i]]
         if labels:
             binary = [_binary(v) for v in labels]
@@ -152,8 +167,11 @@ def judge_audit_tables(summary: dict) -> list[Table]:
     agreement = {a["k"]: a for a in summary["agreement"]}
     labeled = bool(agreement)
     unscored = any("unscored" in e for e in summary["by_k"])
-    cols = ["K", "items", "mean grade", "95% CI"] + (["unscored"] if unscored else []) + \
-        (["AUC vs labels", "95% CI", "verdict"] if labeled else [])
+    cols = (
+        ["K", "items", "mean grade", "95% CI"]
+        + (["unscored"] if unscored else [])
+        + (["AUC vs labels", "95% CI", "verdict"] if labeled else [])
+    )
     rows, flags = [], set()
     for e in summary["by_k"]:
         row = [str(e["k"]), str(e["items"]), num(e["mean_expected"]), ci(e["ci"])]
@@ -166,18 +184,23 @@ def judge_audit_tables(summary: dict) -> list[Table]:
         rows.append(tuple(row))
     runs = summary.get("runs", 1)
     over = f", averaged over the {runs} runs" if runs > 1 else ""
-    notes = [f"mean grade: the expected grade 1-10 (from the rating tokens' probabilities){over}; 95% CI: bootstrap "
-             f"over items"]
+    notes = [
+        f"mean grade: the expected grade 1-10 (from the rating tokens' probabilities){over}; 95% CI: bootstrap "
+        f"over items"
+    ]
     if labeled:
-        notes.append("AUC vs labels: the chance that an answer labeled right gets a higher grade than one labeled "
-                     "wrong (0.5 = chance); CI: bootstrap over runs and items")
+        notes.append(
+            "AUC vs labels: the chance that an answer labeled right gets a higher grade than one labeled "
+            "wrong (0.5 = chance); CI: bootstrap over runs and items"
+        )
     else:
-        notes.append("no reference labels (a `label` field, 1 right / 0 wrong, on at least 2 rows of each): the "
-                     "grades are not checked against any truth")
+        notes.append(
+            "no reference labels (a `label` field, 1 right / 0 wrong, on at least 2 rows of each): the "
+            "grades are not checked against any truth"
+        )
     if flags:
         notes.append("! rows marked ! : agreement with the labels at chance or inverted, the grades are not evidence")
-    tables = [Table("judge: grades per number of demos (K)", tuple(cols), tuple(rows), tuple(notes),
-                    frozenset(flags))]
+    tables = [Table("judge: grades per number of demos (K)", tuple(cols), tuple(rows), tuple(notes), frozenset(flags))]
     if summary.get("consistency"):
         tables.append(_consistency_table(summary["consistency"]))
     return tables
@@ -195,8 +218,7 @@ def judge_model_table(summary: dict) -> Table | None:
     for m in models:
         row = [str(m["k"]), m["model"], str(m["n"]), num(m["mean_expected"]), ci(m["ci"]), f"#{m['rank']}"]
         if truth:
-            row += [num(m.get("truth")), ci(m.get("truth_ci")),
-                    f"#{m['true_rank']}" if "true_rank" in m else "-"]
+            row += [num(m.get("truth")), ci(m.get("truth_ci")), f"#{m['true_rank']}" if "true_rank" in m else "-"]
         a = agreement.get(m["k"])
         if a and a["verdict"] in ("at chance", "inverted"):
             flags.add(len(rows))
@@ -208,32 +230,54 @@ def judge_model_table(summary: dict) -> Table | None:
             ms = [m for m in models if m["k"] == k and "true_rank" in m]
             if len(ms) >= 3 and len({m["mean_expected"] for m in ms}) > 1 and len({m["truth"] for m in ms}) > 1:
                 rho = stats.spearmanr([m["mean_expected"] for m in ms], [m["truth"] for m in ms]).statistic
-                notes.append(f"K={k}: Spearman between the models' mean grades and their truth: "
-                             f"{'-' if math.isnan(rho) else f'{rho:+.2f}'}")
+                notes.append(
+                    f"K={k}: Spearman between the models' mean grades and their truth: "
+                    f"{'-' if math.isnan(rho) else f'{rho:+.2f}'}"
+                )
     if flags:
-        notes.append("! rows marked ! are ranked by a judge whose agreement with the labels is at chance or "
-                     "inverted: that ranking is not evidence")
-    return Table("judge: per model (rank 1 = the highest mean grade)", tuple(cols), tuple(rows), tuple(notes),
-                 frozenset(flags))
+        notes.append(
+            "! rows marked ! are ranked by a judge whose agreement with the labels is at chance or "
+            "inverted: that ranking is not evidence"
+        )
+    return Table(
+        "judge: per model (rank 1 = the highest mean grade)", tuple(cols), tuple(rows), tuple(notes), frozenset(flags)
+    )
 
 
 def _consistency_table(rows: list[dict]) -> Table:
     cols = ["K", "items", "same argmax", "within 1", "sampled same", "mean |grade gap|"]
-    body = [(str(r["k"]), str(r["items"]), num(r.get("logprob_exact")), num(r.get("logprob_within1")),
-             num(r.get("sampled_exact")), num(r.get("expected_gap"))) for r in rows]
-    return Table("judge: consistency of runs 0 and 1 (independent demo draws)", tuple(cols), tuple(body),
-                 ("same argmax / within 1: the most likely grades agree exactly / within 1; sampled same: the chance "
-                  "that two grades sampled from the two runs agree",))
+    body = [
+        (
+            str(r["k"]),
+            str(r["items"]),
+            num(r.get("logprob_exact")),
+            num(r.get("logprob_within1")),
+            num(r.get("sampled_exact")),
+            num(r.get("expected_gap")),
+        )
+        for r in rows
+    ]
+    return Table(
+        "judge: consistency of runs 0 and 1 (independent demo draws)",
+        tuple(cols),
+        tuple(body),
+        (
+            "same argmax / within 1: the most likely grades agree exactly / within 1; sampled same: the chance "
+            "that two grades sampled from the two runs agree",
+        ),
+    )
 
 
 # ---- pairwise -------------------------------------------------------------------------------------------------------
 # Each bias measure: its key in bias_report, its name, the value of a judge without bias (None: no ideal value).
-CHECKS = (("position_flip_rate", "verdict changes when the answers swap places", 0.0),
-          ("symbol_flip_rate", "verdict changes when the symbols A and B swap", 0.0),
-          ("order_flip_rate", "verdict changes when both swap", 0.0),
-          ("first_position_share", "share of decisive verdicts for the answer shown first", 0.5),
-          ("symbol_A_share", "share of decisive verdicts for the symbol A", 0.5),
-          ("tie_share", "share of tie verdicts", None))
+CHECKS = (
+    ("position_flip_rate", "verdict changes when the answers swap places", 0.0),
+    ("symbol_flip_rate", "verdict changes when the symbols A and B swap", 0.0),
+    ("order_flip_rate", "verdict changes when both swap", 0.0),
+    ("first_position_share", "share of decisive verdicts for the answer shown first", 0.5),
+    ("symbol_A_share", "share of decisive verdicts for the symbol A", 0.5),
+    ("tie_share", "share of tie verdicts", None),
+)
 BIASED = 0.5  # a flip rate at or above this: the verdict follows the layout in most swaps
 TIES_DOMINATE = 0.5  # a tie share at or above this: the ranking says little
 
@@ -244,19 +288,30 @@ def pairwise_summary(rows: list[dict], bootstrap: int = 200, seed: int = 0) -> d
     the ranking (empty: it does not); `warnings` lists the `warning:` lines."""
     summary = summarize_pairwise(rows)
     bias = summary["logprob"]["bias"]
-    checks = [{"measure": key, "what": what, "measured": bias.get(key), "ideal": ideal,
-               **({"generated": summary["generated"]["bias_on_fully_parsed"].get(key)} if "generated" in summary
-                  else {})} for key, what, ideal in CHECKS]
+    checks = [
+        {
+            "measure": key,
+            "what": what,
+            "measured": bias.get(key),
+            "ideal": ideal,
+            **({"generated": summary["generated"]["bias_on_fully_parsed"].get(key)} if "generated" in summary else {}),
+        }
+        for key, what, ideal in CHECKS
+    ]
     warnings, distrusted = [], []
     if bias.get("pairs") and bias["tie_share"] >= TIES_DOMINATE:
-        warnings.append(f"warning: ties are {bias['tie_share']:.0%} of the verdicts: the ranking says little; use "
-                        f"--no-tie for two-way verdicts, or --rubric to say what makes an answer better")
+        warnings.append(
+            f"warning: ties are {bias['tie_share']:.0%} of the verdicts: the ranking says little; use "
+            f"--no-tie for two-way verdicts, or --rubric to say what makes an answer better"
+        )
         distrusted.append(f"ties are {bias['tie_share']:.0%} of the verdicts")
     for name in ("position", "symbol"):
         rate = bias.get(f"{name}_flip_rate")
         if rate is not None and rate >= BIASED:
-            warnings.append(f"warning: the verdict changes with the {name} of the answers in {rate:.0%} of the "
-                            f"swaps: this judge is biased")
+            warnings.append(
+                f"warning: the verdict changes with the {name} of the answers in {rate:.0%} of the "
+                f"swaps: this judge is biased"
+            )
             distrusted.append(f"the verdict follows the answers' {name} in {rate:.0%} of the swaps")
     agreement = None
     decisive = [r for r in rows if r.get("winner") in ("model_a", "model_b")]  # a reference tie has no right side
@@ -264,9 +319,11 @@ def pairwise_summary(rows: list[dict], bootstrap: int = 200, seed: int = 0) -> d
         right = sum(decide(r["aggregate"], decisive=True) == r["winner"] for r in decisive)
         agreement = {"n": len(decisive), "accuracy": right / len(decisive), "ci": share_ci(right, len(decisive))}
         if agreement["ci"][1] < 0.5:
-            warnings.append(f"warning: the judge disagrees with the reference winner in most pairs "
-                            f"(agreement {agreement['accuracy']:.2f}, 95% CI {ci(agreement['ci'])}): its verdicts "
-                            f"are inverted")
+            warnings.append(
+                f"warning: the judge disagrees with the reference winner in most pairs "
+                f"(agreement {agreement['accuracy']:.2f}, 95% CI {ci(agreement['ci'])}): its verdicts "
+                f"are inverted"
+            )
             distrusted.append("its verdicts disagree with the reference winner in most pairs")
     summary["audit"] = {"checks": checks, "agreement": agreement, "warnings": warnings}
     if rows and all("model_a" in r and "model_b" in r for r in rows):
@@ -291,22 +348,39 @@ def pairwise_audit_table(summary: dict) -> Table:
             flags.add(len(rows))
         if c["measure"] == "tie_share" and c["measured"] is not None and c["measured"] >= TIES_DOMINATE:
             flags.add(len(rows))
-        rows.append((c["measure"].replace("_", " "), num(c["measured"]),
-                     *([num(c.get("generated"))] if generated else []),
-                     "-" if c["ideal"] is None else num(c["ideal"]), c["what"]))
+        rows.append(
+            (
+                c["measure"].replace("_", " "),
+                num(c["measured"]),
+                *([num(c.get("generated"))] if generated else []),
+                "-" if c["ideal"] is None else num(c["ideal"]),
+                c["what"],
+            )
+        )
     pairs = summary["logprob"]["bias"].get("pairs", 0)
-    notes = ["measured on the verdicts read from the [[A]]/[[B]]/[[C]] log-probs; 'without bias' is what a judge "
-             "that ignores the layout would show"]
+    notes = [
+        "measured on the verdicts read from the [[A]]/[[B]]/[[C]] log-probs; 'without bias' is what a judge "
+        "that ignores the layout would show"
+    ]
     a = summary["audit"]["agreement"]
     if a:
-        notes.append(f"agreement with the reference winner: {num(a['accuracy'])} of the {a['n']} pairs whose "
-                     f"reference names one (the judge's tie option ignored), 95% CI {ci(a['ci'])} (a perfect judge: "
-                     f"1.00)")
+        notes.append(
+            f"agreement with the reference winner: {num(a['accuracy'])} of the {a['n']} pairs whose "
+            f"reference names one (the judge's tie option ignored), 95% CI {ci(a['ci'])} (a perfect judge: "
+            f"1.00)"
+        )
     if flags:
-        notes.append("! rows marked ! : far from a judge without bias (flips in half the swaps or more, or mostly "
-                     "ties): the ranking is not evidence")
-    return Table(f"pairwise bias check: {pairs} pairs x 4 prompts (answer order x verdict symbols swapped)",
-                 tuple(cols), tuple(rows), tuple(notes), frozenset(flags))
+        notes.append(
+            "! rows marked ! : far from a judge without bias (flips in half the swaps or more, or mostly "
+            "ties): the ranking is not evidence"
+        )
+    return Table(
+        f"pairwise bias check: {pairs} pairs x 4 prompts (answer order x verdict symbols swapped)",
+        tuple(cols),
+        tuple(rows),
+        tuple(notes),
+        frozenset(flags),
+    )
 
 
 def pairwise_leaderboard_table(summary: dict) -> Table | None:
@@ -314,17 +388,29 @@ def pairwise_leaderboard_table(summary: dict) -> Table | None:
     if not board:
         return None
     distrusted = summary.get("distrusted", [])
-    rows = tuple((f"#{r['rank']}", r["model"], f"{r['score']:.1f}", f"[{r['lower']:.1f}, {r['upper']:.1f}]",
-                  str(r["battles"])) for r in board)
+    rows = tuple(
+        (f"#{r['rank']}", r["model"], f"{r['score']:.1f}", f"[{r['lower']:.1f}, {r['upper']:.1f}]", str(r["battles"]))
+        for r in board
+    )
     rounds = summary.get("leaderboard_bootstrap", "?")
-    notes = [f"Bradley-Terry strengths on the Elo scale (mean 1000), 95% CI from {rounds} bootstrap rounds; rank: "
-             f"1 + the models whose CI lies wholly above"]
+    notes = [
+        f"Bradley-Terry strengths on the Elo scale (mean 1000), 95% CI from {rounds} bootstrap rounds; rank: "
+        f"1 + the models whose CI lies wholly above"
+    ]
     if distrusted:
-        notes.append("! DISTRUSTED RANKING: the judge's own bias check failed (" + "; ".join(distrusted) +
-                     "): this order is not evidence of which model is better")
+        notes.append(
+            "! DISTRUSTED RANKING: the judge's own bias check failed ("
+            + "; ".join(distrusted)
+            + "): this order is not evidence of which model is better"
+        )
     title = "pairwise leaderboard" + (" (! distrusted: see the bias check)" if distrusted else "")
-    return Table(title, ("rank", "model", "score", "95% CI", "battles"), rows, tuple(notes),
-                 frozenset(range(len(rows))) if distrusted else frozenset())
+    return Table(
+        title,
+        ("rank", "model", "score", "95% CI", "battles"),
+        rows,
+        tuple(notes),
+        frozenset(range(len(rows))) if distrusted else frozenset(),
+    )
 
 
 def pairwise_tables(summary: dict) -> list[Table]:

@@ -5,6 +5,7 @@ answers and 12 wrong answers to 24 other questions. Deterministic: rerun it to r
 
     python tests/data/make_qa_task.py
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,11 @@ QUESTIONS = [
     ("How many legs does a spider have?", "8", ["6", "10", "4"]),
     ("What is 9 times 3?", "27", ["24", "30", "21"]),
     ("Which planet is known as the Red Planet?", "Mars", ["Venus", "Jupiter", "Saturn"]),
-    ("What is the largest ocean on Earth?", "the Pacific Ocean", ["the Atlantic Ocean", "the Indian Ocean",
-                                                                  "the Arctic Ocean"]),
+    (
+        "What is the largest ocean on Earth?",
+        "the Pacific Ocean",
+        ["the Atlantic Ocean", "the Indian Ocean", "the Arctic Ocean"],
+    ),
     ("What is 100 minus 37?", "63", ["73", "67", "53"]),
     ("Who wrote Romeo and Juliet?", "William Shakespeare", ["Charles Dickens", "Mark Twain", "Jane Austen"]),
     ("How many minutes are in an hour?", "60", ["100", "30", "50"]),
@@ -31,30 +35,50 @@ QUESTIONS = [
     ("What is the capital of Japan?", "Tokyo", ["Kyoto", "Osaka", "Beijing"]),
 ]
 GOOD = [  # other questions, right answers
-    ("What is 4 + 4?", "8"), ("What is the capital of Italy?", "Rome"), ("How many days are in a week?", "7"),
-    ("What is 6 times 7?", "42"), ("Which animal is known as the king of the jungle?", "the lion"),
+    ("What is 4 + 4?", "8"),
+    ("What is the capital of Italy?", "Rome"),
+    ("How many days are in a week?", "7"),
+    ("What is 6 times 7?", "42"),
+    ("Which animal is known as the king of the jungle?", "the lion"),
     ("What is the boiling point of water in degrees Celsius?", "100"),
-    ("Who painted the Mona Lisa?", "Leonardo da Vinci"), ("What is 20 divided by 4?", "5"),
-    ("What is the capital of Germany?", "Berlin"), ("How many sides does a triangle have?", "3"),
-    ("What gas do plants take in from the air?", "carbon dioxide"), ("What is 15 + 10?", "25"),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci"),
+    ("What is 20 divided by 4?", "5"),
+    ("What is the capital of Germany?", "Berlin"),
+    ("How many sides does a triangle have?", "3"),
+    ("What gas do plants take in from the air?", "carbon dioxide"),
+    ("What is 15 + 10?", "25"),
 ]
 BAD = [  # yet other questions, wrong answers
-    ("What is 3 + 5?", "9"), ("What is the capital of Spain?", "Lisbon"), ("How many months are in a year?", "10"),
-    ("What is 8 times 8?", "56"), ("Which is the largest planet in the solar system?", "Mars"),
+    ("What is 3 + 5?", "9"),
+    ("What is the capital of Spain?", "Lisbon"),
+    ("How many months are in a year?", "10"),
+    ("What is 8 times 8?", "56"),
+    ("Which is the largest planet in the solar system?", "Mars"),
     ("What is the freezing point of water in degrees Celsius?", "10"),
-    ("Who developed the theory of relativity?", "Isaac Newton"), ("What is 30 divided by 5?", "5"),
-    ("What is the capital of Canada?", "Toronto"), ("How many sides does a square have?", "5"),
-    ("What is the largest mammal?", "the elephant"), ("What is 12 + 9?", "20"),
+    ("Who developed the theory of relativity?", "Isaac Newton"),
+    ("What is 30 divided by 5?", "5"),
+    ("What is the capital of Canada?", "Toronto"),
+    ("How many sides does a square have?", "5"),
+    ("What is the largest mammal?", "the elephant"),
+    ("What is 12 + 9?", "20"),
 ]
 # model -> the questions it answers right (accuracies 11/12, 8/12, 5/12, 2/12)
-MODELS = {"model-A": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "model-B": [0, 1, 3, 4, 6, 8, 9, 11],
-          "model-C": [1, 2, 5, 7, 10], "model-D": [4, 9]}
+MODELS = {
+    "model-A": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+    "model-B": [0, 1, 3, 4, 6, 8, 9, 11],
+    "model-C": [1, 2, 5, 7, 10],
+    "model-D": [4, 9],
+}
 
 
 def task() -> dict:
-    return {"name": "qa-free-text", "header": "Answer each question in a few words.",
-            "template": "Question: {x}\nAnswer: {y}",
-            "good": [{"x": x, "y": y} for x, y in GOOD], "bad": [{"x": x, "y": y} for x, y in BAD]}
+    return {
+        "name": "qa-free-text",
+        "header": "Answer each question in a few words.",
+        "template": "Question: {x}\nAnswer: {y}",
+        "good": [{"x": x, "y": y} for x, y in GOOD],
+        "bad": [{"x": x, "y": y} for x, y in BAD],
+    }
 
 
 def candidates() -> list[dict]:
@@ -62,14 +86,22 @@ def candidates() -> list[dict]:
     for k, (model, right) in enumerate(MODELS.items()):
         for q, (x, y, wrong) in enumerate(QUESTIONS):
             ok = q in right
-            rows.append({"id": f"{model}/q{q}", "model": model, "x": x, "y": y if ok else wrong[(q + k) % len(wrong)],
-                         "truth": 1 if ok else 0})
+            rows.append(
+                {
+                    "id": f"{model}/q{q}",
+                    "model": model,
+                    "x": x,
+                    "y": y if ok else wrong[(q + k) % len(wrong)],
+                    "truth": 1 if ok else 0,
+                }
+            )
     return rows
 
 
 def main() -> None:
-    (HERE / "qa_task.yaml").write_text("# written by make_qa_task.py\n" + yaml.safe_dump(
-        task(), sort_keys=False, allow_unicode=True, width=120))
+    (HERE / "qa_task.yaml").write_text(
+        "# written by make_qa_task.py\n" + yaml.safe_dump(task(), sort_keys=False, allow_unicode=True, width=120)
+    )
     (HERE / "qa_candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in candidates()))
 
 
