@@ -19,9 +19,11 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/icqs demo
 
-# One pytest worker per core (pytest-xdist), each test file on one worker so that a file's fixtures are made once;
+# Lint and format first (ruff.toml), then one pytest worker per core (pytest-xdist), each test file on one worker so that a file's fixtures are made once;
 # the slowest tests listed at the end (the suite's time: benchmarks/RESULTS.md).
 test: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -n auto --dist loadfile --durations=25 tests
 
 clean:
