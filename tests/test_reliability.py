@@ -324,12 +324,29 @@ def test_task_sizes_are_bounded_before_listing_the_ratios(sizes, says, files, tm
 
 
 def test_kv_tokens_beyond_memory_is_one_line(tiny_model_dir, tmp_path, capsys):
+    """Within the option's bound (2^30 tokens) the cache's bytes are checked against the memory; beyond it the
+    option itself is refused where it is parsed."""
     src = pairs(tmp_path / "in.jsonl", PAIRS)
     status, err = engine_score(
-        capsys, "--model", tiny_model_dir, "--input", src, "--output", tmp_path / "o.jsonl", "--kv-tokens", str(10**12)
+        capsys, "--model", tiny_model_dir, "--input", src, "--output", tmp_path / "o.jsonl", "--kv-tokens", str(2**30)
     )
-    assert status == 2 and err.count("\n") == 1 and "kv_tokens=1,000,000,000,000 needs" in err, err
+    assert status == 2 and err.count("\n") == 1 and "kv_tokens=1,073,741,824 needs" in err, err
     assert "lower --kv-tokens" in err and not (tmp_path / "o.jsonl").exists()
+    with pytest.raises(SystemExit) as exit_:  # argparse: usage and one error line
+        engine_score(
+            capsys,
+            "--model",
+            tiny_model_dir,
+            "--input",
+            src,
+            "--output",
+            tmp_path / "o.jsonl",
+            "--kv-tokens",
+            str(10**12),
+        )
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--kv-tokens: expected an integer of at most 1,073,741,824" in err, err
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 @pytest.mark.parametrize("user", ["{response:>999999999}", "{response:.99999999}", "{response:{answer}}"])

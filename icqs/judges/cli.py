@@ -13,15 +13,7 @@ import json
 from pathlib import Path
 
 from commands.cli_args import input_path
-from commands.factory import (
-    MAX_BATCH,
-    MAX_BOOTSTRAP,
-    MAX_RUNS,
-    add_engine_args,
-    engine_from_args,
-    int_in_range,
-    new_tokens_int,
-)
+from commands.factory import MAX_BATCH, MAX_BOOTSTRAP, MAX_RUNS, add_engine_args, int_in_range, new_tokens_int
 from engine.errors import UserError
 
 from ..contracts import FORMATS
@@ -160,7 +152,10 @@ def _write_json(path: Path, obj) -> Path:
 
 def _load_engine(args) -> MeteredEngine:
     # keep_cache: prefixes computed in one engine call (a demo block, a prompt scored then generated from) are
-    # reused by the next ones; MeteredEngine: the run records the engine's work
+    # reused by the next ones; MeteredEngine: the run records the engine's work. The factory is looked up at the
+    # call, as the other commands do, not bound when this module is first imported.
+    from commands.factory import engine_from_args
+
     return MeteredEngine(engine_from_args(args, keep_cache=True))
 
 
