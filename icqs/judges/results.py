@@ -19,6 +19,7 @@ import math
 import numpy as np
 from scipy import stats
 
+from ..aggregate import bootstrap_ci, ranks
 from ..audit import auc, two_level_ci, verdict
 from ..run_tables import Table, ci, num
 from .consistency import consistency_by_k
@@ -28,14 +29,14 @@ CI_ROUNDS = 2000
 
 
 def mean_ci(values, seed: int = 0) -> list[float] | None:
-    """95% percentile-bootstrap CI of the mean (None for fewer than 2 values)."""
+    """95% percentile-bootstrap CI of the mean (icqs.aggregate.bootstrap_ci), None for fewer than 2 values, the
+    value itself where all are equal."""
     x = np.asarray(values, dtype=np.float64)
     if len(x) < 2:
         return None
     if np.all(x == x[0]):
         return [float(x[0]), float(x[0])]
-    res = stats.bootstrap((x,), np.mean, n_resamples=CI_ROUNDS, method="percentile", rng=np.random.default_rng(seed))
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return list(bootstrap_ci(x, n_resamples=CI_ROUNDS, seed=seed))
 
 
 def share_ci(successes: int, n: int) -> list[float] | None:
@@ -52,8 +53,9 @@ def _binary(label) -> int | None:
 
 
 def _ranks(values: list[float]) -> list[int]:
-    """1 = the largest; equal values share the better rank."""
-    return [int(r) for r in stats.rankdata([-v for v in values], method="min")]
+    """1 = the largest; equal values share the better rank (icqs.aggregate.ranks over positions)."""
+    by_position = ranks(dict(enumerate(values)))
+    return [by_position[i] for i in range(len(values))]
 
 
 # ---- judge ----------------------------------------------------------------------------------------------------------
