@@ -20,6 +20,8 @@ runs for the first time (RssFile: 8-14 MiB here, varying with the page cache bet
 venv), which RSS counts but which are the runtime's, like oneDNN's code above;
 weight bytes count every tensor the model holds once (a prepacked copy as its blocked tensor). The KV cache is
 allocated uninitialised, so its untouched pages cost nothing here.
+seconds: the measured load's, the second of the child: the checkpoint's pages are in the OS page cache by then (a
+load from a cold disk takes longer; the load made first costs the child as much time again).
 """
 
 from __future__ import annotations
