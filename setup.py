@@ -54,7 +54,18 @@ setup(
     version="0.1.0",
     description="Prefix-sharing Llama inference engine for continuation log-probs, and the ICQS evaluation toolkit",
     packages=find_packages(
-        include=["engine", "engine.*", "kernels", "kernels.*", "commands", "commands.*", "icqs", "icqs.*"]
+        include=[
+            "engine",
+            "engine.*",
+            "kernels",
+            "kernels.*",
+            "frontends",
+            "frontends.*",
+            "commands",
+            "commands.*",
+            "icqs",
+            "icqs.*",
+        ]
     ),
     package_data={"icqs": ["schemas/*.json"]},  # the input formats (icqs/contracts.py)
     python_requires=">=3.10",

@@ -4,7 +4,7 @@
         [--demo-sets 2] [--dtype bfloat16] [--model PATH]
 
 Back to back in one process, on a local Ray cluster with this machine's cores: the single-process engine (all
-cores), then engine.distributed with 1 worker (all cores), 2 workers (cores / 2 threads each, so they do not
+cores), then frontends.ray_runner with 1 worker (all cores), 2 workers (cores / 2 threads each, so they do not
 oversubscribe the cores), and 2 workers with naive (round-robin) partitioning. Printed for each: tokens computed
 over all workers (and / the single-process job's), the planner's count, the start seconds (the single process: loading
 the model; Ray: starting the worker actors, each loading the model, once per run: DistributedEngine.start), the
@@ -23,9 +23,10 @@ import ray
 from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from common import load_average
 
-from engine import Engine, distributed
-from engine.distributed import Cluster, DistributedEngine, plan_shards
+from engine import Engine
 from engine.requests import encode_pairs
+from frontends import ray_runner
+from frontends.ray_runner import Cluster, DistributedEngine, plan_shards
 
 
 def parse_args(argv=None):
@@ -59,7 +60,7 @@ def main(argv=None):
     rows = [("single process", cores, base, base, load_s, local_s, local_s, 0.0)]
     del eng
 
-    distributed.init_local_cluster(num_cpus=cores)
+    ray_runner.init_local_cluster(num_cpus=cores)
     try:
         for name, workers, naive in (
             ("ray, 1 worker", 1, False),
@@ -137,7 +138,7 @@ def plan_table(args):
                 f"{max(p.shard_tokens) / mean:.2f} | {p.keys} | {sum(n.shard_tokens):,} "
                 f"({sum(n.shard_tokens) / one:.2f}) |"
             )
-    print(f"(engine.distributed cuts {distributed.SHARDS_PER_WORKER} shards per worker)")
+    print(f"(frontends.ray_runner cuts {ray_runner.SHARDS_PER_WORKER} shards per worker)")
 
 
 if __name__ == "__main__":

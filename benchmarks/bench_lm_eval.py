@@ -163,7 +163,7 @@ def main(argv=None) -> None:
 
     from lm_eval.tasks import TaskManager
 
-    import engine.lm_eval  # noqa: F401  (registers icqs-engine)
+    import frontends.lm_eval  # noqa: F401  (registers icqs-engine)
 
     args.work.mkdir(parents=True, exist_ok=True)
     docs = make_questions(args.pool + args.questions)

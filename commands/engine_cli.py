@@ -97,7 +97,7 @@ def cmd_score(args) -> int:
         raise _at_line(e, todo, args.input) from None
     if skip:
         print(f"resuming: {skip} rows already in {args.output}", file=sys.stderr)
-    if args.ray is not None:  # the same checks, then the shards on a Ray cluster: engine/distributed.py
+    if args.ray is not None:  # the same checks, then the shards on a Ray cluster: frontends/ray_runner.py
         from .ray_score import score_rows
 
         with tables.open_results(args.output, out_schema) as out:

@@ -4,7 +4,7 @@ pairwise | allure | demo` add the same options (`add_engine_args`) and build the
 Devices: `cpu`, `cuda`, `cuda:N`; the default is `cuda` when a GPU is present, else `cpu`. A device that is not
 there (`cuda` without a GPU, `cuda:3` on a one-GPU machine, `tpu`) is a one-line UserError before any work.
 
-`--ray [ADDRESS] --workers N` turns the engine into engine.distributed.DistributedEngine: the same `score` on N
+`--ray [ADDRESS] --workers N` turns the engine into frontends.ray_runner.DistributedEngine: the same `score` on N
 Ray actors (a local cluster without ADDRESS), each with one GPU (`--device cuda`, checked against the cluster's
 GPUs) or `--threads` CPU threads (default: this machine's cores / N, so the workers do not oversubscribe them)."""
 
@@ -120,7 +120,7 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
         action="store_true",
         help="batch-invariant ops: each score bitwise the same whatever else is in the job",
     )
-    g = p.add_argument_group("Ray (engine.distributed)")
+    g = p.add_argument_group("Ray (frontends.ray_runner)")
     g.add_argument(
         "--ray",
         nargs="?",
@@ -185,14 +185,14 @@ def engine_options(args) -> dict:
 
 def engine_from_args(args, **overrides):
     """The engine the parsed options ask for; `overrides` (e.g. keep_cache=True) win over them. With --server, a
-    client of that server (engine/client.py), with the same score/generate interface; with --ray, a
+    client of that server (frontends/client.py), with the same score/generate interface; with --ray, a
     DistributedEngine (its workers always keep their cache across calls)."""
     if getattr(args, "server", None):
-        from engine.client import Client
+        from frontends.client import Client
 
         return Client(args.server, api_key=os.environ.get("ENGINE_API_KEY"))
     if getattr(args, "ray", None) is not None:
-        from engine.distributed import Cluster, DistributedEngine
+        from frontends.ray_runner import Cluster, DistributedEngine
 
         opts = {**engine_options(args), **overrides, "keep_cache": True}
         return DistributedEngine(Cluster(args.model, opts, args.ray, args.workers, args.naive_partition))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from engine.distributed import DistributedEngine
+from frontends.ray_runner import DistributedEngine
 
 from .tables import write_result
 

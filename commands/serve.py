@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.server import DEFAULT_MAX_TOKENS
+from frontends.server import DEFAULT_MAX_TOKENS
 
 from .factory import MAX_QUEUE, add_engine_args, int_in_range, new_tokens_int
 
@@ -87,7 +87,7 @@ def serve(args) -> int:
     import uvicorn
 
     from engine.loader import default_model_path
-    from engine.server import create_app
+    from frontends.server import create_app
 
     from .factory import engine_from_args
 
@@ -106,7 +106,7 @@ def serve(args) -> int:
         api_key_all_endpoints=args.api_key_all_endpoints,
     )
     host, port = sock.getsockname()[:2]
-    log = logging.getLogger("engine.server")
+    log = logging.getLogger("frontends.server")
     if (warning := exposure_warning(args.host, api_key, args.api_key_all_endpoints)) is not None:
         log.warning("warning: %s", warning)
     log.info("serving %s on http://%s:%d", name, host, port)

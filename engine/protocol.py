@@ -3,8 +3,8 @@ tests/test_engine_protocol.py against each implementation's signatures).
 
 - `JobEngine`: closed jobs, what the applications call (the score command, icqs, lm-eval, the judges): `score` and
   `generate` a whole list, then `last_stats` says what that job cost; `tokenizer`, `config` and `limits` (what one
-  request may hold) to prepare requests. Implemented by `Engine`, the HTTP `Client` (engine/client.py) and
-  `DistributedEngine` (engine/distributed.py).
+  request may hold) to prepare requests. Implemented by `Engine`, the HTTP `Client` (frontends/client.py) and
+  `DistributedEngine` (frontends/ray_runner.py).
 - `EngineProtocol`: the loop itself, for a front that drives it (the asyncio front, engine/async_engine.py): add
   requests and get their handles, `abort` one, `step`, `has_pending`, `stats` (counters since the engine was made).
   Implemented by `Engine`. The handles' own interface (done, wait, result(), error, add_done_callback) is the

@@ -1,5 +1,5 @@
-"""engine.distributed on a local Ray cluster (2 CPUs, no dashboard, a small object store), started once for this
-module and shut down after it, listening on 127.0.0.1 only (engine.distributed.init_local_cluster). Shown: the same scores as the single-process engine
+"""frontends.ray_runner on a local Ray cluster (2 CPUs, no dashboard, a small object store), started once for this
+module and shut down after it, listening on 127.0.0.1 only (frontends.ray_runner.init_local_cluster). Shown: the same scores as the single-process engine
 (float32, 1e-5), the same `icqs` leaderboard, a killed worker actor, resumption, and bad input refused before any
 worker starts. Plus the shard planner and the --device rules, which need no cluster."""
 
@@ -15,9 +15,10 @@ import pytest
 
 from commands.engine_cli import main as engine_main
 from commands.factory import resolve_device
-from engine import Engine, distributed
-from engine.distributed import Cluster, DistributedEngine, plan_shards, unique_tokens
+from engine import Engine
 from engine.errors import UserError
+from frontends import ray_runner
+from frontends.ray_runner import Cluster, DistributedEngine, plan_shards, unique_tokens
 
 ray = pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -52,7 +53,7 @@ def read_jsonl(path):
 
 @pytest.fixture(scope="module")
 def cluster():
-    distributed.init_local_cluster(num_cpus=2, object_store_memory=96 * 1024**2)
+    ray_runner.init_local_cluster(num_cpus=2, object_store_memory=96 * 1024**2)
     yield
     ray.shutdown()
 
@@ -193,7 +194,7 @@ def test_a_killed_worker_loses_no_request_and_duplicates_none(cluster, tiny_mode
     rows = rows_of(demo_sets=4, questions=6)
     reqs = [(r["context"], r["continuation"]) for r in rows]
     expected = Engine.load(str(tiny_model_dir), dtype="float32").score(reqs)
-    monkeypatch.setattr(distributed, "SHARDS_PER_WORKER", 6)  # 12 shards: the pool is busy when the kill lands
+    monkeypatch.setattr(ray_runner, "SHARDS_PER_WORKER", 6)  # 12 shards: the pool is busy when the kill lands
     seen, killed = [], []
 
     def on_result(i, result, worker):

@@ -78,8 +78,8 @@ def test_client_implements_the_job_protocol(eng):
     from live_server import live_server
 
     from engine.async_engine import AsyncEngine
-    from engine.client import Client
-    from engine.server import create_app
+    from frontends.client import Client
+    from frontends.server import create_app
 
     assert signature_problems(Client, JobEngine) == []
     with live_server(create_app(eng, model_name="tiny")) as url:
@@ -98,7 +98,7 @@ def test_client_implements_the_job_protocol(eng):
 
 def test_distributed_engine_implements_the_job_protocol(tiny_model_dir, monkeypatch):
     from engine import hf_loader
-    from engine.distributed import Cluster, DistributedEngine
+    from frontends.ray_runner import Cluster, DistributedEngine
 
     assert signature_problems(DistributedEngine, JobEngine) == []
     monkeypatch.setattr(hf_loader, "_load_weights", lambda *a: pytest.fail("the driver loaded the weights"))
@@ -140,10 +140,10 @@ def engine_members_used(path: Path, names: tuple[str, ...]) -> set[str]:
     "front",
     [
         "engine/async_engine.py",
-        "engine/server/state.py",
-        "engine/server/app.py",
-        "engine/server/native.py",
-        "engine/server/completions.py",
+        "frontends/server/state.py",
+        "frontends/server/app.py",
+        "frontends/server/engine_api.py",
+        "frontends/server/completions.py",
     ],
 )
 def test_the_fronts_use_only_the_protocol(front):

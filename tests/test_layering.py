@@ -1,5 +1,5 @@
-"""The layers import downwards only: kernels/ <- engine/ <- commands/ <- icqs/. Checked on the source (AST), so a
-new upward import fails here rather than in a review."""
+"""The layers import downwards only: kernels/ <- engine/ <- frontends/ <- commands/ <- icqs/. Checked on the source
+(AST), so a new upward import fails here rather than in a review."""
 
 import ast
 from pathlib import Path
@@ -9,8 +9,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # What each layer may not import. engine/__main__.py is the `python -m engine` command's name and nothing else: it
 # forwards to commands/engine_cli.py and no module imports it.
-FORBIDDEN = {"kernels": {"engine", "commands", "icqs"}, "engine": {"commands", "icqs"}, "commands": {"icqs"}}
+FORBIDDEN = {
+    "kernels": {"engine", "frontends", "commands", "icqs"},
+    "engine": {"frontends", "commands", "icqs"},
+    "frontends": {"commands", "icqs"},
+    "commands": {"icqs"},
+}
 ALLOWED = {("engine/__main__.py", "commands")}
+# The libraries of the fronts (HTTP, Ray, lm-eval): the engine holds no front, so none of its modules imports one;
+# they belong in frontends/ (the server, the client, the Ray runner, the lm-eval model).
+FRONT_LIBRARIES = {"fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx", "ray", "lm_eval"}
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -35,10 +43,22 @@ def test_layers_import_downwards_only(layer):
     assert not found, "upward imports:\n" + "\n".join(found)
 
 
+def test_the_engine_holds_no_front():
+    found = [
+        f"{path.relative_to(ROOT).as_posix()} imports {name}"
+        for path in sorted((ROOT / "engine").rglob("*.py"))
+        for name in sorted(imported_packages(path) & FRONT_LIBRARIES)
+    ]
+    assert not found, "a front's library imported in engine/ (move the code to frontends/):\n" + "\n".join(found)
+
+
 def test_the_check_sees_an_upward_import(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("import os\nfrom icqs.task import load_task\n\ndef f():\n    import commands.fetch\n")
     assert imported_packages(bad) & FORBIDDEN["engine"] == {"icqs", "commands"}
+    front = tmp_path / "f.py"
+    front.write_text("def serve():\n    import uvicorn\n    from fastapi import FastAPI\n")
+    assert imported_packages(front) & FRONT_LIBRARIES == {"uvicorn", "fastapi"}
 
 
 # ---- private attributes and the scheduler --------------------------------------------------------------------------
@@ -47,7 +67,7 @@ def test_the_check_sees_an_upward_import(tmp_path):
 # getattr/setattr/hasattr/delattr with a literal name. Dunder names (`obj.__dict__`) are not private. A module's own
 # records are the exception: a private name a class declares in its `__slots__` is read and written by the module
 # that defines the class (engine/prefix_cache.py's Node: an opaque handle everywhere else).
-PRIVATE_CHECKED = ("engine", "kernels", "icqs", "commands")
+PRIVATE_CHECKED = ("engine", "kernels", "frontends", "icqs", "commands")
 # Third-party private APIs the project has no public way around, each with its reason (file, expression).
 THIRD_PARTY = {
     ("kernels/linear.py", "torch.ops.mkldnn._linear_pointwise"): "oneDNN's prepacked linear: torch registers the op "
@@ -55,8 +75,8 @@ THIRD_PARTY = {
     ("kernels/linear.py", "torch.ops.mkldnn._reorder_linear_weight"): "the matching weight prepack op",
     ("kernels/aot.py", "fn._pack_args"): "triton's JIT function has no public way to get its specialised signature "
     "for ahead-of-time compilation",
-    ("engine/lm_eval.py", "lm_eval._cli"): "lm-eval's command line (HarnessCLI) lives only in its private module",
-    ("engine/distributed.py", "ray._private"): "ray_constants.ENABLE_RAY_CLUSTER, read at import, has no public "
+    ("frontends/lm_eval.py", "lm_eval._cli"): "lm-eval's command line (HarnessCLI) lives only in its private module",
+    ("frontends/ray_runner.py", "ray._private"): "ray_constants.ENABLE_RAY_CLUSTER, read at import, has no public "
     "setter (init_local_cluster's docstring)",
 }
 # Violations in files other helpers of issue 20 are rewriting (core-state: the loop's own; models: the kernels).
@@ -233,16 +253,16 @@ def test_every_layer_is_an_installable_package():
 # another object owns.
 # Third-party objects whose documented way to configure them is an attribute write, each with its reason.
 THIRD_PARTY_WRITES = {
-    ("engine/distributed.py", "ray_constants.ENABLE_RAY_CLUSTER"): "read by ray at import; no public setter",
-    ("engine/lm_eval.py", "sys.argv"): "lm-eval's command line reads sys.argv",
-    ("engine/server/app.py", "app.openapi_schema"): "FastAPI's documented way to replace the generated schema",
-    ("engine/server/app.py", "app.state.server"): "Starlette's app.state is the documented place for app state",
+    ("frontends/ray_runner.py", "ray_constants.ENABLE_RAY_CLUSTER"): "read by ray at import; no public setter",
+    ("frontends/lm_eval.py", "sys.argv"): "lm-eval's command line reads sys.argv",
+    ("frontends/server/app.py", "app.openapi_schema"): "FastAPI's documented way to replace the generated schema",
+    ("frontends/server/app.py", "app.state.server"): "Starlette's app.state is the documented place for app state",
 }
 # Violations in files outside the core, each to go with its owner's change (listed so the check stays strict for
 # everything else meanwhile).
 PENDING_WRITES = {
-    ("engine/lm_eval.py", "tok.add_bos"): "the tokenizer's BOS policy should be a copy (the fronts issue)",
-    ("engine/server/state.py", "self.state.in_flight"): "the front's admission counter (the fronts issue)",
+    ("frontends/lm_eval.py", "tok.add_bos"): "the tokenizer's BOS policy should be a copy (the fronts issue)",
+    ("frontends/server/state.py", "self.state.in_flight"): "the front's admission counter (the fronts issue)",
     ("engine/gguf_loader.py", "config.tie_embeddings"): "the loader's config (validation)",
     ("engine/loader.py", "config.tie_embeddings"): "the loader's config (validation)",
     ("commands/factory.py", "args.workers"): "the command's parsed arguments (validation)",

@@ -109,7 +109,7 @@ def tasks(tmp_path_factory):
 
 
 def evaluate(model: str, model_args: dict, tasks, names: list[str]) -> dict:
-    import engine.lm_eval  # noqa: F401  (registers icqs-engine)
+    import frontends.lm_eval  # noqa: F401  (registers icqs-engine)
 
     return lm_eval.simple_evaluate(
         model=model,
@@ -209,7 +209,7 @@ def test_prefix_token_and_bos_as_hf(tiny_model_dir, extra):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    from engine.lm_eval import EngineLM
+    from frontends.lm_eval import EngineLM
 
     ours = EngineLM(model=str(tiny_model_dir), dtype="float32", max_length=MAX_LENGTH, **extra)
     hf = HFLM(pretrained=str(tiny_model_dir), dtype="float32", device="cpu", max_length=MAX_LENGTH, **extra)
@@ -230,7 +230,7 @@ def test_sampled_generation(tiny_model_dir):
     """do_sample with a seed: the same text twice, stop strings cut it; unsupported generation kwargs are refused."""
     from lm_eval.api.instance import Instance
 
-    from engine.lm_eval import EngineLM
+    from frontends.lm_eval import EngineLM
 
     lm = EngineLM(model=str(tiny_model_dir), dtype="float32")
     kwargs = {"until": ["e"], "do_sample": True, "temperature": 1.5, "top_p": 0.9, "seed": 7, "max_gen_toks": 12}
@@ -242,7 +242,7 @@ def test_sampled_generation(tiny_model_dir):
 
 
 def test_model_args_checked(tiny_model_dir, caplog):
-    from engine.lm_eval import EngineLM
+    from frontends.lm_eval import EngineLM
 
     with pytest.raises(UserError, match="unknown model_args pretrained"):
         EngineLM(pretrained=str(tiny_model_dir))
@@ -280,7 +280,7 @@ def test_model_args_checked(tiny_model_dir, caplog):
 
 
 def test_command_line(tiny_model_dir, tmp_path):
-    """`python -m engine.lm_eval` is lm-eval's CLI with icqs-engine registered, run as the README runs it: the local
+    """`python -m frontends.lm_eval` is lm-eval's CLI with icqs-engine registered, run as the README runs it: the local
     task shipped in examples/lm_eval (no network), results named after the model and the task."""
     env = {
         **os.environ,
@@ -292,7 +292,7 @@ def test_command_line(tiny_model_dir, tmp_path):
         [
             sys.executable,
             "-m",
-            "engine.lm_eval",
+            "frontends.lm_eval",
             "run",
             "--model",
             "icqs-engine",
@@ -322,7 +322,7 @@ def test_command_line(tiny_model_dir, tmp_path):
 
 
 def test_command_line_bad_model_args(tiny_model_dir, tasks, capsys):
-    from engine.lm_eval import main
+    from frontends.lm_eval import main
 
     include = tasks.include_path if isinstance(tasks.include_path, str) else tasks.include_path[0]
     rc = main(

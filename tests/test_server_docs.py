@@ -7,8 +7,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine import Engine
-from engine.server import app as server_app
-from engine.server import create_app
+from frontends.server import app as server_app
+from frontends.server import create_app
 
 
 @pytest.fixture(scope="module")
@@ -47,4 +47,4 @@ def test_without_the_package_docs_lists_every_endpoint_with_its_schemas(app, mon
     for path, ops in schema["paths"].items():
         for method in ops:
             assert f"<h2>{method.upper()} {path}</h2>" in page.text
-    assert "ScoreRequest" in page.text and "<h3>400: " in page.text
+    assert "ScoreBody" in page.text and "<h3>400: " in page.text

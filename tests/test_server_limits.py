@@ -10,7 +10,7 @@ import pytest
 from live_server import live_server
 from test_server_reliability import engine, error_of, url  # noqa: F401 - the fixtures: a tiny engine, its server
 
-from engine.server import DEFAULT_MAX_TOKENS, create_app
+from frontends.server import DEFAULT_MAX_TOKENS, create_app
 
 
 def _longest(engine) -> int:
@@ -44,11 +44,11 @@ def test_a_text_longer_than_any_request_is_refused_before_it_is_tokenized(engine
 def test_the_openapi_schema_states_the_limit(engine, url):
     schemas = httpx.get(url + "/openapi.json").json()["components"]["schemas"]
     longest = _longest(engine)
-    assert schemas["TokenizeRequest"]["properties"]["prompt"]["maxLength"] == longest
-    assert schemas["DetokenizeRequest"]["properties"]["tokens"]["maxItems"] == longest
-    context, continuation = schemas["ScoreRequest"]["properties"]["pairs"]["anyOf"][0]["items"]["prefixItems"]
+    assert schemas["TokenizeBody"]["properties"]["prompt"]["maxLength"] == longest
+    assert schemas["DetokenizeBody"]["properties"]["tokens"]["maxItems"] == longest
+    context, continuation = schemas["ScoreBody"]["properties"]["pairs"]["anyOf"][0]["items"]["prefixItems"]
     assert [m.get("maxLength", m.get("maxItems")) for m in context["anyOf"] + continuation["anyOf"]] == [longest] * 4
-    prompts = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]
+    prompts = schemas["CompletionBody"]["properties"]["prompt"]["anyOf"]
     assert prompts[1]["maxItems"] == 4096 and prompts[1]["items"]["maxLength"] == longest  # calls: not capped
 
 

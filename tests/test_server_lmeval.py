@@ -9,8 +9,8 @@ from live_server import live_server
 
 from engine import Engine
 from engine.requests import encode_pairs
-from engine.server import create_app
 from engine.tokenizer import Tokenizer
+from frontends.server import create_app
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity", reason="lm-eval[api] (tenacity) is needed by its local-completions model")

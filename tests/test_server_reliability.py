@@ -14,7 +14,7 @@ import pytest
 from live_server import live_server
 
 from engine import Engine
-from engine.server import create_app
+from frontends.server import create_app
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_nan_in_a_body_is_not_json(url):
 
 
 def test_a_call_holds_a_bounded_number_of_requests(url):
-    from engine.server.protocol import MAX_PER_CALL
+    from frontends.server.schemas import MAX_PER_CALL
 
     body = {"query": "a", "items": [" b"] * (MAX_PER_CALL + 1), "label_token_ids": [10**6]}
     err = error_of(httpx.post(url + "/v1/score", json=body, timeout=60), 400)
@@ -150,12 +150,12 @@ def test_a_body_over_the_limit_is_a_413(engine):
 
 
 def test_a_500_keeps_the_connection_open(engine, monkeypatch):
-    from engine.server import native
+    from frontends.server import engine_api
 
     def broken(state, req):
         raise RuntimeError("an injected bug")
 
-    monkeypatch.setattr(native, "detokenize", broken)
+    monkeypatch.setattr(engine_api, "detokenize", broken)
     with live_server(create_app(engine, model_name="tiny")) as base:
         first, second = _raw_exchange(
             base, [_request("/detokenize", b'{"tokens": [1]}'), _request("/tokenize", b'{"prompt": "hi"}')]

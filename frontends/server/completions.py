@@ -13,8 +13,9 @@ import asyncio
 import json
 import time
 
-from ..errors import UserError
-from .protocol import ChatCompletionRequest, CompletionRequest, bad_request
+from engine.errors import UserError
+
+from .schemas import ChatCompletionBody, CompletionBody, bad_request
 from .state import ServerState
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # the engine's finish reasons in the OpenAI API
@@ -112,7 +113,7 @@ def _completion_logprobs(state, echo: Scored | None, gen_scored: Scored | None) 
     }
 
 
-async def completions(state: ServerState, req: CompletionRequest):
+async def completions(state: ServerState, req: CompletionBody):
     state.check_model(req.model)
     texts = req.prompts()
     prompts = await asyncio.to_thread(state.encode_prompts, texts, ["prompt"] * len(texts))  # off the event loop
@@ -167,7 +168,7 @@ async def completions(state: ServerState, req: CompletionRequest):
     }
 
 
-def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+def _chat_prompt(state: ServerState, req: ChatCompletionBody) -> list[int]:
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     state.check_text(sum(len(m["content"]) for m in messages), "messages")  # before the template renders them
     try:
@@ -192,7 +193,7 @@ def _chat_logprobs(state, scored: Scored | None, top_logprobs: int) -> dict:
     }
 
 
-async def chat_completions(state: ServerState, req: ChatCompletionRequest):
+async def chat_completions(state: ServerState, req: ChatCompletionBody):
     state.check_model(req.model)
     ids = await asyncio.to_thread(_chat_prompt, state, req)  # the template and the tokenizer off the event loop
     # without max_tokens: what the context holds, at most the server's default (--default-max-tokens), as vLLM

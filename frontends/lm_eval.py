@@ -1,10 +1,10 @@
 """lm-evaluation-harness backend: the model `icqs-engine`, lm-eval's `LM` interface on the engine.
 
-    python -m engine.lm_eval run --model icqs-engine --model_args model=PATH,dtype=float32 --tasks ...
+    python -m frontends.lm_eval run --model icqs-engine --model_args model=PATH,dtype=float32 --tasks ...
 
 lm-eval 0.4.13 finds models only in its own registry (no plugin entry point), so this module registers
-`icqs-engine` when it is imported, and `python -m engine.lm_eval ARGS` registers it and then runs lm-eval's own
-command line with ARGS. From Python: `import engine.lm_eval` before `lm_eval.simple_evaluate(model="icqs-engine")`.
+`icqs-engine` when it is imported, and `python -m frontends.lm_eval ARGS` registers it and then runs lm-eval's own
+command line with ARGS. From Python: `import frontends.lm_eval` before `lm_eval.simple_evaluate(model="icqs-engine")`.
 
 - `loglikelihood`: all of a task's requests go to one `Engine.score` call, so few-shot contexts and the choices
   of a question share their prefixes in the KV cache. Text becomes token ids by the engine's own convention
@@ -31,11 +31,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from .device import resolve_device
-from .engine import Engine, EngineOptions
-from .errors import UserError
-from .requests import RequestError, encode_pairs, start_token, with_bos
-from .stats import COUNTERS, EngineStats
+from engine.device import resolve_device
+from engine.engine import Engine, EngineOptions
+from engine.errors import UserError
+from engine.requests import RequestError, encode_pairs, start_token, with_bos
+from engine.stats import COUNTERS, EngineStats
 
 NAME = "icqs-engine"
 log = logging.getLogger("lm_eval.icqs_engine")  # under lm-eval's logger, so its command line shows these lines
@@ -318,7 +318,7 @@ def output_file(output_path: str, model: str | None, tasks) -> str:
     is kept as given."""
     if output_path.endswith(".json"):
         return output_path
-    from .loader import DEFAULT_GGUF
+    from engine.loader import DEFAULT_GGUF
 
     name = Path(str(model).rstrip("/\\")).name if model else DEFAULT_GGUF
     name = re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE) or "model"

@@ -24,7 +24,7 @@ from pydantic import (
 
 MAX_LOGPROBS = 20  # top-k alternatives per token, at most
 MAX_N = 16  # choices per prompt, at most
-MAX_PER_CALL = 4096  # prompts, items, pairs, messages or label ids in one call (engine/client.py sends 256)
+MAX_PER_CALL = 4096  # prompts, items, pairs, messages or label ids in one call (frontends/client.py sends 256)
 MAX_STOP = 16  # stop strings
 MAX_SEED = 2**53 - 1  # the integers every JSON implementation holds exactly (RFC 7493); inside torch's 64 bits
 MAX_TOKENS = 2**31 - 1  # a bound on the number itself; the model's context is the real limit (checked later)
@@ -76,13 +76,13 @@ def bad_request(param: str | None, message: str) -> APIError:
     return APIError(400, f"{param}: {message}" if param else message, param=param)
 
 
-class Request(BaseModel):
+class Body(BaseModel):
     model_config = ConfigDict(extra="ignore")  # fields of the OpenAI API this server does not read are ignored
 
     model: Optional[UStr] = None
 
 
-class SamplingFields(Request):
+class SamplingFields(Body):
     temperature: Number = Field(1.0, ge=0, le=2)
     top_p: Number = Field(1.0, gt=0, le=1)
     seed: Seed = None
@@ -94,7 +94,7 @@ class SamplingFields(Request):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class CompletionRequest(SamplingFields):
+class CompletionBody(SamplingFields):
     """POST /v1/completions."""
 
     prompt: Union[
@@ -132,7 +132,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionBody(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_PER_CALL)
@@ -143,7 +143,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: StrictBool = True
 
 
-class ScoreRequest(Request):
+class ScoreBody(Body):
     """POST /v1/score: one `query` with many `items`, or a list of [context, continuation] `pairs`.
 
     Without `label_token_ids` each item is a continuation of the query and is scored token by token; with them,
@@ -168,7 +168,7 @@ class ScoreRequest(Request):
         return self
 
 
-class GenerateRequest(Request):
+class GenerateBody(Body):
     """POST /v1/generate: the engine's own `generate` (token ids and the engine's finish reasons)."""
 
     prompts: list[Text] = Field(min_length=1, max_length=MAX_PER_CALL)
@@ -179,10 +179,10 @@ class GenerateRequest(Request):
     stop: Optional[list[UStr]] = Field(None, max_length=MAX_STOP)
 
 
-class TokenizeRequest(Request):
+class TokenizeBody(Body):
     prompt: UStr
     add_special_tokens: StrictBool = True
 
 
-class DetokenizeRequest(Request):
+class DetokenizeBody(Body):
     tokens: TokenIds

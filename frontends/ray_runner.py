@@ -30,11 +30,11 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields
 
-from .engine import Engine, EngineOptions
-from .errors import UserError
-from .loader import load_model_info
-from .requests import Generation, Limits, ScoreResult, check_generate, check_score, encode_pairs, prompt_ids
-from .stats import COUNTERS, EngineStats
+from engine.engine import Engine, EngineOptions
+from engine.errors import UserError
+from engine.loader import load_model_info
+from engine.requests import Generation, Limits, ScoreResult, check_generate, check_score, encode_pairs, prompt_ids
+from engine.stats import COUNTERS, EngineStats
 
 SHARDS_PER_WORKER = 2
 
@@ -291,7 +291,7 @@ class DistributedEngine:
         (their result is None); `on_result(i, result, worker)` is called as each result arrives."""
         import pyarrow as pa
 
-        from .progress import progress_bar
+        from engine.progress import progress_bar
 
         if not share_prefix:
             raise UserError("--ray always shares prefixes (--no-share is for single-process comparisons)")

@@ -30,24 +30,17 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTex
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..async_engine import AsyncEngine, QueueFull
-from ..errors import EngineFailure, UserError
-from . import DEFAULT_MAX_TOKENS, native
+from engine.async_engine import AsyncEngine, QueueFull
+from engine.errors import EngineFailure, UserError
+
+from . import DEFAULT_MAX_TOKENS, engine_api
 from . import completions as openai_api
 from .metrics import Metrics
-from .protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    GenerateRequest,
-    ScoreRequest,
-    TokenizeRequest,
-)
+from .schemas import APIError, ChatCompletionBody, CompletionBody, DetokenizeBody, GenerateBody, ScoreBody, TokenizeBody
 from .state import ServerState, cancel_on_disconnect
 
-access_log = logging.getLogger("engine.server.access")
-log = logging.getLogger("engine.server")
+access_log = logging.getLogger("frontends.server.access")
+log = logging.getLogger("frontends.server")
 
 MAX_BODY_BYTES = 64 << 20  # a call of 256 pairs of a 32k-token context each is about 32 MiB of JSON
 MAX_INT_DIGITS = 40  # no field takes an integer longer than this (2**128 has 39 digits)
@@ -124,20 +117,20 @@ def create_app(
     api = APIRouter(route_class=StrictJSONRoute)
 
     @api.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionBody, request: Request):
         return await _respond(request, openai_api.completions(state, body))
 
     @api.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(body: ChatCompletionBody, request: Request):
         return await _respond(request, openai_api.chat_completions(state, body))
 
     @api.post("/v1/score")
-    async def score(body: ScoreRequest, request: Request):
-        return await cancel_on_disconnect(request, native.score(state, body))
+    async def score(body: ScoreBody, request: Request):
+        return await cancel_on_disconnect(request, engine_api.score(state, body))
 
     @api.post("/v1/generate")
-    async def generate(body: GenerateRequest, request: Request):
-        return await cancel_on_disconnect(request, native.generate(state, body))
+    async def generate(body: GenerateBody, request: Request):
+        return await cancel_on_disconnect(request, engine_api.generate(state, body))
 
     @api.get("/v1/models")
     async def models():
@@ -156,19 +149,19 @@ def create_app(
 
     @api.get("/tokenizer_info")
     async def tokenizer_info():
-        return native.tokenizer_info(state)
+        return engine_api.tokenizer_info(state)
 
     @api.get("/v1/tokenizer")
     async def tokenizer_full():
-        return native.tokenizer_full(state)
+        return engine_api.tokenizer_full(state)
 
     @api.post("/tokenize")
-    def tokenize(body: TokenizeRequest):  # plain functions: FastAPI runs them in its thread pool, off the event loop
-        return native.tokenize(state, body)
+    def tokenize(body: TokenizeBody):  # plain functions: FastAPI runs them in its thread pool, off the event loop
+        return engine_api.tokenize(state, body)
 
     @api.post("/detokenize")
-    def detokenize(body: DetokenizeRequest):
-        return native.detokenize(state, body)
+    def detokenize(body: DetokenizeBody):
+        return engine_api.detokenize(state, body)
 
     app.include_router(api)
 
@@ -602,13 +595,13 @@ def _express_rejections(components: dict, vocab: int, max_len: int, model: str, 
     the prompt's length, and the server's queue cannot be.)"""
     _token_ids(components, vocab)
     for name, field in (
-        ("CompletionRequest", "prompt"),
-        ("ScoreRequest", "query"),
-        ("ScoreRequest", "items"),
-        ("ScoreRequest", "pairs"),
-        ("GenerateRequest", "prompts"),
-        ("TokenizeRequest", "prompt"),
-        ("DetokenizeRequest", "tokens"),
+        ("CompletionBody", "prompt"),
+        ("ScoreBody", "query"),
+        ("ScoreBody", "items"),
+        ("ScoreBody", "pairs"),
+        ("GenerateBody", "prompts"),
+        ("TokenizeBody", "prompt"),
+        ("DetokenizeBody", "tokens"),
         ("ChatMessage", "content"),
         ("ContentPart", "text"),
     ):
@@ -616,15 +609,15 @@ def _express_rejections(components: dict, vocab: int, max_len: int, model: str, 
     for component in components.values():
         if "model" in component.get("properties", {}):
             component["properties"]["model"]["anyOf"] = [{"enum": [model]}, {"type": "null"}]
-    _nonempty(components["CompletionRequest"]["properties"]["prompt"])
-    _nonempty(components["GenerateRequest"]["properties"]["prompts"]["items"])
-    for name in ("CompletionRequest", "ChatCompletionRequest", "GenerateRequest"):
+    _nonempty(components["CompletionBody"]["properties"]["prompt"])
+    _nonempty(components["GenerateBody"]["properties"]["prompts"]["items"])
+    for name in ("CompletionBody", "ChatCompletionBody", "GenerateBody"):
         for key in ("max_tokens", "max_completion_tokens"):
             field = components[name]["properties"].get(key)
             for member in field.get("anyOf", [field]) if field else []:
                 if member.get("type") == "integer":
                     member["maximum"] = max_len - 1  # the prompt holds a token at least
-    score = components["ScoreRequest"]
+    score = components["ScoreBody"]
     items = score["properties"]["items"]["anyOf"][0]
     _nonempty(items["items"])
     pair = score["properties"]["pairs"]["anyOf"][0]["items"]

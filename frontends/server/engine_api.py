@@ -1,7 +1,7 @@
 """The engine's own endpoints: /v1/score (many continuations of one query, or (context, continuation) pairs, or
 next-token label distributions), /v1/generate (the engine's `generate`), and the tokenizer endpoints that
 lm-evaluation-harness probes (/tokenizer_info, /tokenize, /detokenize) plus /v1/tokenizer, from which the
-client (engine/client.py) builds the very tokenizer the server uses.
+client (frontends/client.py) builds the very tokenizer the server uses.
 
 Texts are tokenized off the event loop (a worker thread; the tokenizer releases the GIL), so that a call of many
 long texts does not hold up the other clients, nor the server's view of a client that left or of a SIGTERM."""
@@ -12,7 +12,7 @@ import asyncio
 import math
 from dataclasses import asdict
 
-from .protocol import DetokenizeRequest, GenerateRequest, ScoreRequest, TokenizeRequest
+from .schemas import DetokenizeBody, GenerateBody, ScoreBody, TokenizeBody
 from .state import ServerState
 
 
@@ -29,7 +29,7 @@ def _score_item(i: int, res, top_k: int) -> dict:
     return item
 
 
-async def score(state: ServerState, req: ScoreRequest) -> dict:
+async def score(state: ServerState, req: ScoreBody) -> dict:
     state.check_model(req.model)
     if req.pairs is not None:
         param, pairs = "pairs", [tuple(p) for p in req.pairs]
@@ -76,7 +76,7 @@ async def score(state: ServerState, req: ScoreRequest) -> dict:
     }
 
 
-async def generate(state: ServerState, req: GenerateRequest) -> dict:
+async def generate(state: ServerState, req: GenerateBody) -> dict:
     """As Engine.generate: prompt i samples with seed + i."""
     state.check_model(req.model)
     prompts = await asyncio.to_thread(
@@ -153,13 +153,13 @@ def tokenizer_full(state: ServerState) -> dict:
     }
 
 
-def tokenize(state: ServerState, req: TokenizeRequest) -> dict:
+def tokenize(state: ServerState, req: TokenizeBody) -> dict:
     state.check_model(req.model)
     ids = state.encode_prompt(req.prompt, "prompt", req.add_special_tokens) if req.prompt else []
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_len}
 
 
-def detokenize(state: ServerState, req: DetokenizeRequest) -> dict:
+def detokenize(state: ServerState, req: DetokenizeBody) -> dict:
     state.check_model(req.model)
     state.check_text(len(req.tokens), "tokens")
     if req.tokens:

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import tokenizers
 
-from .config import ModelConfig
-from .errors import UserError
-from .progress import progress_bar
-from .requests import Limits
-from .stats import COUNTERS, EngineStats
-from .tokenizer import Tokenizer
+from engine.config import ModelConfig
+from engine.errors import UserError
+from engine.progress import progress_bar
+from engine.requests import Limits
+from engine.stats import COUNTERS, EngineStats
+from engine.tokenizer import Tokenizer
 
 RETRIES_WHEN_BUSY = 60  # a 503 (queue full) is retried after its Retry-After, this many times at most
 
@@ -101,7 +101,7 @@ class Client:
     # ---- the engine's interface ----------------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False):
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
-        from .engine import ScoreResult
+        from engine.engine import ScoreResult
 
         if not share_prefix:
             raise UserError("turning prefix sharing off is not available through a server")
@@ -127,7 +127,7 @@ class Client:
         progress: bool = False,
     ):
         """As Engine.generate (prompt i samples with seed + i)."""
-        from .engine import Generation
+        from engine.engine import Generation
 
         def send(offset, part):
             body = {

@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 
-from ..requests import (
+from engine.requests import (
     RequestError,
     check_generate_length,
     check_score_length,
@@ -17,8 +17,9 @@ from ..requests import (
     encode_pairs,
     prompt_ids,
 )
+
 from . import DEFAULT_MAX_TOKENS
-from .protocol import APIError, bad_request
+from .schemas import APIError, bad_request
 
 
 class ServerState:
