@@ -24,7 +24,7 @@ from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from common import load_average
 
 from engine import Engine
-from engine.requests import encode_pairs
+from engine.encoding import encode_pairs
 from frontends import ray_runner
 from frontends.ray_runner import Cluster, DistributedEngine, plan_shards
 

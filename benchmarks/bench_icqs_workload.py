@@ -207,7 +207,7 @@ def stream_job(engine, tok, requests, pretokenized: bool):
     the engine loop running in its worker thread (AsyncEngine), tokenizing each one as it goes unless
     `pretokenized`. -> (Timing, engine stats of the job, log-probs, producer seconds spent tokenizing)."""
     from engine.async_engine import AsyncEngine
-    from engine.requests import encode_pairs
+    from engine.encoding import encode_pairs
 
     ids = encode_pairs(tok, requests) if pretokenized else None
     before = asdict(engine.stats)

@@ -10,7 +10,7 @@ import argparse
 import time
 
 from engine import Engine
-from engine.requests import encode_pairs
+from engine.encoding import encode_pairs
 from icqs.candidates import Candidate
 from icqs.demo import demo_candidates, demo_task
 from icqs.methods import METHODS

@@ -30,8 +30,8 @@ for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
 from common import load_average, machine  # noqa: E402  (puts the repository and tests/ on sys.path)
 
 from commands.fetch import cache_dir  # noqa: E402
+from engine.encoding import encode_pairs  # noqa: E402
 from engine.loader import load_model_files  # noqa: E402
-from engine.requests import encode_pairs  # noqa: E402
 
 TASK = "icqs_bench_dates"
 SECTION = "## lm-evaluation-harness backend: icqs-engine vs hf"

@@ -28,7 +28,7 @@ from bench_icqs_workload import QUESTIONS, add_job_args, build_job
 from common import ROOT, load_average, machine, table, timed
 
 from engine import Engine
-from engine.requests import encode_pairs
+from engine.encoding import encode_pairs
 from frontends.client import Client
 
 

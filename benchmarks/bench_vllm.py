@@ -40,8 +40,8 @@ from bench_server import candidate_scores, echo_calls, echo_logprobs, run_client
 from common import ROOT, load_average, machine, max_abs_diff, table
 
 from commands.fetch import cache_dir
+from engine.encoding import encode_pairs
 from engine.loader import load_model_files
-from engine.requests import encode_pairs
 
 VLLM_PYTHON = "/work/venvs/vllm/bin/python"
 

@@ -3,7 +3,7 @@ llama.cpp runner (llama-cpp-python, an optional benchmark extra), and markdown t
 
 Both baselines compute log P(continuation | context) the naive way, one request at a time with no cache: a full
 forward over context + continuation, logits at every position, log-softmax, gather. Requests are tokenized by the
-engine's own rule (engine.requests.encode_pair), so all three runners see the same token ids."""
+engine's own rule (engine.encoding.encode_pair), so all three runners see the same token ids."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # hf_reference: the transformers model holding our weights
 
-from engine.requests import encode_pair  # noqa: E402
+from engine.encoding import encode_pair  # noqa: E402
 
 
 @dataclass

@@ -1100,7 +1100,7 @@ def section_speed(rec: Recorder, ctx: Context, which: str) -> None:
 
     from engine import Engine
     from engine.config import ModelConfig
-    from engine.requests import encode_pairs
+    from engine.encoding import encode_pairs
 
     rate = ctx.report.get("matmul_tflops")
     if not rate:  # section 1 did not run or did not finish: measured here, shorter

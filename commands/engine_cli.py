@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import sys
 
+from engine.encoding import encode_pairs
 from engine.errors import UserError
-from engine.requests import RequestError, check_score, encode_pairs
 from engine.stats import EngineStats
+from engine.validation import RequestError, check_score
 
 from . import tables
 from .cli_args import ArgumentParser, input_path, output_path, run_command
@@ -89,7 +90,7 @@ def cmd_score(args) -> int:
         return 0
     eng = engine_from_args(args, keep_cache=not args.no_share)  # chunks reuse each other's prefixes
     todo = rows[skip:]
-    try:  # the engine's own checks (engine/requests.py), before any work
+    try:  # the engine's own checks (engine/validation.py), before any work
         encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
         for i, (ctx, cont) in enumerate(encoded):
             check_score(ctx, cont, 0, eng.limits, index=i)

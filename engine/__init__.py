@@ -15,7 +15,7 @@ _EXPORTS = {
     "EngineProtocol": "protocol",
     "JobEngine": "protocol",
     "EngineStats": "stats",
-    "RequestError": "requests",
+    "RequestError": "validation",
 }
 
 __all__ = [

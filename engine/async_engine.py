@@ -24,9 +24,11 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 
+from .encoding import encode_pairs
 from .errors import EngineFailure
 from .protocol import EngineProtocol
-from .requests import Generation, Request, ScoreResult, TokenEvent, encode_pairs
+from .request import Request
+from .results import Generation, ScoreResult, TokenEvent
 from .stats import EngineStats
 
 log = logging.getLogger("engine")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from .memory_policy import MemoryPolicy
 from .plan import SampleRow, StepDraft
 from .prefix_cache import Node, PrefixCache
-from .requests import GenerateRequest
+from .request import GenerateRequest
 from .work_queue import WorkQueue
 
 

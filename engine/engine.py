@@ -24,6 +24,7 @@ import torch
 import kernels
 
 from .config import ModelConfig
+from .encoding import encode_pairs, prompt_ids
 from .errors import UserError
 from .kv_cache import KVCache
 from .loader import load_model_files
@@ -31,27 +32,13 @@ from .model import LlamaModel
 from .plan import SampleOutput, ScoreOutput, StepPlan
 from .prefix_cache import PrefixCache
 from .progress import progress_bar
-from .requests import (
-    Event,
-    Finished,
-    GenerateRequest,
-    Generation,
-    Limits,
-    Request,
-    RequestError,
-    ScoreRequest,
-    ScoreResult,
-    Status,
-    TokenEvent,
-    check_generate,
-    check_score,
-    encode_pairs,
-    prompt_ids,
-)
+from .request import Event, Finished, GenerateRequest, Request, ScoreRequest
+from .results import Generation, ScoreResult, Status, TokenEvent
 from .sampling import new_generator, sample
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .step import build_step
+from .validation import Limits, RequestError, check_generate, check_score
 from .weights import release_free_memory
 
 log = logging.getLogger("engine")
@@ -232,7 +219,7 @@ class Engine:
         share_prefix: bool = True,
         label: str | None = None,
     ) -> Request:
-        """add_score for a request already encoded (requests.encode_pairs)."""
+        """add_score for a request already encoded (encoding.encode_pairs)."""
         ctx, cont = context, continuation
         with self._lock:
             rid = self._new_id()
@@ -327,7 +314,7 @@ class Engine:
         return ScoreOutput(out if plan.head_inverse is None else [out[i] for i in plan.head_inverse], len(out))
 
     def step(self) -> list[Event]:
-        """Run one step of the loop; returns its output events (engine/requests.py: scores, tokens, and the
+        """Run one step of the loop; returns its output events (engine/request.py: scores, tokens, and the
         requests that finished, failed or were aborted), already consumed by their handles."""
         with self._lock:
             return self._step()
@@ -416,7 +403,7 @@ class Engine:
                 raise h.error.with_index(i) from None
         return [h.result() for h in handles]
 
-    # ---- validation (engine/requests.py) --------------------------------------------------------------------
+    # ---- validation (engine/validation.py) ------------------------------------------------------------------
     @property
     def max_request_tokens(self) -> int:
         """The most tokens one request (prompt + scored or generated tokens) may hold: the model's maximum or the

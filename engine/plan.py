@@ -11,7 +11,7 @@ import torch
 from kernels import TokenLogProb
 
 from .prefix_cache import Node, PrefixCache, Span
-from .requests import GenerateRequest, ScoreRequest
+from .request import GenerateRequest, ScoreRequest
 
 
 @dataclass(slots=True)

@@ -8,18 +8,20 @@ tests/test_engine_protocol.py against each implementation's signatures).
 - `EngineProtocol`: the loop itself, for a front that drives it (the asyncio front, engine/async_engine.py): add
   requests and get their handles, `abort` one, `step`, `has_pending`, `stats` (counters since the engine was made).
   Implemented by `Engine`. The handles' own interface (done, wait, result(), error, add_done_callback) is the
-  request's class (engine/requests.py).
+  request's class (engine/request.py).
 
-Validation of every request is engine/requests.py's, shared by all of them."""
+Validation of every request is engine/validation.py's, shared by all of them."""
 
 from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from .config import ModelConfig
-from .requests import Event, Generation, Limits, Request, ScoreResult, TokenEvent
+from .request import Event, Request
+from .results import Generation, ScoreResult, TokenEvent
 from .stats import EngineStats
 from .tokenizer import Tokenizer
+from .validation import Limits
 
 Text = str | Sequence[int]  # text, or token ids
 
@@ -28,7 +30,7 @@ Text = str | Sequence[int]  # text, or token ids
 class JobEngine(Protocol):
     tokenizer: Tokenizer
     config: ModelConfig
-    limits: Limits  # the vocabulary, the model's context and the KV cache's capacity (engine/requests.py)
+    limits: Limits  # the vocabulary, the model's context and the KV cache's capacity (engine/validation.py)
 
     @property
     def max_request_tokens(self) -> int:
@@ -42,7 +44,7 @@ class JobEngine(Protocol):
         self, requests: Sequence[tuple[Text, Text]], share_prefix: bool = True, progress: bool = False
     ) -> list[ScoreResult]:
         """log P(continuation | context) for each (context, continuation) pair; a bad request raises a
-        RequestError (engine/requests.py) naming its index before any work."""
+        RequestError (engine/validation.py) naming its index before any work."""
 
     def generate(
         self,
@@ -73,7 +75,7 @@ class EngineProtocol(JobEngine, Protocol):
         share_prefix: bool = True,
         label: str | None = None,
     ) -> Request:
-        """add_score for a request already encoded (requests.encode_pairs)."""
+        """add_score for a request already encoded (encoding.encode_pairs)."""
 
     def add_generate(
         self,
@@ -92,7 +94,7 @@ class EngineProtocol(JobEngine, Protocol):
         """Stop a request (it finishes ABORTED at the next step); safe from any thread."""
 
     def step(self) -> list[Event]:
-        """One step of the loop; its output events (engine/requests.py), already consumed by their handles."""
+        """One step of the loop; its output events (engine/request.py), already consumed by their handles."""
 
     def has_pending(self) -> bool:
         """Whether a step has anything to do."""

@@ -3,7 +3,7 @@ request keeps alive, the rows of cached tokens ready to score, the requests in f
 `add` puts a request's tokens into the prefix cache (engine/prefix_cache.py), sharing every node another request holds;
 `schedule()` returns a `StepPlan` (engine/plan.py): the decode planner's token of every generating sequence, then the
 prefill planner's chunks up to the token budget, each finding pages through the memory policy; `postprocess` records
-the step and returns its output events (engine/requests.py), each already consumed by its handle."""
+the step and returns its output events (engine/request.py), each already consumed by its handle."""
 
 from __future__ import annotations
 
@@ -15,20 +15,10 @@ from .memory_policy import MemoryPolicy
 from .plan import PendingRow, SampleOutput, ScoreOutput, ScoreRow, StepDraft, StepPlan
 from .prefill_planner import PrefillPlanner
 from .prefix_cache import Kind, Node, PrefixCache
-from .requests import (
-    Admitted,
-    Event,
-    Finished,
-    GenerateRequest,
-    Request,
-    RequestError,
-    ScoreOut,
-    ScoreRequest,
-    Status,
-    StepTime,
-    TokenOut,
-)
+from .request import Admitted, Event, Finished, GenerateRequest, Request, ScoreOut, ScoreRequest, StepTime, TokenOut
+from .results import Status
 from .stats import EngineStats
+from .validation import RequestError
 from .work_queue import WorkQueue
 
 

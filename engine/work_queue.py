@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .plan import PendingRow
 from .prefix_cache import Node, PrefixCache, Span, Split
-from .requests import Request
+from .request import Request
 
 
 class WorkQueue:

@@ -16,9 +16,9 @@ import tokenizers
 from engine.config import ModelConfig
 from engine.errors import UserError
 from engine.progress import progress_bar
-from engine.requests import Limits
 from engine.stats import COUNTERS, EngineStats
 from engine.tokenizer import Tokenizer
+from engine.validation import Limits
 
 RETRIES_WHEN_BUSY = 60  # a 503 (queue full) is retried after its Retry-After, this many times at most
 

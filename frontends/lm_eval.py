@@ -8,7 +8,7 @@ command line with ARGS. From Python: `import frontends.lm_eval` before `lm_eval.
 
 - `loglikelihood`: all of a task's requests go to one `Engine.score` call, so few-shot contexts and the choices
   of a question share their prefixes in the KV cache. Text becomes token ids by the engine's own convention
-  (engine/requests.py), which is lm-eval's.
+  (engine/encoding.py), which is lm-eval's.
 - `loglikelihood_rolling`: lm-eval's rolling windows (its own get_rolling_token_windows / make_disjoint_window over
   the text's token ids, with the prefix token), all windows of all documents scored in one call.
 - `generate_until`: one `Engine.generate` call per distinct set of generation kwargs; `until` stop strings,
@@ -32,10 +32,11 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from engine.device import resolve_device
+from engine.encoding import encode_pairs, start_token, with_bos
 from engine.engine import Engine, EngineOptions
 from engine.errors import UserError
-from engine.requests import RequestError, encode_pairs, start_token, with_bos
 from engine.stats import COUNTERS, EngineStats
+from engine.validation import RequestError
 
 NAME = "icqs-engine"
 log = logging.getLogger("lm_eval.icqs_engine")  # under lm-eval's logger, so its command line shows these lines

@@ -30,11 +30,13 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields
 
+from engine.encoding import encode_pairs, prompt_ids
 from engine.engine import Engine, EngineOptions
 from engine.errors import UserError
 from engine.loader import load_model_info
-from engine.requests import Generation, Limits, ScoreResult, check_generate, check_score, encode_pairs, prompt_ids
+from engine.results import Generation, ScoreResult
 from engine.stats import COUNTERS, EngineStats
+from engine.validation import Limits, check_generate, check_score
 
 SHARDS_PER_WORKER = 2
 
@@ -206,7 +208,7 @@ class Cluster:
 class DistributedEngine:
     """The Engine's closed-job interface (engine/protocol.py's JobEngine) over a pool of Ray actors: `score`,
     `generate`, `last_stats`, `tokenizer`, `config`, `limits`. The driver reads the model's config and tokenizer
-    only (no weights) and validates every request as a worker's Engine would (engine/requests.py, the workers'
+    only (no weights) and validates every request as a worker's Engine would (engine/validation.py, the workers'
     limits), before any worker starts; the workers hold the engines, from the first call to `close()` (also a
     context manager)."""
 

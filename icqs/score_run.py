@@ -13,8 +13,9 @@ import hashlib
 import json
 from pathlib import Path
 
+from engine.encoding import encode_pairs
 from engine.errors import UserError
-from engine.requests import RequestError, check_generate_length, check_score_length, encode_pairs
+from engine.validation import RequestError, check_generate_length, check_score_length
 
 from . import audit_state
 from .aggregate import format_leaderboards, leaderboard

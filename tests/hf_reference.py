@@ -41,9 +41,9 @@ def hf_model_from_weights(config: ModelConfig, weights: dict[str, torch.Tensor],
 @torch.no_grad()
 def hf_logprobs(model, tokenizer, requests: Sequence[tuple]) -> list[RefScore]:
     """log P(continuation | context) for each (context, continuation) request (both str or both token ids),
-    turned into token ids by the engine's own rule (engine.requests.encode_pair, lm-evaluation-harness's
+    turned into token ids by the engine's own rule (engine.encoding.encode_pair, lm-evaluation-harness's
     convention), so that a parity test compares the computation only."""
-    from engine.requests import encode_pair
+    from engine.encoding import encode_pair
 
     out = []
     for context, continuation in requests:

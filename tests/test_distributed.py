@@ -86,7 +86,7 @@ def test_plan_keeps_each_key_on_one_shard_and_counts_the_prefix_tree(tiny_model_
     eng = Engine.load(str(tiny_model_dir), dtype="float32")
     rows = rows_of(demo_sets=4, questions=5)
     reqs = [(r["context"], r["continuation"]) for r in rows]
-    from engine.requests import encode_pairs
+    from engine.encoding import encode_pairs
 
     encoded = encode_pairs(eng.tokenizer, reqs)
     eng.score(reqs)

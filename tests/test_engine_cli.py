@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tiny_models import make_tiny_model
 
-from engine.requests import RequestError
+from engine.validation import RequestError
 
 ROOT = Path(__file__).resolve().parent.parent
 

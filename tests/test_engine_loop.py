@@ -13,7 +13,8 @@ import torch
 from engine import Engine, ScoreResult, UserError
 from engine.kv_cache import PageError
 from engine.loader import load_model_files
-from engine.requests import Finished, Status
+from engine.request import Finished
+from engine.results import Status
 
 
 @pytest.fixture(scope="module")

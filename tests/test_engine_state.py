@@ -74,7 +74,7 @@ def test_add_abort_and_stats_from_another_thread_while_the_loop_steps(tiny):
 def test_step_returns_the_events_the_handles_consumed(tiny):
     """Every score, token and end a step produced comes back as an event; the handles' results are exactly the
     events' contents (the scheduler writes nothing into a handle)."""
-    from engine.requests import Admitted, Finished, ScoreOut, StepTime, TokenOut
+    from engine.request import Admitted, Finished, ScoreOut, StepTime, TokenOut
 
     eng = engine(tiny, token_budget=16)
     rng = random.Random(1)

@@ -243,7 +243,7 @@ def test_tokenizer_panic_on_a_request_text_is_one_line(tiny_model_dir, tmp_path)
     the tokenizer, for encode, encode_batch and the engine's request encoding alike."""
     from tokenizers import Tokenizer as Backend
 
-    from engine.requests import encode_pairs
+    from engine.encoding import encode_pairs
     from engine.tokenizer import Tokenizer
 
     bad = _with_tokenizer(tiny_model_dir, tmp_path / "m", _split_by(BACKTRACKING))

@@ -424,8 +424,8 @@ def test_length_check_agrees_with_the_engine_at_the_limit(files, tiny_model_dir)
     """check_lengths refuses a candidate exactly when one of its requests, tokenized as the engine does, is over
     the limit (the shortcut through separately tokenized parts never lets one through)."""
     from engine import Engine
+    from engine.encoding import encode_pairs
     from engine.errors import UserError
-    from engine.requests import encode_pairs
     from icqs.candidates import Candidate
     from icqs.methods import METHODS
     from icqs.score_run import check_lengths

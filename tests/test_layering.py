@@ -385,7 +385,10 @@ ABOVE_THE_CACHE = {
     "plan",
     "step",
     "engine",
-    "requests",
+    "request",
+    "results",
+    "validation",
+    "encoding",
 }
 
 

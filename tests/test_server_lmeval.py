@@ -8,7 +8,7 @@ import pytest
 from live_server import live_server
 
 from engine import Engine
-from engine.requests import encode_pairs
+from engine.encoding import encode_pairs
 from engine.tokenizer import Tokenizer
 from frontends.server import create_app
 

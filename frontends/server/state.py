@@ -1,6 +1,6 @@
 """What every handler shares: the async engine, the tokenizer, the limits, and the checks a request passes before
 any of its work is queued (model name, token ids inside the vocabulary, lengths under the model's maximum, room
-in the queue). The request checks are engine/requests.py's, the engine's own; a failed one is a 400 whose
+in the queue). The request checks are engine/validation.py's, the engine's own; a failed one is a 400 whose
 `param` is the field of the HTTP body (the RequestError's index and field say which)."""
 
 from __future__ import annotations
@@ -9,14 +9,8 @@ import asyncio
 import time
 import uuid
 
-from engine.requests import (
-    RequestError,
-    check_generate_length,
-    check_score_length,
-    check_token_ids,
-    encode_pairs,
-    prompt_ids,
-)
+from engine.encoding import encode_pairs, prompt_ids
+from engine.validation import RequestError, check_generate_length, check_score_length, check_token_ids
 
 from . import DEFAULT_MAX_TOKENS
 from .schemas import APIError, bad_request

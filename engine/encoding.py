@@ -1,0 +1,63 @@
+"""Turns (context, continuation) requests and generation prompts into token ids, following lm-evaluation-harness's
+convention.
+
+- Trailing whitespace of the context moves to the front of the continuation; the continuation's tokens are the
+  tokens of encode(context + continuation) after the first len(encode(context)) tokens, so the boundary is tokenized
+  as the whole string would be.
+- A BOS token is prepended only when the tokenizer asks for one (`add_bos`); an empty context becomes
+  [BOS] (or [EOS] for models without BOS), as lm-evaluation-harness does.
+- Requests given as token ids are used as they are (checked against the vocabulary by engine/validation.py)."""
+
+from __future__ import annotations
+
+from .tokenizer import Tokenizer
+from .validation import RequestError
+
+
+def with_bos(tok: Tokenizer, ids: list[int]) -> list[int]:
+    """The token ids of a text as the model reads it from the start of a sequence: BOS first when the model's
+    tokenizer asks for one."""
+    return [tok.bos_id] + ids if tok.add_bos and tok.bos_id is not None else ids
+
+
+def start_token(tok: Tokenizer) -> int:
+    """The token that stands for an empty context (lm-evaluation-harness's prefix token): BOS, or EOS without one."""
+    return tok.bos_id if tok.bos_id is not None else tok.eos_id
+
+
+def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[int]]:
+    return encode_pairs(tok, [(context, continuation)])[0]
+
+
+def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
+    """encode_pair for a whole job: each distinct context and each whole text is tokenized once, in batches."""
+    pairs = []
+    for i, (context, continuation) in enumerate(requests):
+        if isinstance(context, str) != isinstance(continuation, str):
+            raise RequestError(
+                "context and continuation must both be text or both be token ids", index=i, field="continuation"
+            )
+        spaces = len(context) - len(context.rstrip()) if isinstance(context, str) else 0
+        pairs.append((context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation))
+    texts = list(dict.fromkeys(t for c, x in pairs if isinstance(c, str) for t in (c, c + x)))
+    ids = dict(zip(texts, tok.encode_batch(texts))) if texts else {}
+    start = start_token(tok)
+    out = []
+    for i, (context, continuation) in enumerate(pairs):
+        if isinstance(context, str):
+            ctx = ids[context]
+            cont = ids[context + continuation][len(ctx) :]
+            ctx = with_bos(tok, ctx)
+        else:
+            ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
+        if not cont:
+            raise RequestError("empty continuation: nothing to score", index=i, field="continuation")
+        out.append((ctx or [start], cont))
+    return out
+
+
+def prompt_ids(tok: Tokenizer, prompt) -> list[int]:
+    """A generation prompt's token ids: text encoded with BOS as the model asks, token ids as they are (checked
+    against the vocabulary by engine/validation.py); an empty prompt is the start token alone."""
+    ids = with_bos(tok, tok.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
+    return ids or [start_token(tok)]
