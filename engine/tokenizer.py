@@ -46,6 +46,19 @@ class Tokenizer:
         self._template = None
         self._max_token_chars: int | None = None
 
+    def with_add_bos(self, add_bos: bool) -> "Tokenizer":
+        """This tokenizer with another BOS policy: a new Tokenizer sharing the backend (immutable once built) and
+        the special tokens, this one unchanged (a front that overrides the model's policy, as lm-eval's
+        add_bos_token, encodes with its own copy instead of changing the engine's)."""
+        return Tokenizer(
+            self.backend,
+            bos_id=self.bos_id,
+            eos_ids=self.eos_ids,
+            add_bos=add_bos,
+            chat_template=self.chat_template,
+            source=self.source,
+        )
+
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)

@@ -138,10 +138,11 @@ class EngineLM(LM):
         self.model_path = model
         self._device = self.engine.device
         tok = self.engine.tokenizer
-        if add_bos_token is not None:  # the model's own BOS policy, overridden for every text this engine reads
+        if add_bos_token is not None:  # the model's own BOS policy, overridden for every text this backend encodes
             if add_bos_token and tok.bos_id is None:
                 raise UserError(f"{NAME}: add_bos_token=True: this model's tokenizer has no BOS token")
-            tok.add_bos = add_bos_token
+            tok = tok.with_add_bos(add_bos_token)  # a copy: the engine's own tokenizer keeps the model's policy
+        self.tok = tok  # encodes every text of lm-eval's; the engine gets token ids only
         self.limit = self.engine.max_request_tokens
         self.max_length = max_length or self.limit
         if self.max_length > self.limit:
@@ -161,7 +162,7 @@ class EngineLM(LM):
     # ---- lm-eval's LM interface ----------------------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         args = [req.args for req in requests]
-        encoded = encode_pairs(self.engine.tokenizer, args)
+        encoded = encode_pairs(self.tok, args)
         if self.custom_prefix:  # an empty context is the prefix token alone
             encoded = [
                 ([self.prefix_token_id], cont) if ctx_text == "" else (ctx, cont)
@@ -174,7 +175,7 @@ class EngineLM(LM):
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        tok = self.engine.tokenizer
+        tok = self.tok
         texts = [req.args[0] for req in requests]
         window = min(self.max_length, self.limit - 1)  # a window and its prefix token fit in the engine
         windows, owner = [], []
@@ -195,7 +196,7 @@ class EngineLM(LM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        tok = self.engine.tokenizer
+        tok = self.tok
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else None
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
@@ -247,10 +248,10 @@ class EngineLM(LM):
         return str(self.model_path or "default").replace("/", "__")
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
-        return self.engine.tokenizer.chat_template if chat_template else None
+        return self.tok.chat_template if chat_template else None
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.engine.tokenizer.apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt)
+        return self.tok.apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt)
 
     def get_model_info(self) -> dict:
         """Added to lm-eval's results["config"]."""

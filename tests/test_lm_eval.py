@@ -212,6 +212,8 @@ def test_prefix_token_and_bos_as_hf(tiny_model_dir, extra):
     from frontends.lm_eval import EngineLM
 
     ours = EngineLM(model=str(tiny_model_dir), dtype="float32", max_length=MAX_LENGTH, **extra)
+    # add_bos_token is this backend's own tokenizer's policy; the engine's keeps the model's (the tiny model: BOS)
+    assert ours.engine.tokenizer.add_bos is True and ours.tok.add_bos is extra.get("add_bos_token", True)
     hf = HFLM(pretrained=str(tiny_model_dir), dtype="float32", device="cpu", max_length=MAX_LENGTH, **extra)
     ll = [
         Instance("loglikelihood", {}, ("", " The quality of a demonstration"), 0),
@@ -276,7 +278,7 @@ def test_model_args_checked(tiny_model_dir, caplog):
 
     if not torch.cuda.is_available():  # cuda falls back to the cpu, with a warning
         assert str(lm.device) == "cpu" and "no CUDA GPU is available on this machine; running on cpu" in caplog.text
-    assert lm.engine.tokenizer.add_bos is False and lm.engine.options.token_budget == 64
+    assert lm.tok.add_bos is False and lm.engine.tokenizer.add_bos is True and lm.engine.options.token_budget == 64
 
 
 def test_command_line(tiny_model_dir, tmp_path):

@@ -162,6 +162,24 @@ def test_encode_never_adds_bos_and_template_errors(tiny_model_dir):
     assert with_bos.apply_chat_template(MESSAGES[0]) == "<s></s>"
 
 
+def test_with_add_bos_is_a_copy(tiny_model_dir):
+    """Another BOS policy is a new tokenizer over the same backend; the original keeps its own."""
+    from engine.encoding import encode_pair, prompt_ids
+
+    _, _, tok = load_model_files(tiny_model_dir)
+    bare = tok.with_add_bos(False)
+    assert tok.add_bos is True and bare.add_bos is False and bare is not tok and bare.backend is tok.backend
+    assert (bare.bos_id, bare.eos_ids, bare.chat_template, bare.source) == (
+        tok.bos_id,
+        tok.eos_ids,
+        tok.chat_template,
+        tok.source,
+    )
+    assert prompt_ids(tok, "Hello") == [tok.bos_id] + prompt_ids(bare, "Hello")
+    assert encode_pair(tok, "A good", " example")[0] == [tok.bos_id] + encode_pair(bare, "A good", " example")[0]
+    assert tok.with_add_bos(True).add_bos is True and tok.add_bos is True
+
+
 def test_sentencepiece_gguf_tokenizer_equals_transformers(tmp_path):
     """llama.cpp's `llama` (SentencePiece) vocabulary: scores instead of merges, <0xXX> byte fallback."""
     from transformers import AutoTokenizer
