@@ -53,6 +53,7 @@ def int_in_range(low: int, high: int, why: str = ""):
 MAX_SEED = 2**63 - 1  # what every random generator here (numpy, torch, random) takes
 MAX_THREADS = 1024  # above any machine's cores; the machine's own count is checked too (check_engine_args)
 MAX_WORKERS = 256  # Ray actors, each a whole engine
+DEFAULT_WORKERS = 2  # with --ray and no --workers
 MAX_DRAWS = 100  # independent demo draws: each repeats the work of every method that uses demos
 MAX_RUNS = 100  # judge runs: each repeats the judging of every item at every K
 MAX_ROUNDS = 100  # ALLURE rounds: each evaluates every item again
@@ -133,7 +134,7 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
         "--workers",
         type=int_in_range(1, MAX_WORKERS, "Ray actors, each a whole engine"),
         default=None,
-        help="with --ray: Ray actors, one engine each (default: 2)",
+        help=f"with --ray: Ray actors, one engine each (default: {DEFAULT_WORKERS})",
     )
     g.add_argument(
         "--naive-partition",
@@ -148,9 +149,9 @@ def machine_cores() -> int:
 
 
 def check_engine_args(args) -> None:
-    """Options that do nothing without --ray are errors without it (and --workers gets its default with it);
-    --threads is at most this machine's cores (more threads than cores only contend, and thousands of OpenMP
-    threads crash the process); with --ray it is each worker's, and the cluster's resources decide."""
+    """Options that do nothing without --ray are errors without it; --threads is at most this machine's cores (more
+    threads than cores only contend, and thousands of OpenMP threads crash the process); with --ray it is each
+    worker's, and the cluster's resources decide."""
     threads, ray = getattr(args, "threads", None), getattr(args, "ray", None)
     if threads is not None and ray is None and threads > machine_cores():
         raise UserError(f"--threads {threads} is more than this machine's {machine_cores()} CPU cores")
@@ -161,8 +162,12 @@ def check_engine_args(args) -> None:
         ):
             if value:
                 raise UserError(f"{flag} does nothing without --ray")
-    elif getattr(args, "workers", None) is None:
-        args.workers = 2
+
+
+def ray_workers(args) -> int:
+    """The Ray workers the parsed options ask for: --workers, else DEFAULT_WORKERS (only read with --ray)."""
+    workers = getattr(args, "workers", None)
+    return DEFAULT_WORKERS if workers is None else workers
 
 
 def engine_options(args) -> dict:
@@ -179,7 +184,7 @@ def engine_options(args) -> dict:
     if args.threads is not None:
         opts["threads"] = args.threads
     elif ray and opts["device"] == "cpu":
-        opts["threads"] = max(1, machine_cores() // args.workers)
+        opts["threads"] = max(1, machine_cores() // ray_workers(args))
     return opts
 
 
@@ -195,7 +200,7 @@ def engine_from_args(args, **overrides):
         from frontends.ray_runner import Cluster, DistributedEngine
 
         opts = {**engine_options(args), **overrides, "keep_cache": True}
-        return DistributedEngine(Cluster(args.model, opts, args.ray, args.workers, args.naive_partition))
+        return DistributedEngine(Cluster(args.model, opts, args.ray, ray_workers(args), args.naive_partition))
     from engine.engine import Engine
 
     return Engine.load(args.model, **{**engine_options(args), **overrides})

@@ -30,7 +30,7 @@ def score_rows(args, engine: DistributedEngine, todo: list[tuple[int | str, dict
         engine.score(encoded, progress=not args.quiet, on_result=on_result)  # token ids: used as they are
     s, plan = engine.last_stats, engine.last_plan
     print(
-        f"scored {len(todo)} requests on {args.workers} Ray workers, {plan.shards} shards of {plan.keys} prefix "
+        f"scored {len(todo)} requests on {engine.cluster.workers} Ray workers, {plan.shards} shards of {plan.keys} prefix "
         f"keys: {s.tokens_computed} tokens computed of {s.tokens_requested} requested",
         file=sys.stderr,
     )

@@ -100,7 +100,6 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, LazyWeights, Tokenizer]:
         release_pages(t.data)
         return unpermute_rotary(w, rotary_heads[name]) if name in rotary_heads else w
 
-    config.tie_embeddings = "lm_head.weight" not in by_name
     shapes = {name: tuple(int(d) for d in reversed(t.shape)) for name, t in by_name.items()}
     return config, LazyWeights(shapes, read), _tokenizer(meta, config)
 
@@ -113,16 +112,13 @@ def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
 def load_gguf_info(path: str | Path) -> tuple[ModelConfig, Tokenizer]:
     """The config and tokenizer of a GGUF file, from its metadata: no tensor data is read or dequantized (the
     tensor list is the file's header; only a llama3 `rope_freqs` vector, if any, is read)."""
-    meta, _, tensors, config = _header(Path(path))
-    config.tie_embeddings = "output.weight" not in tensors
+    meta, _, _, config = _header(Path(path))
     return config, _tokenizer(meta, config)
 
 
 def load_gguf_config(path: str | Path) -> ModelConfig:
     """The checked config of a GGUF file, from its metadata (the tokenizer is not built)."""
-    meta, _, tensors, config = _header(Path(path))
-    config.tie_embeddings = "output.weight" not in tensors
-    return config
+    return _header(Path(path))[3]
 
 
 def _header(path: Path):
@@ -366,6 +362,7 @@ def _read_config(meta: _Metadata, arch: str, tensors: dict) -> ModelConfig:
         rms_norm_eps=meta.get(names["rms_norm_eps"], 1e-5),
         rope_theta=meta.get(names["rope_theta"], 10000.0),
         max_position=meta.get(names["max_position"], 2048),
+        tie_embeddings="output.weight" not in tensors,  # no output matrix: the embedding's is shared
         attention_bias="blk.0.attn_q.bias" in tensors,
         qk_norm=arch in ("qwen3", "gemma3"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id", None),

@@ -11,6 +11,7 @@ Every header is validated where it is read (ModelConfig.validate), before anythi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -103,6 +104,8 @@ def load_model_files(model: str | Path | None = None) -> tuple[ModelConfig, Lazy
         from .gguf_loader import load_gguf
 
         config, weights, tokenizer = load_gguf(path)
+    if "lm_head.weight" not in weights and not config.tie_embeddings:  # no output matrix: the embedding's is
+        config = dataclasses.replace(config, tie_embeddings=True)  # shared, whatever the config says
     check_weights(config, weights, str(path))
     return config, weights, tokenizer
 
@@ -175,10 +178,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_weights(config: ModelConfig, weights: LazyWeights, source: str) -> None:
-    """Raise a UserError naming the first missing or misshapen tensor (from the file's index: nothing is read). A
-    checkpoint without `lm_head.weight` shares the embedding matrix (tied embeddings), whatever its config says."""
-    if "lm_head.weight" not in weights:
-        config.tie_embeddings = True
+    """Raise a UserError naming the first missing or misshapen tensor (from the file's index: nothing is read).
+    `config` says how the checkpoint is (load_model_files: tied embeddings when it has no `lm_head.weight`)."""
     # the layer count against the file's own layers first, so that a config claiming 10**9 layers fails in one
     # pass over the file's index instead of listing 10**9 layers' tensors
     layers = {name.split(".")[2] for name in weights if name.startswith("model.layers.")}

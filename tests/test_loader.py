@@ -16,7 +16,7 @@ from engine import gguf_loader
 from engine.config import ModelConfig
 from engine.errors import UserError
 from engine.gguf_loader import load_gguf
-from engine.loader import default_model_path, load_model_files
+from engine.loader import default_model_path, load_model_config, load_model_files
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANTIZABLE = {"Q8_0": 0.01, "Q5_0": 0.05, "Q5_1": 0.05, "Q4_0": 0.1, "Q4_1": 0.1}  # max relative error
@@ -196,6 +196,17 @@ def test_hf_dir_bin_checkpoint_is_read_without_unpickling_code(tiny_model_dir, t
 
 class _NotATensor:
     pass
+
+
+def test_hf_dir_without_lm_head_is_tied_whatever_its_config_says(tiny_model_dirs, tmp_path):
+    """A checkpoint without lm_head.weight shares the embedding: the loaded config says so (a new config, the one
+    the config file gave is not changed), and the weights check passes."""
+    shutil.copytree(tiny_model_dirs["smollm"], tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    assert load_model_config(tmp_path / "m").tie_embeddings is False  # the file's own word, weights unread
+    config, weights, _ = load_model_files(tmp_path / "m")
+    assert "lm_head.weight" not in weights and config.tie_embeddings is True
 
 
 def test_hf_dir_transformers5_rope_parameters(tiny_model_dirs, tmp_path):
