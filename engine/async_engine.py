@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .encoding import encode_pairs
 from .errors import EngineFailure
@@ -36,7 +36,57 @@ SNAPSHOT_SECONDS = 0.05  # how stale the published counters may be while the loo
 
 
 class QueueFull(Exception):
-    """More requests are waiting than max_queue allows (a server answers 429 / 503)."""
+    """`n` more requests do not fit: `in_flight` are admitted and not done, and at most `max_queue` may be. A server
+    answers 503 + Retry-After, or 400 when the call alone is larger than the bound (`never_fits`)."""
+
+    def __init__(self, n: int, in_flight: int, max_queue: int):
+        self.n, self.in_flight, self.max_queue = n, in_flight, max_queue
+        super().__init__(
+            f"{n} requests in one call exceed the limit of {max_queue}"
+            if self.never_fits
+            else f"{in_flight} requests in flight, at most {max_queue}"
+        )
+
+    @property
+    def never_fits(self) -> bool:
+        return self.n > self.max_queue
+
+
+class Permit:
+    """Room for `n` engine requests in flight, taken by `AsyncEngine.admit` and held until `release()` (idempotent;
+    leaving a `with` block releases too). The calls made with `permit=` draw on it instead of admitting their own
+    requests, so a front that admits a whole call up front (all of it or nothing) is counted once, in the engine."""
+
+    def __init__(self, n: int, release):
+        self.n, self.taken = n, 0
+        self._release = release  # the engine's: gives the room back
+
+    def take(self, n: int) -> None:
+        """n requests submitted under this permit: more than it was admitted for is a bug of the caller."""
+        if self.taken + n > self.n:
+            raise RuntimeError(f"{self.taken + n} requests submitted under a permit for {self.n}")
+        self.taken += n
+
+    def release(self) -> None:
+        n, self.n = self.n, 0
+        if n:
+            self._release(n)
+
+    def __enter__(self) -> "Permit":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """`AsyncEngine.stats()`: the engine's counters as the worker last published them, and the front's own state."""
+
+    engine: EngineStats
+    in_flight: int  # engine requests admitted (AsyncEngine.admit, or a call's own) and not done or released
+    queue_depth: int  # requests submitted and not yet started (waiting for pages or for their turn)
+    step_seconds: list[float]  # the latest steps' durations
 
 
 @dataclass(eq=False)
@@ -46,6 +96,7 @@ class _Call:
     handles: list[Request]
     on_done: object  # called in the event loop once every request is done
     retry: list | None = None  # score calls: (context ids, continuation ids, top_k) per request, to run one again
+    counted: bool = True  # its requests leave the in-flight count as they finish (False: a permit holds them)
     failed: dict[int, BaseException] = field(default_factory=dict)  # index -> EngineFailure after a failed step
     left: int = 0  # requests not yet done
     done: asyncio.Future | None = None  # set in the event loop once every request is done
@@ -60,6 +111,10 @@ class _Call:
 
 
 class AsyncEngine:
+    """The one owner of the count of engine requests in flight and of its bound, `max_queue`: every front posts
+    into it. `admit(n)` takes room for a whole call up front (a Permit, or QueueFull); a call made without a permit
+    admits its own requests and gives their room back as each finishes."""
+
     def __init__(self, engine: EngineProtocol, max_queue: int | None = None):
         self.engine, self.max_queue = engine, max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -179,12 +234,15 @@ class AsyncEngine:
         self._inbox.put(job)
         return fut
 
-    def _admit(self, n: int):
+    def _check_running(self):
         if self._stopping or not self._thread.is_alive():
             raise RuntimeError("the engine is shut down")
+
+    def _admit(self, n: int):
+        self._check_running()
         with self._lock:
             if self.max_queue is not None and self._in_flight + n > self.max_queue:
-                raise QueueFull(f"{self._in_flight} requests in flight, the queue holds {self.max_queue}")
+                raise QueueFull(n, self._in_flight, self.max_queue)
             self._in_flight += n
 
     def _release(self, n: int):
@@ -199,7 +257,8 @@ class AsyncEngine:
             h.add_done_callback(lambda _, call=call: None if self._recovering else self._count_done(call))
 
     def _count_done(self, call: _Call):
-        self._release(1)
+        if call.counted:
+            self._release(1)
         call.left -= 1
         if call.left == 0:
             self._calls.discard(call)
@@ -215,7 +274,20 @@ class AsyncEngine:
                 self.engine.abort(h)
 
     # ---- the API ------------------------------------------------------------------------------------------------
-    async def score(self, requests, top_k: int = 0) -> list[ScoreResult]:
+    def admit(self, n: int) -> Permit:
+        """Room for n engine requests in flight (queued or running) until the permit is released, for the calls
+        made with `permit=` (a server admits a whole HTTP call before any of its work starts); QueueFull (with the
+        numbers) when they do not fit under max_queue."""
+        self._admit(n)
+        return Permit(n, self._release)
+
+    @property
+    def in_flight(self) -> int:
+        """Engine requests admitted and not yet done or released."""
+        with self._lock:
+            return self._in_flight
+
+    async def score(self, requests, top_k: int = 0, *, permit: Permit | None = None) -> list[ScoreResult]:
         """ScoreResults for (context, continuation) pairs, as Engine.score; raises the first failed request's error
         (UserError: bad input; EngineFailure: an internal failure)."""
         encoded = encode_pairs(self.engine.tokenizer, list(requests))
@@ -227,24 +299,25 @@ class AsyncEngine:
                 self.engine.add_score_ids(ctx, cont, top_k, True, f"request {i}")
                 for i, (ctx, cont) in enumerate(encoded)
             ],
+            permit,
             retry=[(ctx, cont, top_k) for ctx, cont in encoded],
         )
         await self._finished(call)
         return [call.result(i) for i in range(len(encoded))]
 
-    async def generate(self, prompt, **params) -> Generation:
+    async def generate(self, prompt, *, permit: Permit | None = None, **params) -> Generation:
         """One Generation (params as Engine.add_generate)."""
-        call = await self._submit(1, lambda: [self.engine.add_generate(prompt, **params)])
+        call = await self._submit(1, lambda: [self.engine.add_generate(prompt, **params)], permit)
         await self._finished(call)
         return call.result(0)
 
-    async def stream(self, prompt, **params) -> AsyncIterator[TokenEvent]:
+    async def stream(self, prompt, *, permit: Permit | None = None, **params) -> AsyncIterator[TokenEvent]:
         """TokenEvents of one generation as they come; the last one has finish_reason set. Closing the iterator
         early (or cancelling the task reading it) aborts the request; a failed request raises its error."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         on_token = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)  # noqa: E731
-        call = await self._submit(1, lambda: [self.engine.add_generate(prompt, on_token=on_token, **params)])
+        call = await self._submit(1, lambda: [self.engine.add_generate(prompt, on_token=on_token, **params)], permit)
         call.done.add_done_callback(lambda _: events.put_nowait(_DONE))
         try:
             while (ev := await events.get()) is not _DONE:
@@ -255,11 +328,17 @@ class AsyncEngine:
             if not call.done.done():
                 self._abort(call)
 
-    async def _submit(self, n: int, add, retry: list | None = None) -> _Call:
-        """Add n requests (add() -> their handles, run in the worker thread); the call, tracked until done. A caller
-        that gives up before the worker took its job (cancelled, say) leaves nothing behind: the job, when its turn
+    async def _submit(self, n: int, add, permit: Permit | None, retry: list | None = None) -> _Call:
+        """Add n requests (add() -> their handles, run in the worker thread); the call, tracked until done. They are
+        admitted here, or drawn from `permit` (which then holds their room until it is released). A caller that
+        gives up before the worker took its job (cancelled, say) leaves nothing behind: the job, when its turn
         comes, adds nothing; one that gives up after has its requests aborted, counted out as they finish."""
-        self._admit(n)
+        counted = permit is None
+        if counted:
+            self._admit(n)
+        else:
+            self._check_running()
+            permit.take(n)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         state = {"taken": False, "abandoned": False, "call": None}  # under self._lock
@@ -269,7 +348,9 @@ class AsyncEngine:
                 if state["abandoned"]:
                     return None
                 state["taken"] = True
-            call = state["call"] = _Call(add(), lambda: loop.call_soon_threadsafe(_set_result, done, None), retry)
+            call = state["call"] = _Call(
+                add(), lambda: loop.call_soon_threadsafe(_set_result, done, None), retry, counted=counted
+            )
             self._track(call)
             return call
 
@@ -279,7 +360,7 @@ class AsyncEngine:
             with self._lock:
                 taken = state["taken"]
                 state["abandoned"] = True
-                if not taken:
+                if not taken and counted:
                     self._in_flight -= n
             if taken:  # the job ran (or is running): its requests leave the engine, after it (the inbox is FIFO)
                 self._inbox.put(lambda: state["call"] is not None and self._abort_now(state["call"]))
@@ -298,16 +379,12 @@ class AsyncEngine:
         """Requests submitted and not yet started (waiting for pages or for their turn)."""
         return self._snapshot.waiting + self._inbox.qsize()
 
-    def stats(self) -> dict:
-        """The engine's counters (as last published by the worker), the queue, and the latest steps' times."""
+    def stats(self) -> LoopStats:
+        """The engine's counters (as last published by the worker), the requests in flight, the queue, and the
+        latest steps' times."""
         with self._lock:
             in_flight, steps = self._in_flight, list(self._step_seconds)
-        return {
-            **asdict(self._snapshot),
-            "queue_depth": self.queue_depth(),
-            "in_flight": in_flight,
-            "step_seconds": steps,
-        }
+        return LoopStats(self._snapshot, in_flight, self.queue_depth(), steps)
 
     async def shutdown(self):
         """Finish in-flight work, then stop the worker thread."""

@@ -47,20 +47,8 @@ def test_concurrent_scoring_generation_and_streams_match_the_engine(eng):
     assert "".join(e.text_delta for e in events) == want_gen.text
     assert [e.finish_reason for e in events][-1] == want_gen.finish_reason
     assert all(e.finish_reason is None for e in events[:-1])
-    for key in (
-        "requests",
-        "tokens_requested",
-        "tokens_computed",
-        "cache_hit_tokens",
-        "queue_depth",
-        "running",
-        "kv_pages_used",
-        "kv_pages_total",
-        "forward_steps",
-        "step_seconds",
-    ):
-        assert key in stats
-    assert stats["requests"] >= 5 and stats["step_seconds"]
+    assert stats.engine.requests >= 5 and stats.engine.kv_pages_total > 0 and stats.step_seconds
+    assert stats.in_flight == stats.queue_depth == 0
 
 
 def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
@@ -73,21 +61,22 @@ def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
             await task
         with pytest.raises(UserError, match="token id"):
             await a.score([([1, 10**6], [2])])
-        with pytest.raises(QueueFull):
+        with pytest.raises(QueueFull) as full:
             await a.score([("a", " b")] * 5)
+        assert (full.value.n, full.value.max_queue, full.value.never_fits) == (5, 4, True)
         stream = a.stream("Hello", max_tokens=400)
         first = await stream.__anext__()
         await stream.aclose()  # the client went away after one token
         for _ in range(100):
-            if not a.stats()["in_flight"]:
+            if not a.stats().in_flight:
                 break
             await asyncio.sleep(0.02)
         await a.shutdown()
         return first, a.stats()
 
     first, stats = run(main())
-    assert first.token_id is not None and stats["in_flight"] == 0
-    assert stats["running"] == stats["waiting"] == 0 and not eng.has_pending()
+    assert first.token_id is not None and stats.in_flight == 0
+    assert stats.engine.running == stats.engine.waiting == 0 and not eng.has_pending()
     eng.check_pages()
 
 
@@ -126,5 +115,32 @@ def test_shutdown_while_a_cancelled_call_is_still_in_the_engine_ends(eng, monkey
         return a.stats()
 
     stats = run(main())
-    assert stats["in_flight"] == 0 and not eng.has_pending()
+    assert stats.in_flight == 0 and not eng.has_pending()
     eng.check_pages()
+
+
+def test_a_permit_holds_room_for_the_calls_made_with_it(eng):
+    """admit(n) takes room for n engine requests in flight, counted once: the calls made with the permit draw on it
+    rather than adding their own; a call that does not fit gets QueueFull with the numbers; releasing gives the room
+    back (once), and a permit cannot carry more requests than it was admitted for."""
+
+    async def main():
+        a = AsyncEngine(eng, max_queue=3)
+        with a.admit(2) as permit:
+            assert a.in_flight == a.stats().in_flight == 2
+            with pytest.raises(QueueFull) as full:
+                a.admit(2)
+            assert (full.value.n, full.value.in_flight, full.value.max_queue, full.value.never_fits) == (2, 2, 3, False)
+            assert "2 requests in flight, at most 3" in str(full.value)
+            scores = await a.score([("The cat", " sat"), ("The cat", " ran")], permit=permit)
+            assert len(scores) == 2 and a.in_flight == 2  # the permit still holds its room
+            with pytest.raises(RuntimeError, match="permit for 2"):
+                await a.generate("Hello", permit=permit, max_tokens=2)
+            assert a.in_flight == 2
+            gen = await a.generate("Hello", max_tokens=2)  # a call of its own: room for one more
+            assert gen.token_ids and a.in_flight == 2
+        permit.release()  # idempotent
+        assert a.in_flight == 0
+        await a.shutdown()
+
+    run(main())

@@ -187,9 +187,9 @@ def test_cancelled_calls_leave_the_in_flight_gauges_at_zero(engine):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         deadline = time.monotonic() + 20
-        while aengine.stats()["in_flight"] != 0 and time.monotonic() < deadline:
+        while aengine.stats().in_flight != 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        value = aengine.stats()["in_flight"]
+        value = aengine.stats().in_flight
         await aengine.shutdown()
         return value
 

@@ -20,6 +20,7 @@ import logging
 import secrets
 import time
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
@@ -37,7 +38,7 @@ from . import DEFAULT_MAX_TOKENS, engine_api
 from . import completions as openai_api
 from .metrics import Metrics
 from .schemas import APIError, ChatCompletionBody, CompletionBody, DetokenizeBody, GenerateBody, ScoreBody, TokenizeBody
-from .state import ServerState, cancel_on_disconnect
+from .state import ServerState, cancel_on_disconnect, queue_full_error
 
 access_log = logging.getLogger("frontends.server.access")
 log = logging.getLogger("frontends.server")
@@ -64,19 +65,17 @@ def create_app(
     api_key_all_endpoints: bool = False,
 ) -> FastAPI:
     """A FastAPI app serving `engine` (an Engine or an AsyncEngine). `max_queue` bounds the engine requests in
-    flight, queued or running (a call that does not fit gets 503 + Retry-After); `api_key` makes every /v1 and
+    flight, queued or running (the AsyncEngine's bound, which counts them: a call that does not fit gets 503 +
+    Retry-After, one larger than the bound a 400); `api_key` makes every /v1 and
     tokenizer route ask for `Authorization: Bearer <key>`, and every route (PUBLIC too: the health, metrics and
     schema pages, which name the model and count requests) with `api_key_all_endpoints`; a body over
     `max_body_bytes` is a 413; a chat request without max_tokens generates at most `default_max_tokens`."""
     owned = not isinstance(engine, AsyncEngine)
-    aengine = AsyncEngine(engine) if owned else engine  # the bound is the server's: all of a call or none
+    aengine = AsyncEngine(engine, max_queue=max_queue) if owned else engine  # the one owner of the count in flight
+    if max_queue not in (None, aengine.max_queue):
+        raise ValueError(f"max_queue={max_queue}: the AsyncEngine given has its own bound ({aengine.max_queue})")
     state = ServerState(
-        aengine,
-        aengine.engine,
-        model_name or "default",
-        api_key=api_key,
-        max_queue=max_queue,
-        default_max_tokens=default_max_tokens,
+        aengine, aengine.engine, model_name or "default", api_key=api_key, default_max_tokens=default_max_tokens
     )
     public = () if api_key_all_endpoints and api_key is not None else PUBLIC
     metrics = Metrics(aengine.stats)
@@ -167,8 +166,14 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        stats = {k: v for k, v in aengine.stats().items() if k != "step_seconds"}
-        return {"status": "ok", "model": state.model_name, "in_flight": state.in_flight, "engine": stats}
+        s = aengine.stats()
+        return {
+            "status": "ok",
+            "model": state.model_name,
+            "in_flight": s.in_flight,
+            "queue_depth": s.queue_depth,
+            "engine": asdict(s.engine),
+        }
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
@@ -241,12 +246,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(QueueFull)
-    async def queue_full(request, e: QueueFull):
-        return JSONResponse(
-            APIError(503, f"the server is busy ({e}); retry later").body(),
-            status_code=503,
-            headers={"Retry-After": "1"},
-        )
+    async def queue_full(request, e: QueueFull):  # an engine call made without a permit (ServerState.admit's)
+        error = queue_full_error(e, None)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(UserError)
     async def user_error(request, e: UserError):

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 
+from engine.async_engine import Permit
 from engine.errors import UserError
 
 from .schemas import ChatCompletionBody, CompletionBody, bad_request
@@ -64,24 +65,25 @@ class Scored:
         ]
 
 
-async def _score_all(state: ServerState, pairs, top_k: int):
-    return await state.aengine.score(pairs, top_k=top_k) if pairs else []
+async def _score_all(state: ServerState, pairs, top_k: int, permit: Permit):
+    return await state.aengine.score(pairs, top_k=top_k, permit=permit) if pairs else []
 
 
-async def _run(state: ServerState, prompts, req, max_tokens: int, echo: bool, top_k: int | None):
-    """For each prompt: its echo Scored (or None) and its n generations with their Scored (or None)."""
+async def _run(state: ServerState, permit: Permit, prompts, req, max_tokens: int, echo: bool, top_k: int | None):
+    """For each prompt: its echo Scored (or None) and its n generations with their Scored (or None), the engine
+    requests drawn on `permit`."""
     n = req.n
     echo_pairs = [(ids[:1], ids[1:]) for ids in prompts if len(ids) > 1] if echo and top_k else []
     gens = (
         [
-            state.aengine.generate(ids, **_gen_params(req, max_tokens, i * n + j))
+            state.aengine.generate(ids, permit=permit, **_gen_params(req, max_tokens, i * n + j))
             for i, ids in enumerate(prompts)
             for j in range(n)
         ]
         if max_tokens > 0
         else []
     )
-    echo_results, *generations = await asyncio.gather(_score_all(state, echo_pairs, top_k), *gens)
+    echo_results, *generations = await asyncio.gather(_score_all(state, echo_pairs, top_k, permit), *gens)
     echo_results = iter(echo_results)
     echoes = [
         (Scored(ids, next(echo_results) if len(ids) > 1 else None, first_null=True) if echo and top_k else None)
@@ -92,7 +94,7 @@ async def _run(state: ServerState, prompts, req, max_tokens: int, echo: bool, to
         gen_scored = [Scored.greedy(g) for g in generations]
     elif top_k and generations:
         which = [k for k, g in enumerate(generations) if g.token_ids]
-        results = await _score_all(state, [(prompts[k // n], generations[k].token_ids) for k in which], top_k)
+        results = await _score_all(state, [(prompts[k // n], generations[k].token_ids) for k in which], top_k, permit)
         for k, res in zip(which, results):
             gen_scored[k] = Scored(generations[k].token_ids, res)
     return echoes, generations, gen_scored
@@ -127,16 +129,14 @@ async def completions(state: ServerState, req: CompletionBody):
         if max_tokens == 0:
             raise bad_request("max_tokens", "a stream needs max_tokens >= 1")
     top_k = None if req.logprobs is None else max(req.logprobs, 1)  # the argmax is always among the alternatives
-    ticket = state.admit(
+    permit = state.admit(
         len(prompts) * (req.n * (max_tokens > 0) * (2 if top_k else 1) + (1 if req.echo else 0)), "prompt"
     )
     rid, created = state.request_id("cmpl"), int(time.time())
     if req.stream:
-        return _stream(state, ticket, prompts, req, max_tokens, rid, created, chat=False)
-    try:
-        echoes, generations, gen_scored = await _run(state, prompts, req, max_tokens, req.echo, top_k)
-    finally:
-        ticket.release()
+        return _stream(state, permit, prompts, req, max_tokens, rid, created, chat=False)
+    with permit:
+        echoes, generations, gen_scored = await _run(state, permit, prompts, req, max_tokens, req.echo, top_k)
     choices = []
     for i, ids in enumerate(prompts):
         echo_text = state.tokenizer.decode(ids) if req.echo else ""
@@ -206,14 +206,12 @@ async def chat_completions(state: ServerState, req: ChatCompletionBody):
     top_k = max(req.top_logprobs or 0, 1) if req.logprobs else None
     if req.stream and top_k:
         raise bad_request("stream", "streaming with `logprobs` is not supported; ask without stream")
-    ticket = state.admit(req.n * (2 if top_k else 1), "messages")
+    permit = state.admit(req.n * (2 if top_k else 1), "messages")
     rid, created = state.request_id("chatcmpl"), int(time.time())
     if req.stream:
-        return _stream(state, ticket, [ids], req, max_tokens, rid, created, chat=True)
-    try:
-        _, generations, gen_scored = await _run(state, [ids], req, max_tokens, False, top_k)
-    finally:
-        ticket.release()
+        return _stream(state, permit, [ids], req, max_tokens, rid, created, chat=True)
+    with permit:
+        _, generations, gen_scored = await _run(state, permit, [ids], req, max_tokens, False, top_k)
     choices = []
     for j, gen in enumerate(generations):
         choice = {
@@ -241,14 +239,15 @@ async def chat_completions(state: ServerState, req: ChatCompletionBody):
 # ---- streaming (server-sent events) ---------------------------------------------------------------------------
 
 
-def _stream(state: ServerState, ticket, prompts, req, max_tokens: int, rid: str, created: int, chat: bool):
+def _stream(state: ServerState, permit: Permit, prompts, req, max_tokens: int, rid: str, created: int, chat: bool):
     """An async iterator of SSE lines: every choice's tokens as they come, each choice closed by its finish
-    reason, then `data: [DONE]`. Closing the iterator (the client went away) cancels every stream."""
+    reason, then `data: [DONE]`. Closing the iterator (the client went away) cancels every stream; the permit is
+    released when it ends."""
     n, queue = req.n, asyncio.Queue()
 
     async def pump(k, ids):
         try:
-            async for event in state.aengine.stream(ids, **_gen_params(req, max_tokens, k)):
+            async for event in state.aengine.stream(ids, permit=permit, **_gen_params(req, max_tokens, k)):
                 await queue.put((k, event, None))
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
             await queue.put((k, None, e))
@@ -292,6 +291,6 @@ def _stream(state: ServerState, ticket, prompts, req, max_tokens: int, rid: str,
         finally:
             for t in tasks:
                 t.cancel()
-            ticket.release()
+            permit.release()
 
     return events()

@@ -37,11 +37,8 @@ async def score(state: ServerState, req: ScoreBody) -> dict:
         param, pairs = "items", [(req.query, item) for item in req.items]
     encoded = await asyncio.to_thread(state.encode_pairs, pairs, param)  # the event loop serves others meanwhile
     if req.label_token_ids is None:
-        ticket = state.admit(len(encoded), param)
-        try:
-            results = await state.aengine.score(encoded, top_k=req.top_logprobs)
-        finally:
-            ticket.release()
+        with state.admit(len(encoded), param) as permit:
+            results = await state.aengine.score(encoded, top_k=req.top_logprobs, permit=permit)
         data = [_score_item(i, r, req.top_logprobs) for i, r in enumerate(results)]
         usage = sum(len(c) + len(x) for c, x in encoded)
         return {
@@ -51,12 +48,9 @@ async def score(state: ServerState, req: ScoreBody) -> dict:
             "usage": {"prompt_tokens": usage, "total_tokens": usage},
         }
     labels = state.check_ids(list(req.label_token_ids), "label_token_ids")
-    ticket = state.admit(len(encoded) * len(labels), "label_token_ids")
     prefixes = [ctx + cont for ctx, cont in encoded]  # query + item: the labels' common context
-    try:
-        results = await state.aengine.score([(p, [t]) for p in prefixes for t in labels])
-    finally:
-        ticket.release()
+    with state.admit(len(encoded) * len(labels), "label_token_ids") as permit:
+        results = await state.aengine.score([(p, [t]) for p in prefixes for t in labels], permit=permit)
     data, scores = [], []
     for i in range(len(prefixes)):
         lps = [r.logprob for r in results[i * len(labels) : (i + 1) * len(labels)]]
@@ -85,12 +79,12 @@ async def generate(state: ServerState, req: GenerateBody) -> dict:
     for i, ids in enumerate(prompts):
         state.check_length(len(ids), 1, f"prompts[{i}]")
         state.check_length(len(ids), req.max_tokens, "max_tokens")
-    ticket = state.admit(len(prompts), "prompts")
-    try:
+    with state.admit(len(prompts), "prompts") as permit:
         gens = await asyncio.gather(
             *(
                 state.aengine.generate(
                     ids,
+                    permit=permit,
                     max_tokens=req.max_tokens,
                     temperature=float(req.temperature),
                     top_p=float(req.top_p),
@@ -100,8 +94,6 @@ async def generate(state: ServerState, req: GenerateBody) -> dict:
                 for i, ids in enumerate(prompts)
             )
         )
-    finally:
-        ticket.release()
     return {
         "object": "list",
         "model": state.model_name,

@@ -22,36 +22,37 @@ ENGINE_COUNTERS = {
     "forward_steps": ("engine_forward_steps", "engine steps run"),
 }
 ENGINE_GAUGES = {
-    "queue_depth": ("engine_queue_depth", "requests waiting to be admitted"),
     "running": ("engine_running_requests", "requests being computed"),
-    "in_flight": ("engine_in_flight_requests", "requests submitted and not done"),
     "kv_pages_used": ("engine_kv_pages_used", "KV cache pages in use"),
     "kv_pages_total": ("engine_kv_pages_total", "KV cache pages in all"),
+}
+LOOP_GAUGES = {  # the async engine's own (LoopStats)
+    "queue_depth": ("engine_queue_depth", "requests waiting to be admitted"),
+    "in_flight": ("engine_in_flight_requests", "requests submitted and not done"),
 }
 
 
 class EngineCollector:
     def __init__(self, stats):
-        self.stats = stats  # a callable returning the engine's stats dict
+        self.stats = stats  # a callable returning the async engine's LoopStats
 
     def collect(self):
         s = self.stats()
         for key, (name, text) in ENGINE_COUNTERS.items():
-            if key in s:
-                yield CounterMetricFamily(name, text, value=s[key])
+            yield CounterMetricFamily(name, text, value=getattr(s.engine, key))
         for key, (name, text) in ENGINE_GAUGES.items():
-            if key in s:
-                yield GaugeMetricFamily(name, text, value=s[key])
-        steps = s.get("step_seconds")
-        if steps is not None:  # every step's seconds, as the engine recorded them
-            counts = np.histogram(steps, bins=[0.0, *STEP_BUCKETS, np.inf])[0].cumsum().tolist()
-            buckets = [(str(b), c) for b, c in zip([*STEP_BUCKETS, "+Inf"], counts)]
-            yield HistogramMetricFamily(
-                "engine_step_seconds",
-                "time of one engine step (forward, log-probs, sampling)",
-                buckets=buckets,
-                sum_value=float(np.sum(steps)),
-            )
+            yield GaugeMetricFamily(name, text, value=getattr(s.engine, key))
+        for key, (name, text) in LOOP_GAUGES.items():
+            yield GaugeMetricFamily(name, text, value=getattr(s, key))
+        # every step's seconds, as the engine recorded them
+        counts = np.histogram(s.step_seconds, bins=[0.0, *STEP_BUCKETS, np.inf])[0].cumsum().tolist()
+        buckets = [(str(b), c) for b, c in zip([*STEP_BUCKETS, "+Inf"], counts)]
+        yield HistogramMetricFamily(
+            "engine_step_seconds",
+            "time of one engine step (forward, log-probs, sampling)",
+            buckets=buckets,
+            sum_value=float(np.sum(s.step_seconds)),
+        )
 
 
 class Metrics:

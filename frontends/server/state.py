@@ -1,7 +1,9 @@
 """What every handler shares: the async engine, the tokenizer, the limits, and the checks a request passes before
 any of its work is queued (model name, token ids inside the vocabulary, lengths under the model's maximum, room
 in the queue). The request checks are engine/validation.py's, the engine's own; a failed one is a 400 whose
-`param` is the field of the HTTP body (the RequestError's index and field say which)."""
+`param` is the field of the HTTP body (the RequestError's index and field say which). Room in the queue is the
+async engine's to give (`AsyncEngine.admit`: it owns the count of requests in flight and its bound); the server
+only says it in HTTP."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 import time
 import uuid
 
+from engine.async_engine import Permit, QueueFull
 from engine.encoding import encode_pairs, prompt_ids
 from engine.validation import RequestError, check_generate_length, check_score_length, check_token_ids
 
@@ -18,17 +21,11 @@ from .schemas import APIError, bad_request
 
 class ServerState:
     def __init__(
-        self,
-        aengine,
-        engine,
-        model_name: str,
-        api_key: str | None = None,
-        max_queue: int | None = None,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        self, aengine, engine, model_name: str, api_key: str | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS
     ):
         self.aengine, self.engine = aengine, engine
         self.tokenizer, self.config = engine.tokenizer, engine.config
-        self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
+        self.model_name, self.api_key = model_name, api_key
         self.default_max_tokens = default_max_tokens
         self.limits = engine.limits
         self.max_len = self.limits.max_request_tokens  # tokens a sequence may hold: the model's maximum or the KV cache
@@ -36,7 +33,6 @@ class ServerState:
         # minute and 7 GB to tokenize), and the token endpoints take no more characters or token ids than this
         self.max_text_chars = self.tokenizer.max_text_chars(self.max_len)
         self.created = int(time.time())
-        self.in_flight = 0  # engine requests admitted and not yet answered (the event loop's thread only)
         self._token_text: dict[int, str] = {}
 
     # ---- checks --------------------------------------------------------------------------------------------
@@ -108,20 +104,14 @@ class ServerState:
                 raise bad_request(f"{param}[{i}]", e.reason) from None
         return encoded
 
-    def admit(self, n: int, param: str) -> "Ticket":
-        """Room for n more engine requests in flight (queued or running), else 503 + Retry-After; a call that can
-        never fit is a 400. The ticket holds the room until released."""
-        if self.max_queue is not None:
-            if n > self.max_queue:
-                raise bad_request(param, f"{n} requests in one call exceed the server's limit of {self.max_queue}")
-            if self.in_flight + n > self.max_queue:
-                raise APIError(
-                    503,
-                    f"the server is busy ({self.in_flight} requests in flight, at most {self.max_queue}); retry later",
-                    headers={"Retry-After": "1"},
-                )
-        self.in_flight += n
-        return Ticket(self, n)
+    def admit(self, n: int, param: str) -> Permit:
+        """Room for n more engine requests in flight (queued or running), held by the permit until it is released
+        and drawn on by the engine calls made with it; else 503 + Retry-After, or a 400 naming `param` for a call
+        that can never fit."""
+        try:
+            return self.aengine.admit(n)
+        except QueueFull as e:
+            raise queue_full_error(e, param) from None
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -135,15 +125,16 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-class Ticket:
-    """Room for n engine requests, held from admission until the answer is sent (release is idempotent)."""
-
-    def __init__(self, state: ServerState, n: int):
-        self.state, self.n = state, n
-
-    def release(self) -> None:
-        self.state.in_flight -= self.n
-        self.n = 0
+def queue_full_error(e: QueueFull, param: str | None) -> APIError:
+    """A call the engine's queue bound refused: 400 naming `param` when the call alone is larger than the bound,
+    else 503 + Retry-After (the queue is full now)."""
+    if e.never_fits:
+        return bad_request(param, f"{e.n} requests in one call exceed the server's limit of {e.max_queue}")
+    return APIError(
+        503,
+        f"the server is busy ({e.in_flight} requests in flight, at most {e.max_queue}); retry later",
+        headers={"Retry-After": "1"},
+    )
 
 
 async def cancel_on_disconnect(request, coro):
