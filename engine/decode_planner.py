@@ -50,6 +50,9 @@ class DecodePlanner:
                 continue
             chunk = draft.add_chunk(cache, node, span, n)
             if span.done + n == span.length:
-                draft.add_sample(SampleRow(cache.slot(node, span.end - 1), seq.request))
+                req = seq.request
+                draft.add_sample(
+                    SampleRow(cache.slot(node, span.end - 1), req, req.temperature, req.top_p, req.generator)
+                )
                 chunk.keep.add(span.length - 1)
         return blocked

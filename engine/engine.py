@@ -2,9 +2,9 @@
 
 One loop serves every caller. `add_score` / `add_generate` hand a request to the scheduler (engine/scheduler.py)
 and return its handle; `step()` runs one step: the scheduler's plan (prefill chunks, one decode token of every
-generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), the scored rows
-through the fused target log-prob kernel, the generating rows through the batched sampler (sampling.py); the
-scheduler then records the step and its output events come back (scores, tokens, finished and failed requests,
+generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), then the LM head
+(head.py: the scored rows through the fused target log-prob kernel, the generating rows through the batched sampler,
+sampling.py); the scheduler then records the step and its output events come back (scores, tokens, finished and failed requests,
 each already consumed by its handle). One lock makes add / abort / stats safe from other threads while the loop's
 thread steps. `score()` and `generate()` add a
 whole job and run the loop until it is done; engine/async_engine.py runs the same loop in a worker thread for
@@ -26,15 +26,15 @@ import kernels
 from .config import ModelConfig
 from .encoding import encode_pairs, prompt_ids
 from .errors import UserError
+from .head import run_head
 from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
-from .plan import SampleOutput, ScoreOutput, StepPlan
 from .prefix_cache import PrefixCache
 from .progress import progress_bar
 from .request import Event, Finished, GenerateRequest, Request, ScoreRequest
 from .results import Generation, ScoreResult, Status, TokenEvent
-from .sampling import new_generator, sample
+from .sampling import new_generator
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .step import build_step
@@ -297,22 +297,6 @@ class Engine:
         with self._lock:
             handle.abort()
 
-    def _score(self, plan: StepPlan) -> ScoreOutput:
-        """The step's score rows through the fused LM head + log-softmax (the plan's head batch: each distinct
-        (slot, target) once): log-prob, is-greedy and top k per row."""
-        rows = plan.score_rows
-        cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
-        hidden = self.kv.read_hidden([r.slot for r in rows[cached:]])
-        if cached:
-            hidden = torch.cat([plan.cached_hidden, hidden])
-        targets = torch.tensor([r.target for r in rows], device=self.device)
-        top_k = max(r.request.top_k for r in rows)
-        if plan.head_rows is not None:
-            idx = torch.tensor(plan.head_rows, device=self.device)
-            hidden, targets = hidden[idx], targets[idx]
-        out = self.model.target_logprobs(hidden, targets, top_k=top_k).rows()
-        return ScoreOutput(out if plan.head_inverse is None else [out[i] for i in plan.head_inverse], len(out))
-
     def step(self) -> list[Event]:
         """Run one step of the loop; returns its output events (engine/request.py: scores, tokens, and the
         requests that finished, failed or were aborted), already consumed by their handles."""
@@ -326,20 +310,11 @@ class Engine:
         if plan.chunks:
             batch = build_step(plan.chunks, self.cache, self.device)
             self.kv.write_hidden(batch.write_slots, batch.out_rows, self.model.forward(batch, self.kv))
-        score_out = sample_out = None
-        if plan.score_rows:
-            score_out = self._score(plan)
-        if plan.sample_rows:
-            reqs = [r.request for r in plan.sample_rows]
-            logits = self.model.logits(self.kv.read_hidden([r.slot for r in plan.sample_rows]))
-            tokens, lps = sample(
-                logits, [r.temperature for r in reqs], [r.top_p for r in reqs], [r.generator for r in reqs]
-            )
-            sample_out = SampleOutput(tokens.tolist(), lps.tolist())
+        head = run_head(plan, self.model, self.kv)
         seconds = time.perf_counter() - t0
         if not plan.empty:
             self.step_seconds.append(seconds)
-        return self.scheduler.postprocess(plan, score_out, sample_out, seconds)
+        return self.scheduler.postprocess(plan, head, seconds)
 
     def run(self, handles: list[Request] | None = None, progress=None):
         """Step until the given requests (default: all pending ones) are done."""

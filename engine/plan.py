@@ -1,6 +1,8 @@
 """The step plan: what the scheduler's planners decide for one step (`StepPlan`, built through a `StepDraft`), and what
-the engine hands back after running it (`ScoreOutput`, `SampleOutput`). Plain dataclasses: the plan names prefix-cache
-nodes only as opaque handles (engine/prefix_cache.py), the rows by cache slot."""
+the LM head hands back after running it (`HeadOutput`: a `ScoreOutput` and a `SampleOutput`, engine/head.py). Plain
+dataclasses: the plan names prefix-cache nodes only as opaque handles (engine/prefix_cache.py), the rows by cache slot,
+and carries everything the head needs (the LM head's batch of distinct score rows, each sample row's sampling
+parameters), so the head reads the plan and no request."""
 
 from __future__ import annotations
 
@@ -49,10 +51,14 @@ class ScoreRow:
 
 @dataclass(slots=True)
 class SampleRow:
-    """One generating sequence to sample a token for: the hidden state at `slot` is its last token's."""
+    """One generating sequence to sample a token for: the hidden state at `slot` is its last token's, sampled with
+    the request's parameters (engine/sampling.py: greedy when temperature or top_p is 0)."""
 
     slot: int
     request: GenerateRequest
+    temperature: float
+    top_p: float
+    generator: torch.Generator | None  # the request's own seeded generator (None: greedy)
 
 
 @dataclass
@@ -71,6 +77,14 @@ class SampleOutput:
     logprobs: list[float]
 
 
+@dataclass
+class HeadOutput:
+    """What the LM head computed for a step (engine/head.py): None where the plan has no rows of that kind."""
+
+    score: ScoreOutput | None = None
+    sample: SampleOutput | None = None
+
+
 @dataclass(frozen=True)
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)  # tokens to compute
@@ -81,6 +95,7 @@ class StepPlan:
     # distinct), and each score row's row in that batch
     head_rows: list[int] | None = None
     head_inverse: list[int] | None = None
+    top_k: int = 0  # the most top-k alternatives a score row asks for: the LM head's batch computes that many
 
     @property
     def tokens(self) -> int:
@@ -97,10 +112,6 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not (self.chunks or self.score_rows or self.sample_rows)
-
-    @property
-    def head_rows_count(self) -> int:
-        return len(self.score_rows) if self.head_rows is None else len(self.head_rows)
 
 
 class StepDraft:
@@ -139,8 +150,9 @@ class StepDraft:
         """The plan, with the LM head's batch: rows asking the same (one position's hidden state, one target:
         requests that arrived before their shared prefix was computed) go through it once."""
         first: dict[tuple[int, int], int] = {}  # (slot, target) -> its row in the LM head's batch
-        pick, inverse = [], []
+        pick, inverse, top_k = [], [], 0
         for i, r in enumerate(self.score_rows):
+            top_k = max(top_k, r.request.top_k)
             key = (r.slot, r.target)
             if key not in first:
                 first[key] = len(pick)
@@ -154,4 +166,5 @@ class StepDraft:
             self.cached_hidden,
             None if distinct else pick,
             None if distinct else inverse,
+            top_k,
         )

@@ -12,7 +12,7 @@ from kernels import TokenLogProb
 from .decode_planner import DecodePlanner
 from .errors import UserError
 from .memory_policy import MemoryPolicy
-from .plan import PendingRow, SampleOutput, ScoreOutput, ScoreRow, StepDraft, StepPlan
+from .plan import HeadOutput, PendingRow, ScoreRow, StepDraft, StepPlan
 from .prefill_planner import PrefillPlanner
 from .prefix_cache import Kind, Node, PrefixCache
 from .request import Admitted, Event, Finished, GenerateRequest, Request, ScoreOut, ScoreRequest, StepTime, TokenOut
@@ -123,14 +123,9 @@ class Scheduler:
             self._fail_subtree(blocked)
         return draft.finish()
 
-    def postprocess(
-        self,
-        plan: StepPlan,
-        score_out: ScoreOutput | None = None,
-        sample_out: SampleOutput | None = None,
-        seconds: float = 0.0,
-    ) -> list[Event]:
-        """Record a computed step; returns the output events since the last step (each consumed by its handle)."""
+    def postprocess(self, plan: StepPlan, head: HeadOutput, seconds: float = 0.0) -> list[Event]:
+        """Record a computed step and what the LM head made of it (engine/head.py); returns the output events since
+        the last step (each consumed by its handle)."""
         self.cache.tick()
         if plan.chunks:
             self.counts.count_step(plan.tokens, sum(len(c.keep) for c in plan.chunks), plan.attention_keys)
@@ -139,16 +134,16 @@ class Scheduler:
             if span.kind is not Kind.SEQUENCE:  # the decode planner drives a generating sequence
                 self.queue.computed(chunk.node, span)
         touched: dict[int, Request] = {}
-        if score_out is not None:
-            self.counts.lm_head_rows += score_out.lm_head_rows
-            for row, scored in zip(plan.score_rows, score_out.rows):
+        if head.score is not None:
+            self.counts.lm_head_rows += head.score.lm_head_rows
+            for row, scored in zip(plan.score_rows, head.score.rows):
                 touched[id(row.request)] = row.request
                 if row.target_slot >= 0:
                     self.kv.memo_put(row.target_slot, scored)
                 if row.request.id in self.active:
                     self._record_score(row.request, row.index, scored)
-        if sample_out is not None:
-            for row, token, lp in zip(plan.sample_rows, sample_out.tokens, sample_out.logprobs):
+        if head.sample is not None:
+            for row, token, lp in zip(plan.sample_rows, head.sample.tokens, head.sample.logprobs):
                 touched[id(row.request)] = row.request
                 if row.request.id in self.active:
                     self._record_token(row.request, token, lp)
