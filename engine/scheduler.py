@@ -7,16 +7,19 @@ the step and returns its output events (engine/request.py), each already consume
 
 from __future__ import annotations
 
+import math
+
 from kernels import TokenLogProb
 
 from .decode_planner import DecodePlanner
 from .errors import UserError
 from .memory_policy import MemoryPolicy
-from .plan import HeadOutput, PendingRow, ScoreRow, StepDraft, StepPlan
+from .plan import HeadOutput, ScoreRow, StepDraft, StepPlan
 from .prefill_planner import PrefillPlanner
 from .prefix_cache import Kind, Node, PrefixCache
 from .request import Admitted, Event, Finished, GenerateRequest, Request, ScoreOut, ScoreRequest, StepTime, TokenOut
 from .results import Status
+from .score_rows import rows_of
 from .stats import EngineStats
 from .validation import RequestError
 from .work_queue import WorkQueue
@@ -58,22 +61,13 @@ class Scheduler:
         leaf = self.leaf[req.id] = path[-1]
         cache.lock(leaf)
         self._hit(req, reused)
-        for node in reversed(path):
-            span = cache.span(node)
-            computed = span.start + span.done
-            for p in range(max(first, span.start), span.end):
-                if p >= computed:
-                    self.queue.wait(node, PendingRow(p, req, p - first, full[p + 1]))
-                    continue
-                target_slot = cache.slot(node, p + 1) if p + 1 < computed else -1
-                known = self.kv.memo_get(target_slot, req.top_k) if target_slot >= 0 else None
-                if known is not None:  # scored before: the same numbers, no LM head
-                    self.counts.memo_hits += 1
-                    self._record_score(req, p - first, known)
-                else:
-                    self.ready.append(ScoreRow(cache.slot(node, p), req, p - first, full[p + 1], target_slot))
-            if span.start <= first:
-                break
+        rows = rows_of(cache, self.kv, req, path, first)
+        for node, row in rows.pending:
+            self.queue.wait(node, row)
+        self.ready += rows.ready
+        for j, known in rows.known:  # recorded last: a request they end (or fail) takes its other rows with it
+            self.counts.memo_hits += 1
+            self._record_score(req, j, known)
         if req.id in self.active:
             self.queue.push(leaf)
 
@@ -154,28 +148,18 @@ class Scheduler:
 
     def _record_score(self, req: ScoreRequest, j: int, scored: TokenLogProb):
         lp = scored.logprob
-        if lp != lp or lp in (float("inf"), float("-inf")):
-            return self.drop(
-                req,
-                Status.FAILED,
-                RequestError(
-                    f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values (corrupt or "
-                    "overflowing weights?)",
-                    field="continuation",
-                    label=req.label,
-                ),
-            )
+        if not math.isfinite(lp):
+            why = f"the log-prob of continuation token {j} is {lp}: the model produced non-finite values"
+            error = RequestError(f"{why} (corrupt or overflowing weights?)", field="continuation", label=req.label)
+            return self.drop(req, Status.FAILED, error)
         self.counts.scored_tokens += 1
         if self._emit(ScoreOut(req, j, lp, scored.greedy, scored.top_ids, scored.top_logprobs)):
             self._complete(req)
 
     def _record_token(self, req: GenerateRequest, token: int, lp: float):
         if lp != lp:
-            return self.drop(
-                req,
-                Status.FAILED,
-                RequestError("the model produced non-finite logits (corrupt or overflowing weights?)", label=req.label),
-            )
+            why = "the model produced non-finite logits (corrupt or overflowing weights?)"
+            return self.drop(req, Status.FAILED, RequestError(why, label=req.label))
         self.counts.generated_tokens += 1
         if self._emit(TokenOut(req, token, lp)):
             return self._complete(req)
