@@ -83,7 +83,7 @@ class Permit:
 class LoopStats:
     """`AsyncEngine.stats()`: the engine's counters as the worker last published them, and the front's own state."""
 
-    engine: EngineStats
+    engine_stats: EngineStats
     in_flight: int  # engine requests admitted (AsyncEngine.admit, or a call's own) and not done or released
     queue_depth: int  # requests submitted and not yet started (waiting for pages or for their turn)
     step_seconds: list[float]  # the latest steps' durations

@@ -16,7 +16,7 @@ import tokenizers
 from engine.config import ModelConfig
 from engine.errors import UserError
 from engine.progress import progress_bar
-from engine.stats import COUNTERS, EngineStats
+from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
 from engine.validation import Limits
 
@@ -86,17 +86,17 @@ class Client:
                 bar.update(len(out[k]))
         return [r for part in out for r in part]
 
-    def _engine_stats(self) -> dict:
-        return self._call("GET", "/health")["engine"]
+    def _engine_stats(self) -> EngineStats:
+        """The server engine's counters now (/health's `engine`: EngineStats' wire form)."""
+        try:
+            return EngineStats.from_dict(self._call("GET", "/health").get("engine"))
+        except ValueError as e:
+            raise UserError(f"server {self.url}/health: {e}") from None
 
-    def _job_stats(self, before: dict) -> None:
-        """last_stats: the server engine's counters over the job (other clients' work in that time included);
-        peak_kv_pages is the server's peak since it started."""
-        after = self._engine_stats()
-        self.last_stats = EngineStats(
-            **{k: after[k] - before.get(k, 0) for k in COUNTERS if k in after},
-            peak_kv_pages=after.get("peak_kv_pages", after.get("kv_pages_used")),
-        )
+    def _job_stats(self, before: EngineStats) -> None:
+        """last_stats: the server engine's counters over the job (other clients' work in that time included); the
+        other fields are the server's now (peak_kv_pages: its peak since it started)."""
+        self.last_stats = self._engine_stats().since(before)
 
     # ---- the engine's interface ----------------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False):

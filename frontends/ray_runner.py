@@ -28,14 +28,14 @@ the rows before it are done, with every input field passed through: the local pa
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from engine.encoding import encode_pairs, prompt_ids
 from engine.engine import Engine, EngineOptions
 from engine.errors import UserError
 from engine.loader import load_model_info
 from engine.results import Generation, ScoreResult
-from engine.stats import COUNTERS, EngineStats
+from engine.stats import NAMES, EngineStats
 from engine.validation import Limits, check_generate, check_score
 
 SHARDS_PER_WORKER = 2
@@ -132,6 +132,8 @@ class EngineWorker:
         return self.worker
 
     def run(self, batch, op: str = "score", options: dict | None = None):
+        """(the results: one row per request of the block, `_row` its index in the job; the call: one row of
+        call_schema(): this worker's name, the call's seconds and its engine's EngineStats as one struct)."""
         import time
 
         import pyarrow as pa
@@ -144,14 +146,33 @@ class EngineWorker:
         else:
             out = [asdict(g) for g in self.engine.generate(batch.column("prompt").to_pylist(), **(options or {}))]
         table = pa.Table.from_pylist(out).append_column("_row", pa.array(rows, pa.int64()))
-        stats = self.engine.last_stats
-        for name in COUNTERS:  # this call's engine counters, on its first row
-            table = table.append_column(
-                f"_{name}", pa.array([getattr(stats, name)] + [0] * (len(rows) - 1), pa.int64())
-            )
-        seconds = time.perf_counter() - start
-        table = table.append_column("_seconds", pa.array([seconds] + [0.0] * (len(rows) - 1), pa.float64()))
-        return table.append_column("_worker", pa.array([self.worker] * len(rows)))
+        call = {
+            "worker": self.worker,
+            "seconds": time.perf_counter() - start,
+            "stats": self.engine.last_stats.to_dict(),
+        }
+        return table, pa.Table.from_pylist([call], schema=call_schema())
+
+
+def call_schema():
+    """The Arrow schema of a worker call's record: its worker, its seconds and its engine's counters (a struct of
+    EngineStats' fields, built from them: a field added there is carried here)."""
+    import pyarrow as pa
+
+    stats = pa.struct([pa.field(name, pa.int64(), nullable=False) for name in NAMES])
+    return pa.schema(
+        [
+            pa.field("worker", pa.string(), nullable=False),
+            pa.field("seconds", pa.float64(), nullable=False),
+            pa.field("stats", stats, nullable=False),
+        ]
+    )
+
+
+def read_call(call) -> tuple[str, float, EngineStats]:
+    """(worker, seconds, EngineStats) of a worker call's record (`EngineWorker.run`'s second table)."""
+    (record,) = call.to_pylist()
+    return record["worker"], record["seconds"], EngineStats.from_dict(record["stats"])
 
 
 # ---- the cluster ------------------------------------------------------------------------------------------------
@@ -220,7 +241,7 @@ class DistributedEngine:
         )  # each worker's
         self.limits = Limits.of(self.config, self.options.kv_tokens, self.options.page_size)
         self.last_stats = EngineStats()
-        self.busy_seconds: dict[str, float] = {}  # the last score call's seconds in Engine.score, per worker
+        self.busy_seconds: dict[str, float] = {}  # the last call's seconds in the workers' engines, per worker
         self.last_plan: Plan | None = None
         self._gpus = str(cluster.engine_options.get("device")).startswith("cuda")
         self._workers = None  # the Ray actors, once started
@@ -286,6 +307,16 @@ class DistributedEngine:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _count_call(self, call, unique_tokens: int | None = None) -> str:
+        """Add a worker call's counters to last_stats and its seconds to busy_seconds; its worker's name. A scoring
+        job's unique tokens are the plan's (what its shards' engines compute), not the sum of the workers' own."""
+        worker, seconds, stats = read_call(call)
+        self.last_stats = self.last_stats.plus(stats)
+        if unique_tokens is not None:
+            self.last_stats = replace(self.last_stats, unique_tokens=unique_tokens)
+        self.busy_seconds[worker] = self.busy_seconds.get(worker, 0.0) + seconds
+        return worker
+
     def score(
         self, requests, share_prefix: bool = True, progress: bool = False, done=(), on_result=None
     ) -> list[ScoreResult | None]:
@@ -301,12 +332,11 @@ class DistributedEngine:
         c, done = self.cluster, set(done)
         todo = [i for i in range(len(encoded)) if i not in done]
         results: list[ScoreResult | None] = [None] * len(encoded)
-        self.last_stats = stats = EngineStats()  # the workers' counters summed, as their results come
-        self.busy_seconds = busy = {}
+        self.last_stats = EngineStats()  # the workers' counters summed, as their results come
+        self.busy_seconds = {}
         if not todo:
             return results
         plan = self.last_plan = plan_shards([encoded[i] for i in todo], c.workers * SHARDS_PER_WORKER, naive=c.naive)
-        stats.unique_tokens = sum(plan.shard_tokens)
         members = [[] for _ in range(plan.shards)]
         for i, s in zip(todo, plan.shard):
             members[s].append(i)
@@ -325,18 +355,14 @@ class DistributedEngine:
         bar = progress_bar(
             total=len(todo), unit="req", desc=f"scoring on {c.workers} Ray workers", disable=not progress
         )
-        for table in blocks:
-            stats = self.last_stats = stats.plus(
-                EngineStats(**{name: sum(table.column(f"_{name}").to_pylist()) for name in COUNTERS})
-            )
-            worker = table.column("_worker")[0].as_py()
-            busy[worker] = busy.get(worker, 0.0) + sum(table.column("_seconds").to_pylist())
+        for table, call in blocks:
+            worker = self._count_call(call, unique_tokens=sum(plan.shard_tokens))
             for row in table.to_pylist():
                 i = row["_row"]
                 if results[i] is None:  # the first result of a request; a retried task's is the same
                     results[i] = ScoreResult(**{f.name: row[f.name] for f in fields(ScoreResult)})
                     if on_result:
-                        on_result(i, results[i], row["_worker"])
+                        on_result(i, results[i], worker)
                     bar.update(1)
         bar.close()
         missing = [i for i in todo if results[i] is None]
@@ -379,7 +405,9 @@ class DistributedEngine:
         parts = [order[k * len(order) // n : (k + 1) * len(order) // n] for k in range(n)]
         tables = [pa.table({"_row": pa.array(p, pa.int64()), "prompt": [prompts[i] for i in p]}) for p in parts if p]
         out = [None] * len(prompts)
-        for table in self._run_blocks(tables, "generate", options):
+        self.last_stats, self.busy_seconds = EngineStats(), {}
+        for table, call in self._run_blocks(tables, "generate", options):
+            self._count_call(call)
             for row in table.to_pylist():
                 out[row["_row"]] = out[row["_row"]] or Generation(**{f.name: row[f.name] for f in fields(Generation)})
         return out

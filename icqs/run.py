@@ -27,21 +27,15 @@ from pathlib import Path
 from commands.cli_args import check_output_path, output_path
 from commands.factory import seed_int
 from engine.errors import UserError
-from engine.stats import COUNTERS, EngineStats
+from engine.stats import COUNTERS, EngineStats, describe
 
 from .io import TMP_SUFFIX, atomic_write, strict_json
 
 LOCK = ".lock"
-# The engine's counters a run sums (Engine.last_stats: engine/stats.py) and the wall-clock seconds of its engine calls.
+# The engine's counters a run sums (Engine.last_stats: engine/stats.py) and the wall-clock seconds of its engine calls,
+# with what each one counts (written beside the counters in run.json).
 STAT_KEYS = (*COUNTERS, "seconds")
-STAT_HELP = {  # what each counter counts (written beside the counters in run.json)
-    "requests": "score requests (context, continuation) and generation prompts sent to the engine",
-    "tokens_requested": "tokens of those requests, contexts and continuations, as if none were shared",
-    "tokens_computed": "tokens the model actually ran (the rest came from the prefix cache or shared prefixes)",
-    "cache_hit_tokens": "tokens found in the engine's prefix cache from earlier calls",
-    "forward_steps": "model forward passes",
-    "seconds": "wall-clock seconds of the engine calls",
-}
+STAT_HELP = {**{name: describe(name) for name in COUNTERS}, "seconds": "wall-clock seconds of the engine calls"}
 
 
 def read_run_json(out, command: str | None = None) -> dict:
@@ -221,7 +215,7 @@ class MeteredEngine:
     @property
     def stats(self) -> dict:
         """The summed counters and seconds, as run.json records them (STAT_KEYS)."""
-        return {**{k: getattr(self.totals, k) for k in COUNTERS}, "seconds": self.seconds}
+        return {**self.totals.counters(), "seconds": self.seconds}
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -242,7 +236,7 @@ class MeteredEngine:
             seconds = time.perf_counter() - t0  # each call's counters are a new EngineStats
             self.totals, self.seconds = self.totals.plus(counted), self.seconds + seconds
             if self.on_call is not None:
-                self.on_call({**{k: getattr(counted, k) for k in COUNTERS}, "seconds": seconds})
+                self.on_call({**counted.counters(), "seconds": seconds})
 
 
 def format_stats(stats: dict) -> str:

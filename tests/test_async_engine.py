@@ -47,7 +47,7 @@ def test_concurrent_scoring_generation_and_streams_match_the_engine(eng):
     assert "".join(e.text_delta for e in events) == want_gen.text
     assert [e.finish_reason for e in events][-1] == want_gen.finish_reason
     assert all(e.finish_reason is None for e in events[:-1])
-    assert stats.engine.requests >= 5 and stats.engine.kv_pages_total > 0 and stats.step_seconds
+    assert stats.engine_stats.requests >= 5 and stats.engine_stats.kv_pages_total > 0 and stats.step_seconds
     assert stats.in_flight == stats.queue_depth == 0
 
 
@@ -76,7 +76,7 @@ def test_cancelled_caller_aborts_and_errors_reach_the_caller(eng):
 
     first, stats = run(main())
     assert first.token_id is not None and stats.in_flight == 0
-    assert stats.engine.running == stats.engine.waiting == 0 and not eng.has_pending()
+    assert stats.engine_stats.running == stats.engine_stats.waiting == 0 and not eng.has_pending()
     eng.check_pages()
 
 

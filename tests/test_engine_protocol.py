@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from engine import Engine
 from engine.protocol import EngineProtocol, JobEngine
-from engine.stats import EngineStats
+from engine.stats import COUNTER, COUNTERS, JOB, NAMES, PEAK, STATE, EngineStats, describe, kind
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,3 +157,82 @@ def test_the_front_check_sees_a_reach_in(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("def f(self):\n    self.engine.scheduler.drop(1)\n    return self.engine.step()\n")
     assert engine_members_used(bad, ("engine",)) - members(EngineProtocol) == {"scheduler"}
+
+
+# ---- EngineStats: one schema, on the wire and in Arrow --------------------------------------------------------------
+
+
+def distinct_stats(base: int = 1) -> EngineStats:
+    """Every field a different value, so that a field dropped, swapped or zeroed on the way shows."""
+    return EngineStats(**{name: base + i for i, name in enumerate(NAMES)})
+
+
+def test_engine_stats_have_one_wire_form_that_refuses_another_schema():
+    s = distinct_stats()
+    assert EngineStats.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    wire = s.to_dict()
+    with pytest.raises(ValueError, match="engine stats: missing requests$"):
+        EngineStats.from_dict({k: v for k, v in wire.items() if k != "requests"})
+    with pytest.raises(ValueError, match="engine stats: unknown in_flight, queue_depth$"):
+        EngineStats.from_dict({**wire, "queue_depth": 0, "in_flight": 0})
+    with pytest.raises(ValueError, match="tokens_computed: 1.5 is not an integer"):
+        EngineStats.from_dict({**wire, "tokens_computed": 1.5})
+    with pytest.raises(ValueError, match="tokens_computed: True is not an integer"):
+        EngineStats.from_dict({**wire, "tokens_computed": True})
+    with pytest.raises(ValueError, match="expected an object of counters, got NoneType"):
+        EngineStats.from_dict(None)
+
+
+def test_every_engine_stats_field_says_how_it_combines_and_what_it_counts():
+    a, b = distinct_stats(1), distinct_stats(100)
+    total, growth = a.plus(b), b.since(a)
+    for name in NAMES:
+        assert describe(name) and "\n" not in describe(name)
+        x, y = getattr(a, name), getattr(b, name)
+        want = {COUNTER: x + y, JOB: x + y, PEAK: max(x, y), STATE: y}[kind(name)]
+        assert getattr(total, name) == want, name
+        assert getattr(growth, name) == (y - x if kind(name) == COUNTER else y), name
+    assert tuple(a.counters()) == COUNTERS and a.counters()["requests"] == a.requests
+
+
+def test_a_field_without_a_kind_fails_at_import(tmp_path, monkeypatch):
+    """A field added to EngineStats as a bare `int = 0` would be left out of what readers derive from the kinds: the
+    module refuses it when it is imported."""
+    import importlib.util
+
+    source = (ROOT / "engine/stats.py").read_text()
+    planted = tmp_path / "planted_stats.py"
+    planted.write_text(source.replace("class EngineStats:\n", "class EngineStats:\n    extra: int = 0\n", 1))
+    spec = importlib.util.spec_from_file_location("planted_stats", planted)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "planted_stats", module)  # dataclasses reads the class's module
+    with pytest.raises(TypeError, match=r"without a kind: \['extra'\]"):
+        spec.loader.exec_module(module)
+
+
+def test_the_ray_worker_returns_its_stats_as_one_arrow_struct(tiny_model_dir):
+    """EngineWorker.run (called here without Ray) answers a block with its results (the ScoreResult fields and the
+    row index, no per-counter columns) and one call record whose `stats` struct is built from EngineStats' fields
+    and reads back to the engine's very last_stats."""
+    pa = pytest.importorskip("pyarrow")
+    from dataclasses import fields
+
+    from engine.results import ScoreResult
+    from frontends.ray_runner import EngineWorker, call_schema, read_call
+
+    assert [f.name for f in call_schema().field("stats").type] == list(NAMES)
+    worker = EngineWorker(str(tiny_model_dir), {"dtype": "float32", "threads": 1})
+    batch = pa.table(
+        {"_row": pa.array([4, 7], pa.int64()), "context": [[1, 11, 12], [1, 11]], "continuation": [[13], [14]]}
+    )
+    table, call = worker.run(batch)
+    assert table.column_names == [f.name for f in fields(ScoreResult)] + ["_row"]
+    assert table.column("_row").to_pylist() == [4, 7]
+    assert call.schema.equals(call_schema())
+    name, seconds, stats = read_call(call)
+    assert name == worker.name() and seconds > 0
+    assert stats == worker.engine.last_stats and stats.requests == 2 and stats.tokens_computed > 0
+    sink = pa.BufferOutputStream()  # through Arrow's IPC format, as Ray's object store carries it
+    with pa.ipc.new_stream(sink, call.schema) as writer:
+        writer.write_table(call)
+    assert read_call(pa.ipc.open_stream(sink.getvalue()).read_all()) == (name, seconds, stats)

@@ -11,6 +11,7 @@ import pytest
 from live_server import live_server
 
 from engine import Engine
+from engine.stats import JOB, NAMES, kind
 from frontends.server import create_app
 
 TOL = 1e-5
@@ -137,6 +138,11 @@ def test_metrics(server):
     assert 'http_requests_total{endpoint="/v1/completions",status="400"}' in text
     assert "http_request_seconds_bucket" in text and "engine_tokens_computed_total" in text
     assert "engine_step_seconds_bucket" in text and "engine_kv_pages_used" in text and "engine_queue_depth" in text
+    assert "engine_running_requests" in text and "engine_in_flight_requests" in text
+    # every field of EngineStats is a metric, but a closed job's own figures (a server runs no closed job)
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE engine_")}
+    for field in NAMES:
+        assert (kind(field) != JOB) == any(field in name for name in names), field
 
 
 # ---- bad input: a 400 naming the field, before any work --------------------------------------------------------

@@ -20,7 +20,6 @@ import logging
 import secrets
 import time
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
@@ -172,7 +171,7 @@ def create_app(
             "model": state.model_name,
             "in_flight": s.in_flight,
             "queue_depth": s.queue_depth,
-            "engine": asdict(s.engine),
+            "engine": s.engine_stats.to_dict(),  # EngineStats' wire form: the client reads it back with from_dict
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)

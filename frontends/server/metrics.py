@@ -1,8 +1,8 @@
 """Prometheus metrics of one server (its own registry, so several apps can live in one process).
 
 HTTP requests are counted by endpoint and status and timed per endpoint here; the engine's own counters and
-gauges (tokens computed vs requested, cache hits, queue depth, KV pages, forward steps and their time) are read
-from `AsyncEngine.stats()` when /metrics is scraped."""
+gauges (every EngineStats field: tokens computed vs requested, cache hits, KV pages, forward steps, ...; the queue,
+the requests in flight and the steps' times) are read from `AsyncEngine.stats()` when /metrics is scraped."""
 
 from __future__ import annotations
 
@@ -10,26 +10,23 @@ import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from engine.stats import COUNTER, JOB, NAMES, describe, kind
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
-# engine stats key -> (metric name, help); counters only grow, gauges are the state now
-ENGINE_COUNTERS = {
-    "requests": ("engine_requests", "engine requests (score and generate) admitted"),
-    "tokens_requested": ("engine_tokens_requested", "tokens the requests needed (prompt and generated)"),
-    "tokens_computed": ("engine_tokens_computed", "tokens run through the model"),
-    "cache_hit_tokens": ("engine_cache_hit_tokens", "requested tokens served from the prefix cache"),
-    "forward_steps": ("engine_forward_steps", "engine steps run"),
-}
-ENGINE_GAUGES = {
-    "running": ("engine_running_requests", "requests being computed"),
-    "kv_pages_used": ("engine_kv_pages_used", "KV cache pages in use"),
-    "kv_pages_total": ("engine_kv_pages_total", "KV cache pages in all"),
-}
+# The engine's fields (engine/stats.py) as metrics: every one but a closed job's own figures (a server's engine runs no
+# closed job), named engine_<field> unless renamed here; its counters are Prometheus counters, the rest gauges.
+RENAMED = {"running": "engine_running_requests", "waiting": "engine_waiting_requests"}
 LOOP_GAUGES = {  # the async engine's own (LoopStats)
     "queue_depth": ("engine_queue_depth", "requests waiting to be admitted"),
-    "in_flight": ("engine_in_flight_requests", "requests submitted and not done"),
+    "in_flight": ("engine_in_flight_requests", "engine requests admitted and not done"),
 }
+
+
+def engine_metrics() -> list[tuple[str, str, str]]:
+    """(EngineStats field, metric name, kind) of every engine metric."""
+    return [(n, RENAMED.get(n, f"engine_{n}"), kind(n)) for n in NAMES if kind(n) != JOB]
 
 
 class EngineCollector:
@@ -38,10 +35,9 @@ class EngineCollector:
 
     def collect(self):
         s = self.stats()
-        for key, (name, text) in ENGINE_COUNTERS.items():
-            yield CounterMetricFamily(name, text, value=getattr(s.engine, key))
-        for key, (name, text) in ENGINE_GAUGES.items():
-            yield GaugeMetricFamily(name, text, value=getattr(s.engine, key))
+        for key, name, what in engine_metrics():
+            family = CounterMetricFamily if what == COUNTER else GaugeMetricFamily
+            yield family(name, describe(key), value=getattr(s.engine_stats, key))
         for key, (name, text) in LOOP_GAUGES.items():
             yield GaugeMetricFamily(name, text, value=getattr(s, key))
         # every step's seconds, as the engine recorded them
