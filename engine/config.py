@@ -9,9 +9,9 @@ against the other fields; the message is one line naming the file, the field as 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
-from .errors import UserError
+from .errors import UserError, did_you_mean
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -169,6 +169,32 @@ class ModelConfig:
             rope_local_theta=cfg.get("rope_local_base_freq", 10000.0),
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256),
         ).validate(source)
+
+    @classmethod
+    def from_dict(cls, d, source: str) -> "ModelConfig":
+        """A config in its own field names (`dataclasses.asdict`'s form, as a server's /v1/tokenizer sends it),
+        checked like a file's: a missing or unknown name, a value of the wrong type or out of range is a UserError."""
+        if not isinstance(d, dict):
+            raise UserError(f"the model config must be an object, got {_shown(d)}", source)
+        known = {f.name: f for f in fields(cls)}
+        for key in d:
+            if key not in known:
+                raise UserError(f"unknown model config field {_shown(key)}{did_you_mean(key, known)}", source)
+        for f in known.values():
+            if f.name not in d and f.default is MISSING and f.default_factory is MISSING:
+                raise UserError(f"the model config has no {f.name}", source)
+        if d["arch"] not in SUPPORTED_ARCHS:
+            raise UserError(
+                f"unsupported architecture {_shown(d['arch'])} (supported: {', '.join(SUPPORTED_ARCHS)})", source
+            )
+        layers = d.get("sliding_layers", ())
+        flags = {k: d[k] for k in ("tie_embeddings", "attention_bias", "qk_norm") if k in d}
+        if not isinstance(layers, (list, tuple)) or not all(isinstance(v, bool) for v in [*layers, *flags.values()]):
+            raise UserError(
+                "the model config's flags (tie_embeddings, attention_bias, qk_norm, sliding_layers) must be booleans",
+                source,
+            )
+        return cls(**{**d, "sliding_layers": tuple(layers)}).validate(source, names={})
 
     def validate(self, source: str, names: dict[str, str] = HF_NAMES) -> "ModelConfig":
         """Every field in its range and consistent with the others (module doc); `names`: how the file calls each

@@ -42,7 +42,7 @@ class Client:
             add_bos=info["add_bos"],
             chat_template=info["chat_template"],
         )
-        self.config = ModelConfig(**info["config"])
+        self.config = ModelConfig.from_dict(info["config"], f"{self.url}/v1/tokenizer")
         # the served engine's limits (a server without kv_tokens in /v1/tokenizer: its max_len stands for it)
         self.limits = Limits(self.config.vocab_size, self.config.max_position, info.get("kv_tokens", info["max_len"]))
         self.last_stats = EngineStats()

@@ -35,7 +35,7 @@ from engine.device import resolve_device
 from engine.encoding import encode_pairs, start_token, with_bos
 from engine.engine import Engine, EngineOptions
 from engine.errors import UserError
-from engine.stats import COUNTERS, EngineStats
+from engine.stats import EngineStats
 from engine.validation import RequestError
 
 NAME = "icqs-engine"
@@ -262,7 +262,7 @@ class EngineLM(LM):
             "engine_device": str(e.device),
             "token_budget": e.options.token_budget,
             "kv_tokens": e.options.kv_tokens,
-            "engine_stats": {k: {name: getattr(v, name) for name in COUNTERS} for k, v in self.totals.items()},
+            "engine_stats": {k: v.counters() for k, v in self.totals.items()},
         }
 
     # ---- helpers -------------------------------------------------------------------------------------------

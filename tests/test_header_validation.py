@@ -332,3 +332,43 @@ def test_empty_config_json_refused_even_with_nothing_to_do(tiny_model_dir, tmp_p
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and "config.json" in err, err
+
+
+# ---- a config from a server's answer (frontends/client.py reads /v1/tokenizer's `config` with from_dict) ----------
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_config_from_a_servers_answer_round_trips(tiny_model_dirs, arch):
+    from dataclasses import asdict
+
+    from engine.config import ModelConfig
+
+    config = load_model_info(str(tiny_model_dirs[arch]))[0]
+    wire = json.loads(json.dumps(asdict(config)))  # as the server sends it: tuples become lists
+    assert ModelConfig.from_dict(wire, "server") == config
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"vocab_size": -1}, "vocab_size"),
+        ({"num_layers": 10**9}, "num_layers"),
+        ({"head_dim": "64"}, "head_dim"),
+        ({"arch": "gpt2"}, "unsupported architecture"),
+        ({"num_heds": 4}, "unknown model config field 'num_heds' \\(did you mean 'num_heads'\\?\\)"),
+        ({"qk_norm": "yes"}, "must be booleans"),
+        ({"sliding_layers": 3}, "must be booleans"),
+    ],
+)
+def test_config_from_a_servers_answer_is_checked(tiny_model_dir, change, match):
+    from dataclasses import asdict
+
+    from engine.config import ModelConfig
+
+    wire = json.loads(json.dumps(asdict(load_model_info(str(tiny_model_dir))[0])))
+    with pytest.raises(UserError, match=f"^http://server/v1/tokenizer: .*{match}") as e:
+        ModelConfig.from_dict({**wire, **change}, "http://server/v1/tokenizer")
+    assert "\n" not in str(e.value)
+    missing = {k: v for k, v in wire.items() if k != "hidden_size"}
+    with pytest.raises(UserError, match="has no hidden_size"):
+        ModelConfig.from_dict(missing, "server")
+    with pytest.raises(UserError, match="must be an object"):
+        ModelConfig.from_dict([1, 2], "server")
