@@ -111,7 +111,7 @@ def segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, ls
     if limits is not None or starts is not None:
         hi = limits if limits is not None else torch.full_like(rows, slots.numel() - 1)
         lo = starts if starts is not None else torch.zeros_like(rows)
-        seen = lo <= hi
+        seen = (lo <= hi) & (lo < slots.numel())  # a limit may lie past the last slot, a start too
         if not bool(seen.all()):
             rows, lo, hi = rows[seen], lo[seen], hi[seen]
             limits = hi if limits is not None else None

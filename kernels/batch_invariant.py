@@ -13,7 +13,8 @@ row's place in the step, the prefix tree's node boundaries or the token budget.
   inside cached segments shared by many sequences is computed once for all their stacked rows (the cascade's
   sharing), a chunk holding a sequence's new tokens per sequence with a causal limit per row. The segment merge is
   row-invariant in the native CPU op and the Triton kernel (a masked key adds exact zeros; key tiles start at
-  fixed offsets of the chunk); the torch reference computes the same values but makes no invariance promise.
+  fixed offsets of the chunk); the torch reference is not (its GEMMs and softmax take the chunk's rows and keys as
+  they come), so where it would run the mode uses `segment_attention_merge`, a torch form on fixed-shape tiles.
   A sliding window (Gemma-3's local layers) cuts each row's chunks at the row's own position (windowed_chunks).
 - The target log-prob (`target_logprobs`) runs on fixed [LOGPROB_ROW_TILE x VOCAB_TILE] tiles (rows padded);
   where the native fused LM head runs (an AVX2 build), StepKernels uses that instead: batch-invariant as it is.
@@ -36,6 +37,7 @@ from .logprob import VOCAB_TILE, LogProbs, target_logprobs_ref
 ROW_TILE = {"cpu": 64, "cuda": 256}  # rows per GEMM call, per device type (a GPU wants larger GEMMs)
 KV_CHUNK = 256  # keys per attention chunk (a multiple of every kernel's key tile: 32 native, 64 Triton)
 LOGPROB_ROW_TILE = 64
+ATTN_ROW_TILE = 16  # query rows per attention GEMM of the torch form (segment_attention_merge)
 
 
 def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
@@ -79,6 +81,58 @@ def target_logprobs(
         row_tile=row_tile,
     )
     return out.first(N)
+
+
+def segment_attention_merge(
+    q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None, row_tile: int = ATTN_ROW_TILE
+):
+    """Contract of attention.segment_attention_merge_ref, in torch, with every GEMM, reduction and merge of a fixed
+    shape: the deterministic mode's attention step where neither the native op nor Triton runs (StepKernels).
+
+    The reference itself is not batch-invariant: its two GEMMs take as many rows as the segment has (torch's fp32
+    GEMM rounds a row differently at 1-3 rows, and at many row counts where the keys are few), its softmax sums as many keys as the segment has (the
+    vectorised sum rounds differently when masked keys, exact zeros, are added: a chunk's key count depends on how
+    many new tokens its sequence has in the step), and its logaddexp computes a tensor's last elements in a scalar
+    loop that rounds differently from the vector one. Here the rows go in tiles of `row_tile` (padding rows see no
+    key), the keys in tiles of KV_CHUNK from slots[0] (padding keys masked), and the tile's (out, lse) is merged
+    into the row's with exp and log, which round an element the same wherever it lies."""
+    R, S = rows.numel(), slots.numel()
+    if R == 0 or S == 0:
+        return
+    H, D = q.shape[1], q.shape[2]
+    Hkv = k_cache.shape[1]
+    g, n = H // Hkv, -(-R // row_tile)
+    pad, Rp = n * row_tile - R, n * row_tile
+    lo = starts if starts is not None else torch.zeros_like(rows)
+    hi = limits if limits is not None else torch.full_like(rows, S - 1)
+    if pad:  # padding rows: q's row 0, seeing no key
+        rows, lo, hi = (torch.cat([x, x.new_full((pad,), fill)]) for x, fill in ((rows, 0), (lo, 0), (hi, -1)))
+    qt = q[rows].view(n, row_tile, Hkv, g, D).transpose(1, 2).reshape(n, Hkv, row_tile * g, D)
+    run_out, run_lse = out[rows], lse[rows]
+    for k0 in range(0, S, KV_CHUNK):
+        idx = torch.arange(k0, k0 + KV_CHUNK, device=q.device)
+        tile = slots[idx.clamp(max=S - 1)]  # padding keys: the last slot again, masked
+        mask = (idx[None, :] >= lo[:, None]) & (idx[None, :] <= hi[:, None]) & (idx < S)[None, :]  # [Rp, KV_CHUNK]
+        seen = mask.any(1)
+        if not bool(seen.any()):
+            continue
+        s = torch.matmul(qt, k_cache[tile].permute(1, 2, 0)).float().mul_(scale)
+        s = s.view(n, Hkv, row_tile, g, KV_CHUNK).masked_fill_(~mask.view(n, 1, row_tile, 1, KV_CHUNK), float("-inf"))
+        seen_t = seen.view(n, 1, row_tile, 1)
+        top = torch.where(seen_t, s.amax(-1), 0.0)
+        p = torch.exp_(s.sub_(top[..., None]))
+        total = p.sum(-1)
+        tile_lse = top + torch.log(total)  # -inf for rows that see no key (their p: zeros)
+        p = p.div_(torch.where(seen_t, total, 1.0)[..., None]).view(n, Hkv, row_tile * g, KV_CHUNK)
+        o = torch.matmul(p.to(v_cache.dtype), v_cache[tile].transpose(0, 1)).float()
+        o = o.view(n, Hkv, row_tile, g, D).transpose(1, 2).reshape(Rp, H, D)
+        tile_lse = tile_lse.transpose(1, 2).reshape(Rp, H)
+        top = torch.maximum(run_lse, tile_lse)
+        new_lse = top + torch.log(torch.exp(run_lse - top) + torch.exp(tile_lse - top))
+        new_out = run_out * torch.exp(run_lse - new_lse)[..., None] + o * torch.exp(tile_lse - new_lse)[..., None]
+        run_out = torch.where(seen[:, None, None], new_out, run_out)
+        run_lse = torch.where(seen[:, None], new_lse, run_lse)
+    out[rows[:R]], lse[rows[:R]] = run_out[:R], run_lse[:R]
 
 
 def chunk_segments(plan: AttentionPlan, chunk: int = KV_CHUNK) -> list[Segment]:
@@ -143,7 +197,9 @@ def windowed_chunks(chunks: list[Segment], window: AttentionWindow) -> list[Segm
     for chunk in chunks:
         rows, slots, limits = chunk.rows, chunk.slots, chunk.limits
         starts = (window.positions[rows] - (window.size - 1) - chunk.position).clamp_(min=0)
-        last = limits if limits is not None else torch.full_like(starts, slots.numel() - 1)
+        last = torch.full_like(starts, slots.numel() - 1)  # a row's limit may lie past the chunk's last key
+        if limits is not None:
+            last = last.minimum(limits)
         seen = starts <= last
         if not bool(seen.all()):
             rows, starts = rows[seen], starts[seen]

@@ -32,7 +32,7 @@ import torch
 
 from . import batch_invariant, native_ops
 from . import linear as _linear_forms
-from .attention import AttentionPlan
+from .attention import AttentionPlan, segment_attention_merge_ref
 from .linear import Panels
 from .linear import linear as _packed_linear
 from .linear import prepack as _prepack
@@ -209,7 +209,8 @@ class StepKernels:
                    the native op's panels on an AVX2 build),
                    the cascade attention over the step's new K/V and the shared cached segments.
     deterministic  the batch-invariant forms (kernels/batch_invariant.py): fixed-shape row tiles for matmuls and
-                   the target log-prob, attention from the cache in fixed absolute KV chunks."""
+                   the target log-prob, attention from the cache in fixed absolute KV chunks (merged by the native
+                   op, the Triton kernel, or on the torch path by batch_invariant's fixed-shape torch form)."""
 
     def __init__(self, deterministic: bool = False):
         self.deterministic = deterministic
@@ -245,7 +246,10 @@ class StepKernels:
         AttentionPlan. Returns [T, H, D]. A sliding `window` (attention.AttentionWindow, Gemma-3's local layers)
         masks keys by absolute position in every backend and mode."""
         if self.deterministic:  # every key from the cache, in fixed absolute chunks
-            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, segment_attention_merge, window)
+            merge = resolve("segment_attention_merge", q.device)
+            if merge is segment_attention_merge_ref:  # the reference makes no invariance promise: its fixed-shape form
+                merge = batch_invariant.segment_attention_merge
+            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, merge, window)
         return cascade_attention(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:

@@ -4,23 +4,28 @@ The same 20 requests are scored alone, mixed into 200 others, shuffled, with pre
 budgets 5 / 37 / 1024, from a warm online cache and from a cold one, and in the engine loop arriving a few at a
 time between steps beside other scoring requests and greedy generations, in bf16 and fp32. Contexts are long enough
 (up to ~420 tokens) to cross the attention's fixed KV chunks, and requests share demo prefixes of different lengths
-so node boundaries fall inside chunks. The kernel-level tests check each batch-invariant op on its own."""
+so node boundaries fall inside chunks. The kernel-level tests check each batch-invariant op on its own.
+
+The same holds on the torch reference path (no native library, or ENGINE_KERNELS=torch): smaller jobs of several
+sizes and orders, and the CLI's chunked, resumed run against the same rows scored alone."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 import torch
 from attention_problems import cascade_problem, with_segments
 
+import kernels.dispatch
 import kernels.linear
 from engine import Engine
 from engine.loader import load_model_files
 from kernels import StepKernels, batch_invariant, native_ops
 from kernels.attention import AttentionPlan, Segment, cascade_attention_ref, segment_attention_merge_ref
 
-pytestmark = pytest.mark.skipif(not native_ops.load(), reason="the batch-invariant CPU attention is the native op")
+needs_native = pytest.mark.skipif(not native_ops.load(), reason="the batch-invariant CPU attention is the native op")
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -64,6 +69,7 @@ def linear_form(request, monkeypatch):
     return request.param
 
 
+@needs_native
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_scores_bitwise_independent_of_the_job(tiny, dtype, linear_form):
     targets, others = jobs(tiny[0].vocab_size)
@@ -89,6 +95,7 @@ def test_scores_bitwise_independent_of_the_job(tiny, dtype, linear_form):
         assert got == alone, f"{name}: max diff {diff}"
 
 
+@needs_native
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_sliding_window_scores_bitwise_independent_of_the_job(tiny_model_dirs, dtype):
     """Gemma-3's local layers (a window of 8, far shorter than the prompts and the shared demo prefixes) in the
@@ -108,6 +115,7 @@ def test_sliding_window_scores_bitwise_independent_of_the_job(tiny_model_dirs, d
     assert token_logprobs(engine(gemma, dtype).score(mixed, share_prefix=False)[:8]) == alone
 
 
+@needs_native
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_scores_bitwise_the_same_at_any_thread_count_where_the_panels_run(tiny, dtype):
     """Where StepKernels.thread_invariant says so (the linears on the panels), 1 and 2 threads give the same bits,
@@ -127,6 +135,7 @@ def test_scores_bitwise_the_same_at_any_thread_count_where_the_panels_run(tiny, 
     assert got[1] == got[2]
 
 
+@needs_native
 def test_engine_load_fixes_one_thread_only_where_the_bits_depend_on_it(tiny_model_dir, monkeypatch):
     import engine.engine as engine_module
 
@@ -166,6 +175,7 @@ def interleaved(tiny, dtype, targets, others):
     return token_logprobs([handles[i].result() for i in range(len(targets))])
 
 
+@needs_native
 def test_deterministic_mode_matches_the_default_engine(tiny):
     """The batch-invariant ops compute the same function (fp32, 1e-5)."""
     targets, _ = jobs(tiny[0].vocab_size, seed=3)
@@ -175,6 +185,7 @@ def test_deterministic_mode_matches_the_default_engine(tiny):
     assert [r.logprob for r in det] == pytest.approx([r.logprob for r in default], abs=1e-5)
 
 
+@needs_native
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_linear_row_tiles_are_batch_invariant(dtype):
     g = torch.Generator().manual_seed(0)
@@ -185,6 +196,7 @@ def test_linear_row_tiles_are_batch_invariant(dtype):
     torch.testing.assert_close(full.float(), torch.nn.functional.linear(x, w).float(), atol=1e-2, rtol=1e-2)
 
 
+@needs_native
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_target_logprobs_row_tiles_are_batch_invariant(dtype):
     g = torch.Generator().manual_seed(0)
@@ -216,6 +228,7 @@ def _chunked_attention(p, rows_of_interest, chunk):
     return out[rows_of_interest], ref[rows_of_interest]
 
 
+@needs_native
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_chunked_attention_is_batch_invariant_and_exact(dtype):
     """One sequence's rows alone, beside other sequences, and with its cache cut at other node boundaries."""
@@ -252,3 +265,115 @@ def test_chunked_attention_is_batch_invariant_and_exact(dtype):
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(variants[0].float(), want, **tol)
     torch.testing.assert_close(ref.float(), want, **tol)
+
+
+@pytest.fixture
+def torch_kernels():
+    """The torch reference kernels for every op: what runs where the native library is absent or stale, and under
+    ENGINE_KERNELS=torch; on one thread, as Engine.load runs the mode where the linears are F.linear on row tiles
+    (a row tile's bits depend on the thread count, not on the job)."""
+    threads = torch.get_num_threads()
+    kernels.dispatch.set_backend("torch")
+    torch.set_num_threads(1)
+    yield
+    kernels.dispatch.set_backend(None)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_torch_reference_scores_bitwise_independent_of_the_job(tiny_model_dirs, arch, dtype, torch_kernels):
+    """Each target scored in a job of its own, then inside jobs of other sizes and orders (first, last, shuffled
+    among others), under token budgets that cut it across steps, and with prefix sharing off; Gemma-3's local
+    layers (a window of 8) too."""
+    tiny = load_model_files(str(tiny_model_dirs[arch]))
+    assert arch != "gemma3" or (tiny[0].sliding_window == 8 and any(tiny[0].sliding_layers))
+    targets, others = jobs(tiny[0].vocab_size, seed=7)
+    targets, others = targets[:6], others[:40]
+    alone = [token_logprobs(engine(tiny, dtype).score([t]))[0] for t in targets]
+    cases = {"targets together": token_logprobs(engine(tiny, dtype).score(targets))}
+    cases["targets reversed after 3 others"] = token_logprobs(engine(tiny, dtype).score(others[:3] + targets[::-1]))[
+        3:
+    ][::-1]
+    mixed = targets + others
+    order = list(range(len(mixed)))
+    random.Random(8).shuffle(order)
+    for budget in (5, 37, 1024):
+        got = engine(tiny, dtype, token_budget=budget).score([mixed[i] for i in order])
+        back = {i: got[pos] for pos, i in enumerate(order)}
+        cases[f"mixed, shuffled, budget {budget}"] = token_logprobs([back[i] for i in range(len(targets))])
+    cases["mixed, sharing off"] = token_logprobs(engine(tiny, dtype).score(mixed, share_prefix=False)[: len(targets)])
+    for name, got in cases.items():
+        diff = max(abs(a - b) for x, y in zip(got, alone) for a, b in zip(x, y))
+        assert got == alone, f"{name}: max diff {diff}"
+
+
+def test_torch_reference_resumed_cli_run_bitwise_as_whole(tiny_model_dir, tmp_path, monkeypatch, capsys, torch_kernels):
+    """`python -m engine score --deterministic` in chunks of 3 rows over 8 pairs, against rows 3..7 scored by a
+    run of their own (what a resumed run does): the same per-token log-probs, bit for bit."""
+    import commands.engine_cli
+
+    monkeypatch.setattr(commands.engine_cli, "CHUNK_ROWS", 3)
+    rows = [
+        json.dumps({"context": f"Reading is a quiet way {i % 3} of thinking", "continuation": f" with someone {i}"})
+        for i in range(8)
+    ]
+    (tmp_path / "all.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "tail.jsonl").write_text("\n".join(rows[3:]) + "\n")
+    for name in ("all", "tail"):
+        args = ["--model", tiny_model_dir, "--dtype", "float32", "--quiet", "--deterministic"]
+        args += ["--input", tmp_path / f"{name}.jsonl", "--output", tmp_path / f"{name}.out.jsonl"]
+        assert commands.engine_cli.main(["score", *map(str, args)]) == 0, capsys.readouterr().err
+    whole, tail = (
+        [json.loads(x)["token_logprobs"] for x in (tmp_path / f"{n}.out.jsonl").read_text().splitlines()]
+        for n in ("all", "tail")
+    )
+    assert whole[3:] == tail
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_torch_segment_merge_is_batch_invariant(dtype):
+    """batch_invariant.segment_attention_merge (the torch form): 5 rows with their key limits and starts give the
+    same bits alone, one at a time, among other rows at other places (1 to 300 rows in the call), and with more
+    keys past every row's limit in the chunk (a sequence with more new tokens in the step); and the values of the
+    reference."""
+    g = torch.Generator().manual_seed(0)
+    H, Hkv, D, T = 6, 2, 16, 400
+    q = torch.randn(T, H, D, generator=g).to(dtype)
+    k_cache, v_cache = (torch.randn(1000, Hkv, D, generator=g).to(dtype) for _ in range(2))
+    slots = torch.randperm(1000, generator=g)[:256]
+    rows = torch.tensor([7, 100, 3, 250, 399])
+    limits = torch.tensor([0, 40, 17, 59, 33])
+    starts = torch.tensor([0, 2, 17, 0, 30])
+    prior_out, prior_lse = torch.randn(T, H, D, generator=g), torch.randn(T, H, generator=g)
+
+    def merged(rows, limits, starts, n_slots):
+        out, lse = prior_out.clone(), prior_lse.clone()
+        batch_invariant.segment_attention_merge(
+            q, rows, k_cache, v_cache, slots[:n_slots], 0.25, out, lse, limits, starts
+        )
+        return out, lse
+
+    want = merged(rows, limits, starts, 60)
+    others = torch.tensor([r for r in range(T) if r not in rows.tolist()])
+    cases = [(rows[i : i + 1], limits[i : i + 1], starts[i : i + 1], 60) for i in range(5)]  # each alone
+    cases += [(rows, limits, starts, n) for n in (61, 100, 256)]
+    for n_other, at in ((1, 0), (2, 1), (11, 3), (40, 5), (295, 2)):
+        o = others[:n_other]
+        cases.append(
+            (
+                torch.cat([o[:at], rows, o[at:]]),
+                torch.cat([torch.full((at,), 59), limits, torch.full((n_other - at,), 59)]),
+                torch.cat([torch.zeros(at, dtype=torch.long), starts, torch.zeros(n_other - at, dtype=torch.long)]),
+                200,
+            )
+        )
+    for r, lim, st, n in cases:
+        out, lse = merged(r, lim, st, n)
+        mine = rows[torch.isin(rows, r)]
+        assert torch.equal(out[mine], want[0][mine]) and torch.equal(lse[mine], want[1][mine]), (len(r), n)
+    ref_out, ref_lse = prior_out.clone(), prior_lse.clone()
+    segment_attention_merge_ref(q, rows, k_cache, v_cache, slots[:60], 0.25, ref_out, ref_lse, limits, starts)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(want[0], ref_out, **tol)
+    torch.testing.assert_close(want[1], ref_lse, **tol)
