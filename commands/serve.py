@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from engine.errors import UserError
-from frontends.server import DEFAULT_MAX_TOKENS
+from frontends.server.limits import DEFAULT_MAX_TOKENS
 
 from .factory import MAX_QUEUE, add_engine_args, int_in_range, new_tokens_int
 
@@ -87,7 +87,7 @@ def serve(args) -> int:
     import uvicorn
 
     from engine.loader import default_model_path
-    from frontends.server import create_app
+    from frontends.server.app import create_app
 
     from .factory import engine_from_args
 

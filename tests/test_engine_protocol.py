@@ -81,7 +81,7 @@ def test_client_implements_the_job_protocol(eng):
 
     from engine.async_engine import AsyncEngine
     from frontends.client import Client
-    from frontends.server import create_app
+    from frontends.server.app import create_app
 
     assert signature_problems(Client, JobEngine) == []
     with live_server(create_app(eng, model_name="tiny")) as url:

@@ -55,7 +55,7 @@ def test_the_openai_block_runs_against_a_live_server(tiny_model_dir):
     from live_server import live_server
 
     from engine import Engine
-    from frontends.server import create_app
+    from frontends.server.app import create_app
 
     code = next(b for b in blocks("python") if "from openai import OpenAI" in b)
     engine = Engine.load(str(tiny_model_dir), dtype="float32", keep_cache=True)

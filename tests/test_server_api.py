@@ -12,7 +12,7 @@ from live_server import live_server
 
 from engine import Engine
 from engine.stats import JOB, NAMES, kind
-from frontends.server import create_app
+from frontends.server.app import create_app
 
 TOL = 1e-5
 

@@ -18,7 +18,7 @@ from test_icqs_cli import TASK  # the tiny ICQS task of the icqs CLI tests
 
 from commands.engine_cli import main as engine_main
 from engine import Engine
-from frontends.server import create_app
+from frontends.server.app import create_app
 from icqs.cli import main as icqs_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

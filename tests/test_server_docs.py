@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from engine import Engine
 from frontends.server import app as server_app
-from frontends.server import create_app
+from frontends.server.app import create_app
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import pytest
 from live_server import live_server
 from test_server_reliability import engine, error_of, url  # noqa: F401 - the fixtures: a tiny engine, its server
 
-from frontends.server import DEFAULT_MAX_TOKENS, create_app
+from frontends.server.app import create_app
+from frontends.server.limits import DEFAULT_MAX_TOKENS
 
 
 def _longest(engine) -> int:

@@ -10,7 +10,7 @@ from live_server import live_server
 from engine import Engine
 from engine.encoding import encode_pairs
 from engine.tokenizer import Tokenizer
-from frontends.server import create_app
+from frontends.server.app import create_app
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity", reason="lm-eval[api] (tenacity) is needed by its local-completions model")

@@ -6,7 +6,7 @@ import pytest
 from live_server import live_server
 
 from engine import Engine
-from frontends.server import create_app
+from frontends.server.app import create_app
 
 
 @pytest.fixture(scope="module")

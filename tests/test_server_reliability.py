@@ -14,7 +14,7 @@ import pytest
 from live_server import live_server
 
 from engine import Engine
-from frontends.server import create_app
+from frontends.server.app import create_app
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_nan_in_a_body_is_not_json(url):
 
 
 def test_a_call_holds_a_bounded_number_of_requests(url):
-    from frontends.server.schemas import MAX_PER_CALL
+    from frontends.server.limits import MAX_PER_CALL
 
     body = {"query": "a", "items": [" b"] * (MAX_PER_CALL + 1), "label_token_ids": [10**6]}
     err = error_of(httpx.post(url + "/v1/score", json=body, timeout=60), 400)

@@ -19,7 +19,7 @@ import pytest
 from live_server import live_server
 
 from engine import Engine
-from frontends.server import create_app
+from frontends.server.app import create_app
 
 pytest.importorskip("schemathesis")
 

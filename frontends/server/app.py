@@ -33,8 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from engine.async_engine import AsyncEngine, QueueFull
 from engine.errors import EngineFailure, UserError
 
-from . import DEFAULT_MAX_TOKENS, engine_api
 from . import completions as openai_api
+from . import engine_api
+from .limits import DEFAULT_MAX_TOKENS
 from .metrics import Metrics
 from .schemas import APIError, ChatCompletionBody, CompletionBody, DetokenizeBody, GenerateBody, ScoreBody, TokenizeBody
 from .state import ServerState, cancel_on_disconnect, queue_full_error

@@ -22,12 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-MAX_LOGPROBS = 20  # top-k alternatives per token, at most
-MAX_N = 16  # choices per prompt, at most
-MAX_PER_CALL = 4096  # prompts, items, pairs, messages or label ids in one call (frontends/client.py sends 256)
-MAX_STOP = 16  # stop strings
-MAX_SEED = 2**53 - 1  # the integers every JSON implementation holds exactly (RFC 7493); inside torch's 64 bits
-MAX_TOKENS = 2**31 - 1  # a bound on the number itself; the model's context is the real limit (checked later)
+from .limits import MAX_LOGPROBS, MAX_N, MAX_PER_CALL, MAX_SEED, MAX_STOP, MAX_TOKENS
 
 
 def _unicode(text: str) -> str:

@@ -15,7 +15,7 @@ from engine.async_engine import Permit, QueueFull
 from engine.encoding import encode_pairs, prompt_ids
 from engine.validation import RequestError, check_generate_length, check_score_length, check_token_ids
 
-from . import DEFAULT_MAX_TOKENS
+from .limits import DEFAULT_MAX_TOKENS
 from .schemas import APIError, bad_request
 
 
