@@ -4,9 +4,12 @@ unimportable, so that a new import of one of them on the check's path fails here
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,34 +20,94 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 ROOT = Path(__file__).resolve().parents[1]
-# not in the GPU machine's image (Python 3.12, torch, triton, transformers and its dependencies, safetensors,
-# tokenizers, numpy, PyYAML, jinja2, pytest): the engine imports them only on the paths that need them
-ABSENT = (
-    "gguf",
-    "jsonschema",
-    "scipy",
-    "sklearn",
-    "matplotlib",
-    "pandas",
-    "pyarrow",
-    "fastapi",
-    "uvicorn",
-    "prometheus_client",
-    "ray",
-    "lm_eval",
-    "hypothesis",
-    "openai",
-    "llama_cpp",
-    "schemathesis",
+# The GPU machine's image, as `pip list` shows it once torch==2.11.0, triton==3.6.0, transformers==5.17.0,
+# safetensors, tokenizers, numpy, PyYAML, jinja2, pytest and pytest-benchmark are installed in an empty Python 3.12
+# venv (their own dependencies come with them; checked 2026-11-27, benchmarks/README.md "The GPU check"). Every
+# other installed distribution is made unimportable in the check's child interpreters.
+IMAGE = frozenset(
+    """
+    annotated-doc annotated-types anyio certifi click cuda-bindings cuda-pathfinder cuda-toolkit filelock fsspec h11
+    hf-xet httpcore httpx huggingface-hub idna iniconfig jinja2 markdown-it-py markupsafe mdurl mpmath networkx numpy
+    nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile
+    nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink
+    nvidia-nvshmem-cu13 nvidia-nvtx packaging pip pluggy py-cpuinfo2 pydantic pydantic-core pygments pytest
+    pytest-benchmark pyyaml regex rich safetensors setuptools shellingham sympy tokenizers torch tqdm transformers
+    triton typer typing-extensions typing-inspection
+    """.split()
 )
+# the checkout's own packages and script folders' modules: on the path there as here (PYTHONPATH=.)
+PROJECT = frozenset(
+    p.stem if p.suffix == ".py" else p.name
+    for folder in (ROOT, ROOT / "benchmarks", ROOT / "tests")
+    for p in folder.iterdir()
+    if p.suffix == ".py" or (p / "__init__.py").is_file()
+)
+
+
+# what the image was made from; their dependencies as installed here are taken to be there too (this venv's
+# transformers or huggingface_hub may be newer than the image's and need a package the image's do not)
+IMAGE_ROOTS = (
+    "torch",
+    "triton",
+    "transformers",
+    "safetensors",
+    "tokenizers",
+    "numpy",
+    "pyyaml",
+    "jinja2",
+    "pytest",
+    "pytest-benchmark",
+)
+
+
+def _dist_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_dists() -> set[str]:
+    """IMAGE and the dependency closure, as installed here, of IMAGE_ROOTS (extras left out)."""
+    from packaging.requirements import Requirement
+
+    seen, todo = set(IMAGE_ROOTS), list(IMAGE_ROOTS)
+    while todo:
+        try:
+            requires = importlib.metadata.requires(todo.pop()) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                name = _dist_name(req.name)
+                if name not in seen:
+                    seen.add(name)
+                    todo.append(name)
+    return seen | IMAGE
+
+
+def image_modules() -> set[str]:
+    """The top-level modules installed here that the image holds too."""
+    dists = image_dists()
+    owners = importlib.metadata.packages_distributions()
+    return {top for top, names in owners.items() if any(_dist_name(d) in dists for d in names)}
+
+
+def absent_from_image() -> list[str]:
+    """The top-level modules installed here whose distributions the image does not hold (an allow-list: a package
+    added to this venv is absent there until someone checks the image has it)."""
+    held = image_modules()
+    owners = importlib.metadata.packages_distributions()
+    return sorted(top for top in owners if top not in PROJECT and top not in held and top.isidentifier())
 
 
 @pytest.fixture(scope="module")
 def gpu_image_env(tmp_path_factory) -> dict:
-    """The environment of a child interpreter in which the ABSENT packages cannot be imported (a sitecustomize
-    that marks them missing in sys.modules: `import scipy` raises ModuleNotFoundError and find_spec says absent)."""
+    """The environment of a child interpreter in which the packages the image lacks cannot be imported (a
+    sitecustomize that marks them missing in sys.modules: `import scipy` raises ModuleNotFoundError and find_spec
+    says absent). The check's sections and its pytest run inherit it."""
     site = tmp_path_factory.mktemp("gpu_image")
-    (site / "sitecustomize.py").write_text(f"import sys\nfor _m in {ABSENT!r}:\n    sys.modules[_m] = None\n")
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nfor _m in {absent_from_image()!r}:\n    sys.modules[_m] = None\n"
+    )
     path = os.pathsep.join([str(site), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return dict(env, PYTHONPATH=path)
@@ -135,10 +198,8 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert 0 < parity["fp32_max_abs"] <= 1e-4 and parity["fp32_ok"]
     assert parity["bf16_ok"] and parity["greedy_equal"]
     assert all(0 < a["bf16_max_abs"] <= a["bf16_tol"] for a in parity["archs"].values())
-    from kernels import native_ops
-
-    if native_ops.load():  # the deterministic mode's CPU attention is the native op
-        assert parity["deterministic_bitwise"] is True and len(parity["deterministic"]) == 2
+    # the native ops where the library is built, else the torch references: bitwise either way
+    assert parity["deterministic_bitwise"] is True and len(parity["deterministic"]) == 2
 
     speed = report["speed"]
     assert set(speed) == {"icqs_8b", "plain_8b", "decode_64"}  # speed_1b was cut off before any result
@@ -154,3 +215,98 @@ def test_smoke_run(gpu_image_env, tmp_path):
     md = (tmp_path / "gpu_check.md").read_text()
     assert "| speed_1b | cut off |" in md and "## Kernels" in md and "## Parity" in md and "## Speed" in md
     assert (tmp_path / "logs" / "parity.log").read_text()
+
+
+# imported by the GPU path only where present, each behind `except ImportError` (a package that is not in the image
+# and is not needed there)
+OPTIONAL_ON_GPU = {"kernels.flash_attention": {"flash_attn"}}
+
+_CLOSURE = r"""
+import ast, importlib, json, sys
+from pathlib import Path
+
+root = Path(sys.argv[1])
+tree = ast.parse((root / "benchmarks" / "gpu_check.py").read_text())
+wanted = []  # (module, names imported from it)
+for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+        wanted += [(a.name, []) for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+        wanted.append((node.module, [a.name for a in node.names]))
+errors = []
+
+def load(name, attrs=()):
+    try:
+        mod = importlib.import_module(name)
+        for a in attrs:  # a function, a class or a submodule
+            if not hasattr(mod, a):
+                importlib.import_module(f"{name}.{a}")
+    except Exception as e:
+        errors.append(f"{name}: {type(e).__name__}: {e}")
+
+sys.path[:0] = [str(root / "benchmarks"), str(root / "tests"), str(root)]
+for name, attrs in wanted:
+    load(name, attrs)
+# the GPU path's kernel modules: those the dispatch table loads by name, and every other module of kernels/
+import bench_kernels_gpu
+from kernels import dispatch
+for table in (dispatch.IMPLS, bench_kernels_gpu.EXTRA_IMPLS):
+    for backends in table.values():
+        for spec in backends.values():
+            module, attr = spec.split(":")
+            load(f"kernels.{module}", [attr])
+for path in sorted((root / "kernels").glob("*.py")):
+    load(f"kernels.{path.stem}")
+files = sorted({m.__name__: getattr(m, "__file__", None) for m in list(sys.modules.values()) if m}.items())
+print(json.dumps({"errors": errors, "modules": [[n, f] for n, f in files if f]}))
+"""
+
+
+def test_import_closure_holds_only_the_image(gpu_image_env):
+    """Every module gpu_check.py imports (at the top and inside its sections) and every kernel module of the GPU
+    path imports in a child where the packages the image lacks are missing; and no function of engine/ or kernels/
+    loaded there imports such a package on a path the CPU smoke run does not take (the CUDA branches), except the
+    optional ones that fall back when absent."""
+    out = subprocess.run(
+        [sys.executable, "-c", _CLOSURE, str(ROOT)],
+        cwd=ROOT,
+        env=gpu_image_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["errors"] == []
+    loaded = dict(report["modules"])
+    assert {"engine.engine", "kernels.attention_triton", "kernels.logprob_triton", "bench_icqs_workload"} <= set(loaded)
+    allowed = set(sys.stdlib_module_names) | PROJECT | image_modules() | {"__future__"}
+    outside = []
+    for name, file in loaded.items():
+        path = Path(file)
+        if path.suffix != ".py" or not any(path.is_relative_to(ROOT / d) for d in ("engine", "kernels")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                tops = {node.module.split(".")[0]}
+            else:
+                continue
+            for top in tops - allowed - OPTIONAL_ON_GPU.get(name, set()):
+                outside.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {top}, which the GPU image lacks")
+    assert outside == [], outside
+
+
+def test_an_interpreter_numpy_mismatch_is_named(monkeypatch):
+    """triton 3.6's interpreter with numpy >= 2.4 fails every kernel with a loop over a runtime bound (a CPU run of
+    the check in the image's package set): the report says why, not only that they failed."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_check
+
+    error = "InterpreterError: TypeError('only 0-dimensional arrays can be converted to Python scalars')"
+    cause = gpu_check.known_cause(error)
+    assert "triton-lang/triton#9171" in cause and "numpy < 2.4" in cause
+    assert gpu_check.known_cause("InterpreterError: IndexError('out of bounds')") is None
+    md = gpu_check.markdown({"kernels": {"passed": 0, "failed": 1, "note": cause}})
+    assert f"note: {cause}" in md
