@@ -3,9 +3,9 @@
 One loop serves every caller. `add_score` / `add_generate` hand a request to the scheduler (engine/scheduler.py)
 and return its handle; `step()` runs one step: the scheduler's plan (prefill chunks, one decode token of every
 generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), then the LM head
-(head.py: the scored rows through the fused target log-prob kernel, the generating rows through the batched sampler,
-sampling.py); the scheduler then records the step and its output events come back (scores, tokens, finished and failed requests,
-each already consumed by its handle). One lock makes add / abort / stats safe from other threads while the loop's
+(head.py: the scored rows through the fused target log-prob kernel, the generating rows through the batched
+sampler, sampling.py); the scheduler then records the step and its output events come back (scores, tokens,
+finished and failed requests, each already consumed by its handle). One lock makes add / abort / stats safe from other threads while the loop's
 thread steps. `score()` and `generate()` add a
 whole job and run the loop until it is done; engine/async_engine.py runs the same loop in a worker thread for
 asyncio callers (the server)."""

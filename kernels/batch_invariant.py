@@ -93,10 +93,10 @@ def segment_attention_merge(
     shape: the deterministic mode's attention step where neither the native op nor Triton runs (StepKernels).
 
     The reference itself is not batch-invariant: its two GEMMs take as many rows as the segment has (torch's fp32
-    GEMM rounds a row differently at 1-3 rows, and at many row counts where the keys are few), its softmax sums as many keys as the segment has (the
-    vectorised sum rounds differently when masked keys, exact zeros, are added: a chunk's key count depends on how
-    many new tokens its sequence has in the step), and its logaddexp computes a tensor's last elements in a scalar
-    loop that rounds differently from the vector one. Here the rows go in tiles of `row_tile` (padding rows see no
+    GEMM rounds a row differently at 1-3 rows, and at many row counts where the keys are few), its softmax sums as
+    many keys as the segment has (the vectorised sum rounds differently when masked keys, exact zeros, are added: a
+    chunk's key count depends on how many new tokens its sequence has in the step), and its logaddexp computes a
+    tensor's last elements in a scalar loop that rounds differently from the vector one. Here the rows go in tiles of `row_tile` (padding rows see no
     key), the keys in tiles of KV_CHUNK from slots[0] (padding keys masked), and the tile's (out, lse) is merged
     into the row's with exp and log, which round an element the same wherever it lies."""
     R, S = rows.numel(), slots.numel()

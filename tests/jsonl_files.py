@@ -2,6 +2,20 @@
 
 import json
 
+# pairwise judge inputs: three questions, model_a right each time (the judge tests' and the run-dir tests' pairs)
+PAIRS = [
+    {
+        "id": f"p{n}",
+        "question": f"What is {n} + {n}?",
+        "answer_a": f"It is {2 * n}.",
+        "answer_b": "No idea.",
+        "model_a": "m1",
+        "model_b": "m2",
+        "winner": "model_a",
+    }
+    for n in range(3)
+]
+
 
 def write_jsonl(path, rows) -> str:
     """rows as one JSON object per line at path; returns the path as a string (a command-line argument)."""

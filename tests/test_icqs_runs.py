@@ -10,24 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from jsonl_files import write_jsonl
+from jsonl_files import PAIRS, write_jsonl
 from test_icqs_cli import TASK
 
 from icqs.cli import main
 
 ITEMS = [{"id": f"q{n}", "question": f"What is {n} + {n}?", "response": f"It is {2 * n}."} for n in range(3)]
-PAIRS = [
-    {
-        "id": f"p{n}",
-        "question": f"What is {n} + {n}?",
-        "answer_a": f"It is {2 * n}.",
-        "answer_b": "No idea.",
-        "model_a": "m1",
-        "model_b": "m2",
-        "winner": "model_a",
-    }
-    for n in range(3)
-]
 ALLURE_TEMPLATE = 'system: Grade.\nuser: "R: {response}\\nA: {answer}"\nmatch: number\n'
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,25 +4,12 @@
 import json
 
 import pytest
-from jsonl_files import write_jsonl
+from jsonl_files import PAIRS, write_jsonl
 
 from icqs.cli import main
 from icqs.judges.pairwise import VARIANTS, verdict_options
 from icqs.judges.prompts import pairwise_prompt
 from icqs.judges.results import pairwise_audit_table, pairwise_summary
-
-PAIRS = [
-    {
-        "id": f"p{n}",
-        "question": f"What is {n} + {n}?",
-        "answer_a": f"It is {2 * n}.",
-        "answer_b": "No idea.",
-        "model_a": "m1",
-        "model_b": "m2",
-        "winner": "model_a",
-    }
-    for n in range(3)
-]
 
 
 @pytest.fixture(scope="module")
