@@ -305,6 +305,25 @@ def markdown(r: dict) -> str:
                     [[d["model"], d["dtype"], d["cases"], d["bitwise"], d["max_diff"]] for d in p["deterministic"]],
                 ),
             ]
+            broken = [
+                f"{d['model']} {d['dtype']}: {name}"
+                for d in p["deterministic"]
+                for name, ok in d.get("cases_bitwise", {}).items()
+                if not ok
+            ]
+            if broken:
+                out += ["", "cases that changed a request's bits: " + "; ".join(broken)]
+        if p.get("deterministic_ops"):
+            out += [
+                "",
+                md_table(
+                    ["deterministic op (one row alone vs in batches)", "dtype", "batches", "bitwise", "max diff"],
+                    [
+                        [d["op"], d["dtype"], d.get("batches"), d.get("bitwise", d.get("error")), d.get("max_diff")]
+                        for d in p["deterministic_ops"]
+                    ],
+                ),
+            ]
     s = r.get("speed", {})
     if s:
         out += [
@@ -836,10 +855,74 @@ def deterministic_case(rec: Recorder, ctx: Context, arch: str, dtype, folder: Pa
         "cases": len(cases),
         "requests": f"{len(targets)} alone, in jobs of {len(mixed)}",
         "bitwise": all(got == alone for got in cases.values()),
+        "cases_bitwise": {name: got == alone for name, got in cases.items()},
         "max_diff": diff,
     }
     rec.put("parity", "deterministic", value=rec.get("parity", "deterministic", default=[]) + [row])
     print(f"deterministic {row}", flush=True)
+
+
+def deterministic_ops(rec: Recorder, ctx: Context) -> None:
+    """Each op the deterministic mode runs, one row computed alone and inside batches of other sizes (its place
+    in them changing too): which op, if any, breaks a request's bits when the whole job does not keep them."""
+    import torch
+
+    import kernels
+    from kernels import batch_invariant
+
+    gen = torch.Generator().manual_seed(5)
+    sizes = (6, 37, 300, 700) if not ctx.smoke else (6, 37)
+    width, inter, vocab, heads, kv_heads, d, keys = 256, 384, 5000, 8, 2, 64, 300
+
+    def rand(*shape, dtype):
+        return torch.randn(*shape, generator=gen).to(ctx.device, dtype)
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x, res = rand(max(sizes), width, dtype=dtype), rand(max(sizes), width, dtype=dtype)
+        w, head = rand(inter, width, dtype=dtype) * 0.05, rand(vocab, width, dtype=dtype) * 0.05
+        norm_w, gu = rand(width, dtype=dtype), rand(max(sizes), 2 * inter, dtype=dtype)
+        targets = torch.randint(0, vocab, (max(sizes),), generator=gen).to(ctx.device)
+        q = rand(max(sizes), heads, d, dtype=dtype)
+        kc, vc = rand(keys, kv_heads, d, dtype=dtype), rand(keys, kv_heads, d, dtype=dtype)
+        slots = torch.randperm(keys, generator=gen).to(ctx.device)
+        limits = torch.randint(0, keys, (max(sizes),), generator=gen).to(ctx.device)
+        merge = kernels.dispatch.resolve("segment_attention_merge", q.device)
+
+        def attend(rows):
+            out = torch.zeros(q.shape, dtype=torch.float32, device=ctx.device)
+            lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=ctx.device)
+            merge(q, rows, kc, vc, slots, d**-0.5, out, lse, limits[rows])
+            return out[rows]
+
+        ops = {
+            "linear (row tiles)": lambda rows: batch_invariant.linear(x[rows], w),
+            "target_logprobs": lambda rows: batch_invariant.target_logprobs(x[rows], head, targets[rows]).logprob,
+            "rms_norm + residual": lambda rows: kernels.rms_norm(x[rows], norm_w, 1e-5, res[rows])[0],
+            "silu_and_mul": lambda rows: kernels.silu_and_mul(gu[rows]),
+            "segment merge, row limits": attend,
+        }
+        row = 5
+        for name, fn in ops.items():
+            try:
+                alone = fn(torch.tensor([row], device=ctx.device))[0]
+                diffs = []
+                for n in sizes:  # the row first, in the middle, last
+                    for at in (0, n // 2, n - 1):
+                        others = [r for r in range(n) if r != row]
+                        rows = torch.tensor(others[:at] + [row] + others[at:], device=ctx.device)
+                        got = fn(rows)[at]
+                        diffs.append(float((got.float() - alone.float()).abs().max()))
+                entry = {
+                    "op": name,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "bitwise": max(diffs) == 0.0,
+                    "max_diff": max(diffs),
+                    "batches": len(diffs),
+                }
+            except Exception as e:  # noqa: BLE001  # one op's failure is its row, the others go on
+                entry = {"op": name, "dtype": str(dtype).replace("torch.", ""), "error": f"{type(e).__name__}: {e}"}
+            rec.put("parity", "deterministic_ops", value=rec.get("parity", "deterministic_ops", default=[]) + [entry])
+            print(f"deterministic op {entry}", flush=True)
 
 
 def section_parity(rec: Recorder, ctx: Context) -> None:
@@ -872,6 +955,7 @@ def section_parity(rec: Recorder, ctx: Context) -> None:
             rows = rec.get("parity", "deterministic", default=[])
             if rows:
                 rec.put("parity", "deterministic_bitwise", value=all(r["bitwise"] for r in rows))
+        rec.attempt("deterministic ops", deterministic_ops, rec, ctx)
 
 
 # ---- 4. speed ----------------------------------------------------------------------------------------------

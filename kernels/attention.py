@@ -141,6 +141,99 @@ def segment_starts(segments: list[Segment], window: AttentionWindow) -> list[Seg
     return out
 
 
+def _rows_on_host(segments: list[Segment]) -> list[list[int]]:
+    """Each segment's rows as Python ints, read in one copy for the whole list (one device sync on a GPU, not one
+    per segment)."""
+    if not segments:
+        return []
+    flat = torch.cat([s.rows for s in segments]).cpu().tolist()
+    out, i = [], 0
+    for s in segments:
+        n = s.rows.numel()
+        out.append(flat[i : i + n])
+        i += n
+    return out
+
+
+FOLD_BELOW = 32  # keys in a key tile of the native kernel (the Triton one passes its own tile)
+
+
+def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) -> list[Segment]:
+    """The segments with each one shorter than `min_slots` keys prepended to the segments right below it, where
+    that is exact: every row of the short segment has a next segment, and every row of those next segments has
+    the short one just before it. A row then sweeps the same keys in fewer, longer segments (a 4-key root shared
+    by 1,000 rows otherwise costs each row a whole key tile and one more merge)."""
+    live = [s for s in segments if s.rows.numel() and s.slots.numel()]
+    segs = [[s.rows, s.slots] for s in live]
+    if not any(slots.numel() < min_slots for _, slots in segs):
+        return [Segment(rows, slots) for rows, slots in segs]
+    chain: dict[int, list[int]] = {}  # row -> its segments, in merge order
+    rows_of = _rows_on_host(live)
+    for i, rows in enumerate(rows_of):
+        for r in rows:
+            chain.setdefault(r, []).append(i)
+    alive = [True] * len(segs)
+    for i in range(len(segs) - 1, -1, -1):  # deepest first: a row's later segments lie below its earlier ones
+        if segs[i][1].numel() >= min_slots:
+            continue
+        nxt = set()
+        for r in rows_of[i]:
+            c = chain[r]
+            k = c.index(i)
+            if k + 1 == len(c):
+                break
+            nxt.add(c[k + 1])
+        else:
+            if all(chain[r][chain[r].index(c) - 1] == i for c in nxt for r in rows_of[c]):
+                for c in nxt:
+                    segs[c][1] = torch.cat([segs[i][1], segs[c][1]])
+                for r in rows_of[i]:
+                    chain[r].remove(i)
+                alive[i] = False
+    return [Segment(rows, slots) for (rows, slots), keep in zip(segs, alive) if keep]
+
+
+@dataclass(frozen=True, slots=True)
+class Wave:
+    """Segments that share no query row, concatenated for one kernel call: segment i is rows[row_offsets[i]:
+    row_offsets[i + 1]] over slots[slot_offsets[i]:slot_offsets[i + 1]], each row from its entry of starts.
+    rows, slots and starts are on the segments' device; the offsets are int64 CPU tensors."""
+
+    rows: torch.Tensor
+    row_offsets: torch.Tensor
+    slots: torch.Tensor
+    slot_offsets: torch.Tensor
+    starts: torch.Tensor | None
+
+
+def segment_waves(segments: list[Segment], n_rows: int) -> list[Wave]:
+    """Groups the segments into waves in which no two share a query row, keeping each row's segments in list
+    order (segment i goes to the wave after the last one holding any of its rows): one kernel call a wave (a
+    step's many small segments, one or two per sequence when decoding, fall into a few waves). The rows are read
+    to the host once for the whole list."""
+    level = [0] * n_rows  # per row: the wave after its latest segment's
+    waves: list[list[Segment]] = []
+    live = [s for s in segments if s.rows.numel() and s.slots.numel()]
+    for seg, rows_list in zip(live, _rows_on_host(live)):
+        w = max(level[r] for r in rows_list)
+        for r in rows_list:
+            level[r] = w + 1
+        if w == len(waves):
+            waves.append([])
+        waves[w].append(seg)
+    out = []
+    for wave in waves:
+        row_off, slot_off = (
+            torch.tensor([0] + [len(x) for x in xs]).cumsum(0)
+            for xs in ([s.rows for s in wave], [s.slots for s in wave])
+        )
+        starts = torch.cat([s.starts for s in wave]) if wave[0].starts is not None else None
+        out.append(
+            Wave(torch.cat([s.rows for s in wave]), row_off, torch.cat([s.slots for s in wave]), slot_off, starts)
+        )
+    return out
+
+
 def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window: int = 0):
     """Self part: q [T, H, D], k/v [T, Hkv, D] hold the new tokens of sequences packed back to back, sequence b
     being rows cu_seqlens[b]:cu_seqlens[b+1]. Each token attends to itself and the earlier new tokens of its own

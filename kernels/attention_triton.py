@@ -10,12 +10,15 @@ the cascade.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from . import flash_attention
-from .attention import AttentionPlan, segment_starts
+from .attention import AttentionPlan, Segment, Wave, fold_short_segments, segment_starts, segment_waves
 from .tiles import gpu_tiles
 
 LOG2E = 1.4426950408889634
@@ -101,8 +104,7 @@ def _segment_merge_kernel(
     lse_ptr,
     lim_ptr,
     start_ptr,
-    R,
-    S,
+    items_ptr,
     qk_scale,
     H,
     Hkv,
@@ -115,13 +117,20 @@ def _segment_merge_kernel(
     HAS_LIMITS: tl.constexpr,
     HAS_STARTS: tl.constexpr,
 ):
-    # one program: BLOCK_R // G of the stacked rows x the G query heads of KV head kh
+    # one program: one work item (up to BLOCK_R // G rows of one segment: rows[row_off : row_off + n_rows] over
+    # slots[slot_off : slot_off + S]) x the G query heads of KV head kh. The counts are read from the item, not
+    # passed as arguments: one compiled kernel serves every segment and wave whatever its size.
     kh = tl.program_id(1)
+    item = items_ptr + tl.program_id(0).to(tl.int64) * 4
+    row_off = tl.load(item)
+    n_rows = tl.load(item + 1)
+    slot_off = tl.load(item + 2)
+    S = tl.load(item + 3)
     offs_r = tl.arange(0, BLOCK_R)
-    i = tl.program_id(0) * (BLOCK_R // G) + offs_r // G
+    i = offs_r // G
     head = kh * G + offs_r % G
-    r_mask = (offs_r < (BLOCK_R // G) * G) & (i < R)
-    rows = tl.load(rows_ptr + i, mask=r_mask, other=0).to(tl.int64)
+    r_mask = (offs_r < (BLOCK_R // G) * G) & (i < n_rows)
+    rows = tl.load(rows_ptr + row_off + i, mask=r_mask, other=0).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
     q_off = (rows[:, None] * H + head[:, None]) * D + offs_d[None, :]
@@ -132,17 +141,17 @@ def _segment_merge_kernel(
     m_i = tl.load(lse_ptr + rows * H + head, mask=r_mask, other=float("-inf")) * 1.4426950408889634
     l_i = tl.where(r_mask, 1.0, 0.0)
     if HAS_LIMITS:  # the last slot index each row sees; the keys after it are masked (exact zeros)
-        limit = tl.load(lim_ptr + i, mask=r_mask, other=-1)
+        limit = tl.load(lim_ptr + row_off + i, mask=r_mask, other=-1)
     else:
-        limit = tl.full([BLOCK_R], S - 1, dtype=tl.int64)
+        limit = tl.zeros([BLOCK_R], dtype=tl.int64) + (S - 1)
     if HAS_STARTS:  # the first slot index each row sees (a sliding window); the keys before it are masked
-        first = tl.load(start_ptr + i, mask=r_mask, other=0)
+        first = tl.load(start_ptr + row_off + i, mask=r_mask, other=0)
     else:
         first = tl.zeros([BLOCK_R], dtype=tl.int64)
     for j0 in range(0, S, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < S
-        slot = tl.load(slots_ptr + offs_n, mask=n_mask, other=0).to(tl.int64)
+        slot = tl.load(slots_ptr + slot_off + offs_n, mask=n_mask, other=0).to(tl.int64)
         kv_off = (slot[:, None] * Hkv + kh) * D + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
@@ -167,32 +176,42 @@ def _blocks(q: torch.Tensor, group: int):
     return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32", warps
 
 
-def varlen_causal_attention_triton(q, k, v, cu_seqlens, scale: float, window: int = 0):
+def _self_blocks(cu_seqlens, tokens: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The varlen kernel's index tensors: cu_seqlens, and per program its sequence and first token (blocks of
+    `tokens`), built with numpy and copied to the device once."""
+    cu = np.asarray([int(c) for c in cu_seqlens], dtype=np.int64)
+    blocks = -(-np.diff(cu) // tokens)
+    seq = np.repeat(np.arange(len(blocks), dtype=np.int32), blocks)
+    start = ((np.arange(int(blocks.sum())) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * tokens).astype(np.int32)
+    return tuple(torch.from_numpy(x).to(device) for x in (cu, seq, start))
+
+
+def varlen_causal_attention_triton(q, k, v, cu_seqlens, scale: float, window: int = 0, plan=None):
     """Contract of attention.varlen_causal_attention_ref: (out fp32 [T, H, D], lse fp32 [T, H]).
-    window > 0: keys `window` or more rows before the query (in its sequence) are masked."""
+    window > 0: keys `window` or more rows before the query (in its sequence) are masked. With the step's
+    AttentionPlan, the index tensors are built once per step, not once per layer."""
     T, H, D = q.shape
     Hkv = k.shape[1]
     br, bn, bd, prec, warps = _blocks(q, H // Hkv)
     tokens = br // (H // Hkv)
-    cu = [int(c) for c in cu_seqlens]
-    seq, start = [], []
-    for b in range(len(cu) - 1):
-        for s in range(0, cu[b + 1] - cu[b], tokens):
-            seq.append(b)
-            start.append(s)
+
+    def index():
+        return _self_blocks(cu_seqlens, tokens, q.device)
+
+    cu_t, seq, start = index() if plan is None else plan.derived(f"triton self blocks of {tokens}", index)
     dev = q.device
     out = torch.empty(T, H, D, dtype=torch.float32, device=dev)
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
-    if seq:
-        _varlen_causal_kernel[(len(seq), Hkv)](
+    if seq.numel():
+        _varlen_causal_kernel[(seq.numel(), Hkv)](
             q.contiguous(),
             k.contiguous(),
             v.contiguous(),
             out,
             lse,
-            torch.tensor(cu, device=dev),
-            torch.tensor(seq, device=dev, dtype=torch.int32),
-            torch.tensor(start, device=dev, dtype=torch.int32),
+            cu_t,
+            seq,
+            start,
             scale * LOG2E,
             H,
             Hkv,
@@ -208,15 +227,32 @@ def varlen_causal_attention_triton(q, k, v, cu_seqlens, scale: float, window: in
     return out, lse
 
 
-def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
-    """Rows q[rows] attend to cache[slots] (each from its entry of starts up to its entry of limits, when given);
-    the result is merged into out[rows], lse[rows] in place."""
-    R, S = rows.numel(), slots.numel()
-    if R == 0 or S == 0:
+def _work_items(row_counts, slot_counts, tokens: int, device) -> torch.Tensor:
+    """The merge kernel's work items [n, 4] int64 (row offset, rows, slot offset, slots): each segment's rows cut
+    into blocks of `tokens`, segment i being row_counts[i] rows from the running row offset over slot_counts[i]
+    slots from the running slot offset. Built on the host in a few array ops, copied to the device once."""
+    rc = np.asarray(row_counts, dtype=np.int64)
+    sc = np.asarray(slot_counts, dtype=np.int64)
+    blocks = -(-rc // tokens)
+    seg = np.repeat(np.arange(len(rc)), blocks)
+    first_block = np.cumsum(blocks) - blocks
+    k = np.arange(int(blocks.sum()), dtype=np.int64) - first_block[seg]  # block index within its segment
+    row_base = np.cumsum(rc) - rc
+    slot_base = np.cumsum(sc) - sc
+    items = np.stack(
+        [row_base[seg] + k * tokens, np.minimum(tokens, rc[seg] - k * tokens), slot_base[seg], sc[seg]], axis=1
+    )
+    return torch.from_numpy(np.ascontiguousarray(items)).to(device)
+
+
+def _merge(q, rows, k_cache, v_cache, slots, items, scale, out, lse, limits=None, starts=None):
+    """One launch of the merge kernel over `items` (_work_items): rows, slots, limits and starts are the packed
+    arrays the items index."""
+    if items.shape[0] == 0:
         return
     H, Hkv, D = q.shape[1], k_cache.shape[1], q.shape[2]
     br, bn, bd, prec, warps = _blocks(q, H // Hkv)
-    _segment_merge_kernel[(triton.cdiv(R, br // (H // Hkv)), Hkv)](
+    _segment_merge_kernel[(items.shape[0], Hkv)](
         q,
         rows,
         k_cache,
@@ -226,8 +262,7 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
         lse,
         rows if limits is None else limits,
         rows if starts is None else starts,
-        R,
-        S,
+        items,
         scale * LOG2E,
         H,
         Hkv,
@@ -243,6 +278,33 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
     )
 
 
+def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
+    """Rows q[rows] attend to cache[slots] (each from its entry of starts up to its entry of limits, when given);
+    the result is merged into out[rows], lse[rows] in place."""
+    R, S = rows.numel(), slots.numel()
+    if R == 0 or S == 0:
+        return
+    items = _work_items(
+        [R], [S], _blocks(q, q.shape[1] // k_cache.shape[1])[0] // (q.shape[1] // k_cache.shape[1]), q.device
+    )
+    _merge(q, rows, k_cache, v_cache, slots, items, scale, out, lse, limits, starts)
+
+
+class _WaveItems(NamedTuple):
+    wave: Wave
+    items: torch.Tensor
+
+
+def _wave_items(segments: list[Segment], q: torch.Tensor, group: int) -> list[_WaveItems]:
+    """The segments as waves (attention.segment_waves: no two segments of a wave share a row), each wave with its
+    work items on q's device."""
+    br = _blocks(q, group)[0]
+    return [
+        _WaveItems(w, _work_items(w.row_offsets.diff().tolist(), w.slot_offsets.diff().tolist(), br // group, q.device))
+        for w in segment_waves(segments, q.shape[0])
+    ]
+
+
 def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
     """Contract of attention.cascade_attention_ref. The self part runs on flash-attn when it is installed (CUDA,
     fp16/bf16, no sliding window), else on the varlen causal kernel (a sequence's new tokens hold consecutive
@@ -253,13 +315,15 @@ def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionP
         out, lse = flash_attention.varlen_causal_attention_flash(q, k_new, v_new, list(cu_seqlens), scale)
     else:
         out, lse = varlen_causal_attention_triton(
-            q, k_new, v_new, cu_seqlens, scale, 0 if window is None else window.size
+            q, k_new, v_new, cu_seqlens, scale, 0 if window is None else window.size, plan
         )
-    segments = (
-        plan.segments
-        if window is None
-        else plan.derived("windowed segments", lambda: segment_starts(plan.segments, window), window)
-    )
-    for seg in segments:
-        segment_attention_merge_triton(q, seg.rows, k_cache, v_cache, seg.slots, scale, out, lse, starts=seg.starts)
+    group = q.shape[1] // k_cache.shape[1]
+
+    def waves():  # once per step (per kind of layer: Gemma-3's local ones see windowed segments)
+        segs = fold_short_segments(plan.segments, _blocks(q, group)[1])  # short segments cost a whole key tile
+        return _wave_items(segs if window is None else segment_starts(segs, window), q, group)
+
+    name = "triton waves" if window is None else "triton windowed waves"
+    for w in plan.derived(name, waves, window):
+        _merge(q, w.wave.rows, k_cache, v_cache, w.wave.slots, w.items, scale, out, lse, starts=w.wave.starts)
     return out.to(q.dtype)

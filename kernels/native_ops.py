@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .attention import AttentionPlan, Segment, segment_starts
+from .attention import AttentionPlan, fold_short_segments, segment_starts, segment_waves
 from .logprob import LogProbs
 
 log = logging.getLogger(__name__)
@@ -85,85 +84,6 @@ def segment_attention_merge_native(q, rows, k_cache, v_cache, slots, scale, out,
     """Contract of attention.segment_attention_merge_ref (q contiguous; out, lse fp32, updated in place)."""
     if rows.numel() and slots.numel():
         _ops().segment_attention_merge_(q, rows, k_cache, v_cache, slots, float(scale), out, lse, limits, starts)
-
-
-FOLD_BELOW = 32  # keys in a tile of the native kernel
-
-
-def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) -> list[Segment]:
-    """The segments with each one shorter than `min_slots` keys prepended to the segments right below it, where
-    that is exact: every row of the short segment has a next segment, and every row of those next segments has
-    the short one just before it. A row then sweeps the same keys in fewer, longer segments (a 4-key root shared
-    by 1,000 rows otherwise costs each row a whole key tile and one more merge)."""
-    segs = [[s.rows, s.slots] for s in segments if s.rows.numel() and s.slots.numel()]
-    if not any(slots.numel() < min_slots for _, slots in segs):
-        return [Segment(rows, slots) for rows, slots in segs]
-    chain: dict[int, list[int]] = {}  # row -> its segments, in merge order
-    rows_of = [rows.tolist() for rows, _ in segs]
-    for i, rows in enumerate(rows_of):
-        for r in rows:
-            chain.setdefault(r, []).append(i)
-    alive = [True] * len(segs)
-    for i in range(len(segs) - 1, -1, -1):  # deepest first: a row's later segments lie below its earlier ones
-        if segs[i][1].numel() >= min_slots:
-            continue
-        nxt = set()
-        for r in rows_of[i]:
-            c = chain[r]
-            k = c.index(i)
-            if k + 1 == len(c):
-                break
-            nxt.add(c[k + 1])
-        else:
-            if all(chain[r][chain[r].index(c) - 1] == i for c in nxt for r in rows_of[c]):
-                for c in nxt:
-                    segs[c][1] = torch.cat([segs[i][1], segs[c][1]])
-                for r in rows_of[i]:
-                    chain[r].remove(i)
-                alive[i] = False
-    return [Segment(rows, slots) for (rows, slots), keep in zip(segs, alive) if keep]
-
-
-@dataclass(frozen=True, slots=True)
-class Wave:
-    """Segments that share no query row, concatenated for one native call: segment i is rows[row_offsets[i]:
-    row_offsets[i + 1]] over slots[slot_offsets[i]:slot_offsets[i + 1]], each row from its entry of starts."""
-
-    rows: torch.Tensor
-    row_offsets: torch.Tensor
-    slots: torch.Tensor
-    slot_offsets: torch.Tensor
-    starts: torch.Tensor | None
-
-
-def segment_waves(segments: list[Segment], n_rows: int) -> list[Wave]:
-    """Groups the segments into waves in which no two share a query row, keeping each row's segments in list
-    order (segment i goes to the wave after the last one holding any of its rows): one native call a wave (a
-    decode step's many small segments fall into a few waves)."""
-    level = [0] * n_rows  # per row: the wave after its latest segment's
-    waves: list[list[Segment]] = []
-    for seg in segments:
-        rows, slots = seg.rows, seg.slots
-        if rows.numel() == 0 or slots.numel() == 0:
-            continue
-        rows_list = rows.tolist()
-        w = max(level[r] for r in rows_list)
-        for r in rows_list:
-            level[r] = w + 1
-        if w == len(waves):
-            waves.append([])
-        waves[w].append(seg)
-    out = []
-    for wave in waves:
-        row_off, slot_off = (
-            torch.tensor([0] + [len(x) for x in xs]).cumsum(0)
-            for xs in ([s.rows for s in wave], [s.slots for s in wave])
-        )
-        starts = torch.cat([s.starts for s in wave]) if wave[0].starts is not None else None
-        out.append(
-            Wave(torch.cat([s.rows for s in wave]), row_off, torch.cat([s.slots for s in wave]), slot_off, starts)
-        )
-    return out
 
 
 def cascade_attention_native(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):

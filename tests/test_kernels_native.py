@@ -12,7 +12,14 @@ import torch
 from attention_problems import cascade_problem, cascade_window, upcast, varlen_problem, with_segments
 
 from kernels import native_ops
-from kernels.attention import Segment, cascade_attention_ref, segment_attention_merge_ref, varlen_causal_attention_ref
+from kernels.attention import (
+    Segment,
+    cascade_attention_ref,
+    fold_short_segments,
+    segment_attention_merge_ref,
+    segment_waves,
+    varlen_causal_attention_ref,
+)
 
 if os.environ.get("ICQS_NO_NATIVE") == "1":
     pytest.skip("ICQS_NO_NATIVE=1", allow_module_level=True)
@@ -218,7 +225,7 @@ def test_segment_waves_match_reference(dtype):
         Segment(torch.arange(5, 9), torch.randperm(p["k_cache"].shape[0])[:17]),
     ]
     segments = [root] + branch + own
-    waves = native_ops.segment_waves(segments, 9)
+    waves = segment_waves(segments, 9)
     assert len(waves) == 3
     seen = []  # per row, the waves of its segments, in segment order
     for w, wave in enumerate(waves):
@@ -292,7 +299,7 @@ def test_short_segments_fold_into_the_segments_below(own_lens):
     assert native_ops.load()
     p = cascade_problem([3, 4, 2], shared_len=4, own_lens=own_lens, H=6, Hkv=2, D=32, seed=5)
     segments = p["plan"].segments
-    folded = native_ops.fold_short_segments(segments)
+    folded = fold_short_segments(segments)
     root_slots = segments[0].slots
     if 0 not in own_lens:
         assert len(folded) == 3

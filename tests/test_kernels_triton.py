@@ -148,6 +148,65 @@ def test_cascade_attention(ratio, D, dtype):
     close(AT.cascade_attention_triton(**p), cascade_attention_ref(**fp32(p)), dtype)
 
 
+def tree_problem(dtype, seed=0):
+    """A step below a prefix tree, as the ICQS job and decoding make: 12 sequences (1 to 11 new tokens) below a
+    3-key root shared by all (shorter than a key tile: folded into the segments below it), 3 demo-set segments
+    each shared by 4 sequences (some longer than a block of query rows), and a run of own cached keys for most;
+    segments listed root first, as engine/step.py builds them."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(x) for x in torch.randint(1, 12, (12,), generator=gen)]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    H, Hkv, D = 4, 2, 16
+    T = cu[-1]
+    sizes = [3] + [int(x) for x in torch.randint(5, 40, (3,), generator=gen)]
+    own = [int(x) for x in torch.randint(0, 9, (12,), generator=gen)]
+    num_slots = sum(sizes) + sum(own) + 5
+    slots = torch.randperm(num_slots, generator=gen)
+    used, segments = 0, []
+
+    def take(n):
+        nonlocal used
+        used += n
+        return slots[used - n : used]
+
+    segments.append(Segment(torch.arange(T), take(3)))
+    for g in range(3):
+        segments.append(Segment(torch.arange(cu[4 * g], cu[4 * g + 4]), take(sizes[g + 1])))
+    for b, n in enumerate(own):
+        if n:
+            segments.append(Segment(torch.arange(cu[b], cu[b + 1]), take(n)))
+    rand = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    p = dict(
+        q=rand(T, H, D),
+        k_new=rand(T, Hkv, D),
+        v_new=rand(T, Hkv, D),
+        k_cache=rand(num_slots, Hkv, D),
+        v_cache=rand(num_slots, Hkv, D),
+        plan=AttentionPlan(cu, segments),
+        scale=D**-0.5,
+    )
+    return problem_on(p, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cascade_attention_below_a_tree_runs_a_launch_per_wave(dtype, monkeypatch):
+    """Segments that share no row go in one launch (a wave): the root (folded into the demo sets below it), the
+    demo sets, the own runs: 2 launches of the merge kernel for the step's 14 segments, whatever their number, and the same
+    result as the reference. A second layer of the same step reuses the waves."""
+    p = tree_problem(dtype)
+    launches = []
+    merge = AT._merge
+    monkeypatch.setattr(AT, "_merge", lambda *a, **k: launches.append(a[5].shape[0]) or merge(*a, **k))
+    want = cascade_attention_ref(**fp32(p))
+    close(AT.cascade_attention_triton(**p), want, dtype)
+    assert len(p["plan"].segments) == 14 and len(launches) == 2, launches
+    assert sum(launches) > len(p["plan"].segments) - 1  # blocks of rows: some segments take several work items
+    close(AT.cascade_attention_triton(**p), want, dtype)
+    assert len(launches) == 4
+
+
 def test_cascade_attention_without_cache():
     p = problem_on(cascade_problem([4, 7], shared_len=0, own_lens=[0, 0], H=2, Hkv=2, D=16), torch.float32)
     assert p["plan"].segments == []
