@@ -691,7 +691,7 @@ def time_case(c, ctx: Context, model: str) -> dict:
 def run_suite(rec: Recorder, ctx: Context, seconds: float) -> None:
     """tests/test_kernels_triton.py under pytest on this device (verbose, parsed line by line, so that a run cut
     off still counts what finished)."""
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_kernels_triton.py"]
+    cmd = [sys.executable, "-m", "pytest", "-v", "--tb=short", "-p", "no:cacheprovider", "tests/test_kernels_triton.py"]
     if ctx.smoke:
         cmd += ["-k", SMOKE_SUITE]
     outcome = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "command": " ".join(cmd[1:])}
@@ -707,6 +707,10 @@ def run_suite(rec: Recorder, ctx: Context, seconds: float) -> None:
         outcome[key] += 1
         if key == "failed":
             outcome["failures"].append(test.split("::", 1)[1])
+    if outcome["failures"]:  # why they failed, in the log and the JSON: the GPU is not at hand to ask again
+        report = text[text.find("= FAILURES =") :] if "= FAILURES =" in text else text
+        outcome["failure_text"] = report[-4000:]
+        print(outcome["failure_text"], flush=True)
     if outcome["passed"] + outcome["failed"] == 0:
         outcome["failed"] += 1
         outcome["failures"].append("no test ran: " + text.strip().splitlines()[-1] if text.strip() else "no output")
