@@ -49,7 +49,7 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
             cont = ids[context + continuation][len(ctx) :]
             ctx = with_bos(tok, ctx)
         else:
-            ctx, cont = [int(t) for t in context], [int(t) for t in continuation]
+            ctx, cont = list(map(int, context)), list(map(int, continuation))  # in C
         if not cont:
             raise RequestError("empty continuation: nothing to score", index=i, field="continuation")
         out.append((ctx or [start], cont))
@@ -59,5 +59,5 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
 def prompt_ids(tok: Tokenizer, prompt) -> list[int]:
     """A generation prompt's token ids: text encoded with BOS as the model asks, token ids as they are (checked
     against the vocabulary by engine/validation.py); an empty prompt is the start token alone."""
-    ids = with_bos(tok, tok.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
+    ids = with_bos(tok, tok.encode(prompt)) if isinstance(prompt, str) else list(map(int, prompt))
     return ids or [start_token(tok)]

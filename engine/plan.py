@@ -116,7 +116,8 @@ class StepPlan:
 
 class StepDraft:
     """A step being planned: the planners add chunks and rows within the token budget; `protected` holds the nodes
-    the step reads or writes (never freed while it is planned), `planned` those with a chunk."""
+    the step reads or writes (never freed while it is planned), `planned` those with a chunk, `completing` those
+    whose chunk ends the node (the nodes below them may be planned in the same step)."""
 
     def __init__(self, budget: int, score_rows: list[ScoreRow], cached_hidden: torch.Tensor | None):
         self.budget = budget
@@ -126,6 +127,7 @@ class StepDraft:
         self.cached_hidden = cached_hidden
         self.protected: set[int] = set()
         self.planned: set[int] = set()
+        self.completing: set[int] = set()  # the nodes whose chunk reaches their last token
 
     @property
     def empty(self) -> bool:
@@ -137,6 +139,8 @@ class StepDraft:
         self.chunks.append(chunk)
         self.protected.update(id(x) for x in cache.lineage(node))
         self.planned.add(id(node))
+        if span.done + n == span.length:
+            self.completing.add(id(node))
         self.budget -= n
         return chunk
 

@@ -1,6 +1,8 @@
 """The prefill planner: chunks of the nodes on the work queue (depth first) up to the step's token budget, with the
-score rows their positions answer. Prefill of new work never preempts: it waits until pages free up, unless the
-step would otherwise be empty."""
+score rows their positions answer. A node whose chunk completes it brings the nodes below it into the same step
+(the forward stores each layer's K/V before that layer's attention reads the cache), so a step fills its budget
+across the levels of the prefix tree instead of one level per step. Prefill of new work never preempts: it waits
+until pages free up, unless the step would otherwise be empty."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ class PrefillPlanner:
             if not cache.live(node):
                 queue.pop()
                 continue
-            missing = cache.missing_ancestor(node)
+            missing = cache.missing_ancestor(node, draft.completing)
             if missing is not None:  # an ancestor was split off unfinished, or preempted: compute it first
                 queue.pop()  # pushed again with the ancestor's frontier when the ancestor completes
                 if id(missing) not in draft.planned:
@@ -47,4 +49,6 @@ class PrefillPlanner:
                     )
                 )
                 chunk.keep.add(r.position - span.start)
+            if id(node) in draft.completing:  # its children may follow in this step, on top of the stack
+                queue.below(node)
         return None

@@ -259,10 +259,12 @@ class PrefixCache:
     def locked(self, node: Node) -> bool:
         return node._users > 0
 
-    def missing_ancestor(self, node: Node) -> Node | None:
+    def missing_ancestor(self, node: Node, completing: set[int] | frozenset = frozenset()) -> Node | None:
         """The first ancestor (from the root down) whose tokens are not all computed: a split left it unfinished, or
-        it was preempted. None when the node may compute."""
-        return next((a for a in _ancestors(node) if not _complete(a)), None)
+        it was preempted, or it waits for a step. None when the node may compute. `completing`: the ids of nodes
+        the step being planned computes to their end; they count as computed (a layer stores the step's K/V in
+        the cache before its attention reads it, so a node may attend to a parent computed in the same step)."""
+        return next((a for a in _ancestors(node) if not _complete(a) and id(a) not in completing), None)
 
     def lineage(self, node: Node) -> list[Node]:
         """The node and its ancestors, the node first."""

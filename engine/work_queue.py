@@ -43,6 +43,11 @@ class WorkQueue:
         if not span.complete:
             self.push(node)
             return
+        self.below(node)
+
+    def below(self, node: Node):
+        """The pending nodes below a node that is computed, or planned to its end in the step being planned (first
+        child on top)."""
         for child in reversed(self.cache.frontier(node)):
             self.push(child)
 

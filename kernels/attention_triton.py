@@ -5,7 +5,9 @@ Both kernels are flash-attention loops: one program owns the query rows of a few
 of one KV head (GQA: K/V tiles are loaded once for the group), walks its keys in tiles of BLOCK_N with an online
 softmax in fp32 (log2 domain). The segment kernel reads K/V rows straight from the cache through slot indices
 and starts its online softmax from the running (out, lse) of its rows, which is exactly the log-sum-exp merge of
-the cascade.
+the cascade. A step's segments are merged in waves (attention.segment_waves: segments that share no query row),
+one launch a wave, each program taking one work item (a block of one segment's rows and that segment's slots) from
+a table built once per step: a decode step of 64 sequences is one or two launches a layer, not one per segment.
 """
 
 from __future__ import annotations

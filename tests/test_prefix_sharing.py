@@ -65,13 +65,29 @@ def test_tokens_computed_near_unique_tokens(tiny):
     assert eng.kv.used_pages == 0  # exact lifetimes: everything freed at the end
 
 
+@pytest.mark.parametrize("budget", [64, 200, 4096])
+def test_a_step_fills_its_budget_across_tree_levels(tiny, budget):
+    """A node planned to its end brings the nodes below it into the same step (each layer stores the step's K/V
+    before its attention reads the cache): an ICQS-shaped job runs in as many forward steps as its unique tokens
+    fill budgets, not one tree level per step (3 levels: demo set, question, answer), with the unshared scores."""
+    reqs = icqs_shaped(tiny[0].vocab_size, seed=4, demo_sets=4)
+    base = logprobs(engine(tiny), reqs, share_prefix=False)
+    eng = engine(tiny, token_budget=budget)
+    assert logprobs(eng, reqs) == pytest.approx(base, abs=1e-5)
+    stats = eng.last_stats
+    assert stats.forward_steps == -(-stats.tokens_computed // budget), (stats.forward_steps, stats.tokens_computed)
+
+
 def test_kv_exhaustion_preempts_and_recomputes(tiny):
+    """6 pages, as many as the largest request needs at once: the planner runs out and preempts. (With 10, the
+    job fits: a step takes a demo set's questions and answers with the demo set, depth first, so its subtree
+    finishes and frees its pages before the next starts.)"""
     reqs = icqs_shaped(tiny[0].vocab_size, seed=2, demo_sets=6)
     base = logprobs(engine(tiny), reqs, share_prefix=False)
-    eng = engine(tiny, kv_tokens=160, page_size=16, token_budget=512)
+    eng = engine(tiny, kv_tokens=96, page_size=16, token_budget=512)
     assert logprobs(eng, reqs) == pytest.approx(base, abs=1e-5)
     assert eng.last_stats.preemptions > 0
-    assert eng.last_stats.peak_kv_pages <= 10
+    assert eng.last_stats.peak_kv_pages <= 6
     assert eng.kv.used_pages == 0
 
 
