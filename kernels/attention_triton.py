@@ -12,6 +12,7 @@ a table built once per step: a decode step of 64 sequences is one or two launche
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -280,15 +281,21 @@ def _merge(q, rows, k_cache, v_cache, slots, items, scale, out, lse, limits=None
     )
 
 
+@functools.lru_cache(maxsize=512)
+def _one_segment_items(rows: int, slots: int, tokens: int, device) -> torch.Tensor:
+    """The work items of one segment, kept by shape: the deterministic mode merges the same chunks at every layer
+    of a step, so only the first layer copies them to the device."""
+    return _work_items([rows], [slots], tokens, device)
+
+
 def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
     """Rows q[rows] attend to cache[slots] (each from its entry of starts up to its entry of limits, when given);
     the result is merged into out[rows], lse[rows] in place."""
     R, S = rows.numel(), slots.numel()
     if R == 0 or S == 0:
         return
-    items = _work_items(
-        [R], [S], _blocks(q, q.shape[1] // k_cache.shape[1])[0] // (q.shape[1] // k_cache.shape[1]), q.device
-    )
+    group = q.shape[1] // k_cache.shape[1]
+    items = _one_segment_items(R, S, _blocks(q, group)[0] // group, q.device)
     _merge(q, rows, k_cache, v_cache, slots, items, scale, out, lse, limits, starts)
 
 
