@@ -227,6 +227,8 @@ class PrefixCache:
     def hidden_kept(self, seq: list[int], first: int) -> bool:
         """Whether every token of seq from position `first` on that is already computed has its final hidden
         state kept (read-only: nothing is split or inserted)."""
+        if self.kv.used_pages == 0:  # nothing is computed anywhere (a closed job's adds before its first step)
+            return True
         slots = []
         for node, m in self._match(seq):
             lo, hi = max(first - node._start, 0), min(m, node._done)

@@ -51,11 +51,19 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
         cu.append(r0 + n)
     segs = list(segments.values())
     rows = _ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]).to(device)
+    seg_slots = torch.cat([seg[0] for seg in segs]).to(device) if segs else None  # one copy for all segments
     return StepBatch(
         token_ids=_long(tokens).to(device),
         positions=_ranges(pos_starts, lengths).to(device),
         write_slots=torch.cat(slot_parts).to(device),
         cu_seqlens=cu,
-        segments=[Segment(r, seg[0].to(device)) for r, seg in zip(rows.split([sum(seg[2]) for seg in segs]), segs)],
+        segments=[
+            Segment(r, sl, row_ranges=tuple(zip(seg[1], seg[2])))
+            for r, sl, seg in zip(
+                rows.split([sum(seg[2]) for seg in segs]), seg_slots.split([len(seg[0]) for seg in segs]), segs
+            )
+        ]
+        if segs
+        else [],
         out_rows=_long(out).to(device),
     )

@@ -30,6 +30,10 @@ class Segment:
     starts: torch.Tensor | None = None  # [R] int64
     limits: torch.Tensor | None = None  # [R] int64
     position: int = 0
+    # the rows as (first row, count) ranges, where the step's builder knows them (engine/step.py: one range per
+    # chunk below the segment; two segments' ranges are equal or disjoint): the per-step grouping of segments
+    # (fold_short_segments, segment_waves) then works on ranges instead of reading every row to the host
+    row_ranges: tuple[tuple[int, int], ...] | None = None
 
 
 class AttentionPlan:
@@ -141,11 +145,14 @@ def segment_starts(segments: list[Segment], window: AttentionWindow) -> list[Seg
     return out
 
 
-def _rows_on_host(segments: list[Segment]) -> list[list[int]]:
-    """Each segment's rows as Python ints, read in one copy for the whole list (one device sync on a GPU, not one
-    per segment)."""
+def _row_units(segments: list[Segment]) -> list[list]:
+    """Each segment's rows as hashable units that two segments either share or not: its row ranges where every
+    segment has them (equal or disjoint by Segment's contract), else its rows as Python ints, read in one copy for
+    the whole list (one device sync on a GPU, not one per segment)."""
     if not segments:
         return []
+    if all(s.row_ranges is not None for s in segments):
+        return [list(s.row_ranges) for s in segments]
     flat = torch.cat([s.rows for s in segments]).cpu().tolist()
     out, i = [], 0
     for s in segments:
@@ -166,9 +173,9 @@ def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) ->
     live = [s for s in segments if s.rows.numel() and s.slots.numel()]
     segs = [[s.rows, s.slots] for s in live]
     if not any(slots.numel() < min_slots for _, slots in segs):
-        return [Segment(rows, slots) for rows, slots in segs]
-    chain: dict[int, list[int]] = {}  # row -> its segments, in merge order
-    rows_of = _rows_on_host(live)
+        return [Segment(s.rows, s.slots, row_ranges=s.row_ranges) for s in live]
+    chain: dict = {}  # row (or row range) -> its segments, in merge order
+    rows_of = _row_units(live)
     for i, rows in enumerate(rows_of):
         for r in rows:
             chain.setdefault(r, []).append(i)
@@ -190,7 +197,7 @@ def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) ->
                 for r in rows_of[i]:
                     chain[r].remove(i)
                 alive[i] = False
-    return [Segment(rows, slots) for (rows, slots), keep in zip(segs, alive) if keep]
+    return [Segment(rows, slots, row_ranges=s.row_ranges) for (rows, slots), s, keep in zip(segs, live, alive) if keep]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,18 +213,18 @@ class Wave:
     starts: torch.Tensor | None
 
 
-def segment_waves(segments: list[Segment], n_rows: int) -> list[Wave]:
+def segment_waves(segments: list[Segment]) -> list[Wave]:
     """Groups the segments into waves in which no two share a query row, keeping each row's segments in list
     order (segment i goes to the wave after the last one holding any of its rows): one kernel call a wave (a
-    step's many small segments, one or two per sequence when decoding, fall into a few waves). The rows are read
-    to the host once for the whole list."""
-    level = [0] * n_rows  # per row: the wave after its latest segment's
+    step's many small segments, one or two per sequence when decoding, fall into a few waves). Rows are compared
+    as the segments' row ranges where they have them (_row_units)."""
+    level: dict = {}  # per row (or row range): the wave after its latest segment's
     waves: list[list[Segment]] = []
     live = [s for s in segments if s.rows.numel() and s.slots.numel()]
-    for seg, rows_list in zip(live, _rows_on_host(live)):
-        w = max(level[r] for r in rows_list)
-        for r in rows_list:
-            level[r] = w + 1
+    for seg, units in zip(live, _row_units(live)):
+        w = max(level.get(u, 0) for u in units)
+        for u in units:
+            level[u] = w + 1
         if w == len(waves):
             waves.append([])
         waves[w].append(seg)

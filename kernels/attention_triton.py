@@ -310,7 +310,7 @@ def _wave_items(segments: list[Segment], q: torch.Tensor, group: int) -> list[_W
     br = _blocks(q, group)[0]
     return [
         _WaveItems(w, _work_items(w.row_offsets.diff().tolist(), w.slot_offsets.diff().tolist(), br // group, q.device))
-        for w in segment_waves(segments, q.shape[0])
+        for w in segment_waves(segments)
     ]
 
 

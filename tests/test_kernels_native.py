@@ -225,7 +225,7 @@ def test_segment_waves_match_reference(dtype):
         Segment(torch.arange(5, 9), torch.randperm(p["k_cache"].shape[0])[:17]),
     ]
     segments = [root] + branch + own
-    waves = segment_waves(segments, 9)
+    waves = segment_waves(segments)
     assert len(waves) == 3
     seen = []  # per row, the waves of its segments, in segment order
     for w, wave in enumerate(waves):

@@ -207,13 +207,34 @@ def test_cascade_attention_below_a_tree_runs_a_launch_per_wave(dtype, monkeypatc
     # what the tiles make of the tree: the key tile sets what folds, the row tile how many items a segment takes
     rows_per_item, key_tile = AT._blocks(p["q"], 2)[0] // 2, AT._blocks(p["q"], 2)[1]
     folded = fold_short_segments(segments, key_tile)
-    assert len(segments) == 14 and len(launches) == len(segment_waves(folded, p["q"].shape[0])) < len(segments)
+    assert len(segments) == 14 and len(launches) == len(segment_waves(folded)) < len(segments)
     assert sum(launches) == sum(-(-s.rows.numel() // rows_per_item) for s in folded), launches
     if not CUDA:  # the interpreter's tiles (16 keys, 8 rows): the root folds, demo sets and own runs stay apart
         assert len(launches) == 2 and sum(launches) > len(segments) - 1, launches
     n = len(launches)
     close(AT.cascade_attention_triton(**p), want, dtype)
     assert len(launches) == 2 * n
+
+
+def test_waves_from_row_ranges_match_waves_from_rows():
+    """The step builder gives each segment its rows as ranges, one per sequence (chunk) below it: folding and waves
+    computed on the ranges are those computed on the rows read from the device."""
+    plan = tree_problem(torch.float32)["plan"]
+    cu = plan.cu_seqlens
+
+    def ranges(rows):
+        r = set(rows.tolist())
+        return tuple((cu[b], cu[b + 1] - cu[b]) for b in range(len(cu) - 1) if cu[b] in r)
+
+    # rows on the meta device: the grouping must not read them (it reads the ranges)
+    with_ranges = [Segment(s.rows.to("meta"), s.slots, row_ranges=ranges(s.rows)) for s in plan.segments]
+    for key_tile in (16, 64):
+        a, b = fold_short_segments(plan.segments, key_tile), fold_short_segments(with_ranges, key_tile)
+        assert [(s.rows.numel(), s.slots.tolist()) for s in a] == [(s.rows.numel(), s.slots.tolist()) for s in b]
+        wa, wb = segment_waves(a), segment_waves(b)
+        assert len(wa) == len(wb) >= 2
+        for x, y in zip(wa, wb):
+            assert x.row_offsets.tolist() == y.row_offsets.tolist() and x.slots.tolist() == y.slots.tolist()
 
 
 def test_cascade_attention_without_cache():
