@@ -76,7 +76,9 @@ def instrument(engine) -> list:
 
     undo = [
         wrap(engine.scheduler, "schedule", "schedule"),
-        wrap(engine.scheduler, "postprocess", "postprocess"),
+        wrap(engine.scheduler, "advance", "postprocess"),
+        wrap(engine.scheduler, "record", "postprocess"),
+        wrap(engine_module.PendingHead, "result", "lm_head"),  # the score rows read back
         wrap(engine.model, "forward", "forward"),
         wrap(engine.model, "target_logprobs", "lm_head"),
         wrap(engine.model, "logits", "logits"),

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import torch
 
@@ -28,10 +29,11 @@ import kernels
 from .config import ModelConfig
 from .encoding import encode_pairs, prompt_ids
 from .errors import UserError
-from .head import run_head
+from .head import PendingHead, launch_head
 from .kv_cache import KVCache
 from .loader import load_model_files
 from .model import LlamaModel
+from .plan import StepPlan
 from .prefix_cache import PrefixCache
 from .progress import progress_bar
 from .request import Event, Finished, GenerateRequest, Request, ScoreRequest
@@ -88,6 +90,14 @@ def torch_dtype(dtype) -> torch.dtype:
 
 RequestHandle = Request
 __all__ = ["Engine", "EngineOptions", "ScoreResult", "Generation", "TokenEvent", "RequestHandle", "default_threads"]
+
+
+class _Launched(NamedTuple):
+    """A step launched by Engine._launch: its plan, its LM head's pending results, the host seconds it took."""
+
+    plan: StepPlan
+    head: PendingHead
+    seconds: float
 
 
 @dataclass
@@ -335,24 +345,56 @@ class Engine:
         with self._lock:
             return self._step()
 
-    @torch.inference_mode()
     def _step(self) -> list[Event]:
+        return self._finish(self._launch(frozenset()))
+
+    @torch.inference_mode()
+    def _launch(self, in_flight: frozenset[int]) -> _Launched:
+        """Plan a step, run its forward and launch its LM head, and advance the tree past it; on a GPU this returns
+        while the device still works (nothing waits for it until `_finish` reads the results)."""
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(in_flight)
         if plan.chunks:
             batch = build_step(plan.chunks, self.cache, self.device)
             self.kv.write_hidden(batch.write_slots, batch.out_rows, self.model.forward(batch, self.kv))
-        head = run_head(plan, self.model, self.kv)
-        seconds = time.perf_counter() - t0
-        if not plan.empty:
+        head = launch_head(plan, self.model, self.kv)
+        self.scheduler.advance(plan)
+        return _Launched(plan, head, time.perf_counter() - t0)
+
+    def _finish(self, step: _Launched) -> list[Event]:
+        """Read a launched step's results and record them; its seconds are its launch's and this read's."""
+        t0 = time.perf_counter()
+        head = step.head.result()
+        seconds = step.seconds + time.perf_counter() - t0
+        if not step.plan.empty:
             self.step_seconds.append(seconds)
-        return self.scheduler.postprocess(plan, head, seconds)
+        return self.scheduler.record(step.plan, head, seconds)
 
     def run(self, handles: list[Request] | None = None, progress=None):
-        """Step until the given requests (default: all pending ones) are done."""
-        while self.has_pending() if handles is None else not all(h.done for h in handles):
-            before = self.scheduler.counts.tokens_computed
-            self.step()
+        """Step until the given requests (default: all pending ones) are done, pipelined: the next step is planned
+        and launched before the last one's results are read and recorded, so on a GPU the host's planning and
+        recording overlap the device's work. A step with sample rows is read first (the next plan extends each
+        generating sequence by its token), and the launched step's nodes are never preempted by the next."""
+
+        def more() -> bool:
+            return self.has_pending() if handles is None else not all(h.done for h in handles)
+
+        step: _Launched | None = None  # launched, not yet recorded
+        while True:
+            with self._lock:
+                before = self.scheduler.counts.tokens_computed
+                if step is not None and step.plan.sample_rows:
+                    self._finish(step)
+                    step = None
+                if step is None and not more():
+                    return
+                launched = self._launch(frozenset() if step is None else step.plan.protected)
+                if step is not None:
+                    self._finish(step)
+                if launched.plan.empty:
+                    self._finish(launched)
+                    launched = None
+                step = launched
             if progress is not None:
                 progress.update(self.scheduler.counts.tokens_computed - before)
 

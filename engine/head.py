@@ -7,23 +7,46 @@ from __future__ import annotations
 
 import torch
 
+from kernels import LogProbs
+
 from .kv_cache import KVCache
 from .model import LlamaModel
 from .plan import HeadOutput, SampleOutput, ScoreOutput, StepPlan
 from .sampling import sample
 
 
-def run_head(plan: StepPlan, model: LlamaModel, kv: KVCache) -> HeadOutput:
-    """The step's score and sample rows through the LM head (None for a kind of row the plan has none of)."""
-    return HeadOutput(
+class PendingHead:
+    """A step's LM head launched: the score rows' log-probs still on the device until `result()` reads them (the
+    sample rows are read at once: the next step needs their tokens)."""
+
+    def __init__(self, plan: StepPlan, score: LogProbs | None, sample: SampleOutput | None):
+        self.plan, self.score, self.sample = plan, score, sample
+
+    def result(self) -> HeadOutput:
+        plan, out = self.plan, None
+        if self.score is not None:
+            rows = self.score.rows()
+            out = ScoreOutput(rows if plan.head_inverse is None else [rows[i] for i in plan.head_inverse], len(rows))
+        return HeadOutput(out, self.sample)
+
+
+def launch_head(plan: StepPlan, model: LlamaModel, kv: KVCache) -> PendingHead:
+    """The step's score and sample rows through the LM head, the score rows' results left on the device."""
+    return PendingHead(
+        plan,
         score(plan, model, kv) if plan.score_rows else None,
         sample_tokens(plan, model, kv) if plan.sample_rows else None,
     )
 
 
-def score(plan: StepPlan, model: LlamaModel, kv: KVCache) -> ScoreOutput:
+def run_head(plan: StepPlan, model: LlamaModel, kv: KVCache) -> HeadOutput:
+    """The step's score and sample rows through the LM head (None for a kind of row the plan has none of)."""
+    return launch_head(plan, model, kv).result()
+
+
+def score(plan: StepPlan, model: LlamaModel, kv: KVCache) -> LogProbs:
     """The plan's score rows through the fused LM head + log-softmax, in the plan's head batch (each distinct
-    (slot, target) once, mapped back to every row asking it by the plan's inverse index)."""
+    (slot, target) once; PendingHead maps them back to every row asking by the plan's inverse index)."""
     rows = plan.score_rows
     cached = 0 if plan.cached_hidden is None else len(plan.cached_hidden)
     hidden = kv.read_hidden([r.slot for r in rows[cached:]])
@@ -33,8 +56,7 @@ def score(plan: StepPlan, model: LlamaModel, kv: KVCache) -> ScoreOutput:
     if plan.head_rows is not None:
         idx = torch.tensor(plan.head_rows, device=model.device)
         hidden, targets = hidden[idx], targets[idx]
-    out = model.target_logprobs(hidden, targets, top_k=plan.top_k).rows()
-    return ScoreOutput(out if plan.head_inverse is None else [out[i] for i in plan.head_inverse], len(out))
+    return model.target_logprobs(hidden, targets, top_k=plan.top_k)
 
 
 def sample_tokens(plan: StepPlan, model: LlamaModel, kv: KVCache) -> SampleOutput:

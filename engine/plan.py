@@ -96,6 +96,7 @@ class StepPlan:
     head_rows: list[int] | None = None
     head_inverse: list[int] | None = None
     top_k: int = 0  # the most top-k alternatives a score row asks for: the LM head's batch computes that many
+    protected: frozenset[int] = frozenset()  # ids of the nodes the step reads or writes
 
     @property
     def tokens(self) -> int:
@@ -171,4 +172,5 @@ class StepDraft:
             None if distinct else pick,
             None if distinct else inverse,
             top_k,
+            frozenset(self.protected),
         )

@@ -3,7 +3,8 @@ request keeps alive, the rows of cached tokens ready to score, the requests in f
 `add` puts a request's tokens into the prefix cache (engine/prefix_cache.py), sharing every node another request holds;
 `schedule()` returns a `StepPlan` (engine/plan.py): the decode planner's token of every generating sequence, then the
 prefill planner's chunks up to the token budget, each finding pages through the memory policy; `postprocess` records
-the step and returns its output events (engine/request.py), each already consumed by its handle."""
+the step and returns its output events (engine/request.py), each already consumed by its handle: `advance` (the tree
+and the queue after the step's chunks) then `record` (its results), which a pipelined loop runs apart."""
 
 from __future__ import annotations
 
@@ -106,20 +107,30 @@ class Scheduler:
         """Requests in flight with this status."""
         return sum(1 for r in self.active.values() if r.status is status)
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, in_flight: frozenset[int] = frozenset()) -> StepPlan:
+        """The next step. `in_flight`: the nodes a step launched but not yet recorded reads or writes (its
+        `StepPlan.protected`), never preempted for this one."""
         for req in [r for r in self.active.values() if r.abort_requested]:
             self.drop(req, Status.ABORTED, RequestError("aborted", label=req.label))
         ready, self.ready = self.ready, []  # their hidden states read now: this step may free the nodes holding them
         draft = StepDraft(self.budget, ready, self.kv.read_hidden([r.slot for r in ready]) if ready else None)
+        draft.protected |= in_flight
         blocked = self.decode.plan(draft)
         blocked = self.prefill.plan(draft) or blocked
-        if draft.empty and blocked is not None:
+        if draft.empty and blocked is not None and not in_flight:  # with a step in flight, its pages free up first
             self._fail_subtree(blocked)
         return draft.finish()
 
     def postprocess(self, plan: StepPlan, head: HeadOutput, seconds: float = 0.0) -> list[Event]:
         """Record a computed step and what the LM head made of it (engine/head.py); returns the output events since
         the last step (each consumed by its handle)."""
+        self.advance(plan)
+        return self.record(plan, head, seconds)
+
+    def advance(self, plan: StepPlan):
+        """The tree and the work queue after a step's chunks, before its results are read: the next step may be
+        planned on it while this one runs (the device runs steps in order, so the next reads these K/V after they
+        are written)."""
         self.cache.tick()
         if plan.chunks:
             self.counts.count_step(plan.tokens, sum(len(c.keep) for c in plan.chunks), plan.attention_keys)
@@ -127,6 +138,10 @@ class Scheduler:
             span = self.cache.computed(chunk.node, chunk.end)
             if span.kind is not Kind.SEQUENCE:  # the decode planner drives a generating sequence
                 self.queue.computed(chunk.node, span)
+
+    def record(self, plan: StepPlan, head: HeadOutput, seconds: float = 0.0) -> list[Event]:
+        """A step's results (advanced before): scores and tokens recorded, requests finished; returns the output
+        events since the last step (each consumed by its handle)."""
         touched: dict[int, Request] = {}
         if head.score is not None:
             self.counts.lm_head_rows += head.score.lm_head_rows

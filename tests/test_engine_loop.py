@@ -359,3 +359,43 @@ def test_rows_asked_by_several_requests_go_through_the_lm_head_once(tiny):
         assert h.result().token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-5)
         assert h.result().greedy_tokens == alone.greedy_tokens
         assert [t[0][0] for t in h.result().top_logprobs] == [t[0][0] for t in alone.top_logprobs]
+
+
+def test_the_pipelined_run_gives_the_stepped_results_and_overlaps(tiny, monkeypatch):
+    """run() plans and launches the next step before it reads the last one's results (a step with sample rows is
+    read first): the same outcomes as stepping one step at a time, bitwise (fp32, no memory pressure: the same
+    plans), and launches that run ahead of their predecessors' reads."""
+    import engine.engine as engine_module
+
+    items = workload(tiny[0].vocab_size, seed=8)
+    stepped = engine(tiny, token_budget=24)
+    handles = [add(stepped, it) for it in items]
+    while stepped.has_pending():
+        stepped.step()
+    want = [outcome(h) for h in handles]
+
+    log = []
+    launch, result = engine_module.Engine._launch, engine_module.PendingHead.result
+
+    def spy_launch(self, in_flight):
+        out = launch(self, in_flight)
+        log.append(("launch", bool(out.plan.sample_rows), bool(in_flight)))
+        return out
+
+    def spy_result(self):
+        log.append(("read",))
+        return result(self)
+
+    monkeypatch.setattr(engine_module.Engine, "_launch", spy_launch)
+    monkeypatch.setattr(engine_module.PendingHead, "result", spy_result)
+    piped = engine(tiny, token_budget=24)
+    handles = [add(piped, it) for it in items]
+    piped.run()
+    assert [outcome(h) for h in handles] == want
+    launches = [e for e in log if e[0] == "launch"]
+    ahead = [i for i, e in enumerate(log[1:], 1) if e[0] == "launch" and log[i - 1][0] == "launch"]
+    assert ahead and any(e[2] for e in launches), log  # some step launched while another was in flight
+    for i, e in enumerate(log[:-1]):  # a step with sample rows is read before the next launch
+        if e[0] == "launch" and e[1]:
+            assert log[i + 1] == ("read",), log
+    piped.check_pages()
