@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import LogProbs
+from kernels import LogProbs, to_device
 
 from .kv_cache import KVCache
 from .model import LlamaModel
@@ -52,9 +52,9 @@ def score(plan: StepPlan, model: LlamaModel, kv: KVCache) -> LogProbs:
     hidden = kv.read_hidden([r.slot for r in rows[cached:]])
     if cached:
         hidden = torch.cat([plan.cached_hidden, hidden])
-    targets = torch.tensor([r.target for r in rows], device=model.device)
+    targets = to_device(torch.tensor([r.target for r in rows]), model.device)
     if plan.head_rows is not None:
-        idx = torch.tensor(plan.head_rows, device=model.device)
+        idx = to_device(torch.tensor(plan.head_rows), model.device)
         hidden, targets = hidden[idx], targets[idx]
     return model.target_logprobs(hidden, targets, top_k=plan.top_k)
 

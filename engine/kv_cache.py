@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from kernels import TokenLogProb
+from kernels import TokenLogProb, to_device
 
 from .config import ModelConfig
 from .errors import UserError
@@ -127,7 +127,7 @@ class KVCache:
 
     def read_hidden(self, slots: list[int]) -> torch.Tensor:
         """The kept hidden states at these slots (a copy: later steps may reuse the slots)."""
-        return self.hidden[torch.tensor(slots, dtype=torch.long, device=self.hidden.device)]
+        return self.hidden[to_device(torch.tensor(slots, dtype=torch.long), self.hidden.device)]
 
     def memo_get(self, slot: int, top_k: int) -> TokenLogProb | None:
         """What scoring the token at `slot` given its prefix computed, if it was scored since its page was handed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels import Segment
+from kernels import Segment, to_device
 
 from .model import StepBatch
 from .plan import Chunk
@@ -50,12 +50,12 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
         out += [r0 + off - chunk.start for off in sorted(chunk.keep)]
         cu.append(r0 + n)
     segs = list(segments.values())
-    rows = _ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]).to(device)
-    seg_slots = torch.cat([seg[0] for seg in segs]).to(device) if segs else None  # one copy for all segments
+    rows = to_device(_ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]), device)
+    seg_slots = to_device(torch.cat([seg[0] for seg in segs]), device) if segs else None  # one copy for all
     return StepBatch(
-        token_ids=_long(tokens).to(device),
-        positions=_ranges(pos_starts, lengths).to(device),
-        write_slots=torch.cat(slot_parts).to(device),
+        token_ids=to_device(_long(tokens), device),
+        positions=to_device(_ranges(pos_starts, lengths), device),
+        write_slots=to_device(torch.cat(slot_parts), device),
         cu_seqlens=cu,
         segments=[
             Segment(r, sl, row_ranges=tuple(zip(seg[1], seg[2])))
@@ -65,5 +65,5 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
         ]
         if segs
         else [],
-        out_rows=_long(out).to(device),
+        out_rows=to_device(_long(out), device),
     )

@@ -20,6 +20,7 @@ from .dispatch import (
     silu_and_mul,
     target_logprobs,
 )
+from .host import to_device
 from .logprob import LogProbs, TokenLogProb
 from .rope import rope_cos_sin
 
@@ -38,6 +39,7 @@ __all__ = [
     "greedy_logprobs",
     "rms_norm",
     "rope_cos_sin",
+    "to_device",
     "silu_and_mul",
     "set_backend",
     "get_backend",

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from . import flash_attention
 from .attention import AttentionPlan, Segment, Wave, fold_short_segments, segment_starts, segment_waves
+from .host import to_device
 from .tiles import gpu_tiles
 
 LOG2E = 1.4426950408889634
@@ -186,7 +187,7 @@ def _self_blocks(cu_seqlens, tokens: int, device) -> tuple[torch.Tensor, torch.T
     blocks = -(-np.diff(cu) // tokens)
     seq = np.repeat(np.arange(len(blocks), dtype=np.int32), blocks)
     start = ((np.arange(int(blocks.sum())) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * tokens).astype(np.int32)
-    return tuple(torch.from_numpy(x).to(device) for x in (cu, seq, start))
+    return tuple(to_device(torch.from_numpy(x), device) for x in (cu, seq, start))
 
 
 def varlen_causal_attention_triton(q, k, v, cu_seqlens, scale: float, window: int = 0, plan=None):
@@ -245,7 +246,7 @@ def _work_items(row_counts, slot_counts, tokens: int, device) -> torch.Tensor:
     items = np.stack(
         [row_base[seg] + k * tokens, np.minimum(tokens, rc[seg] - k * tokens), slot_base[seg], sc[seg]], axis=1
     )
-    return torch.from_numpy(np.ascontiguousarray(items)).to(device)
+    return to_device(torch.from_numpy(np.ascontiguousarray(items)), device)
 
 
 def _merge(q, rows, k_cache, v_cache, slots, items, scale, out, lse, limits=None, starts=None):
