@@ -388,7 +388,12 @@ class Engine:
                     step = None
                 if step is None and not more():
                     return
-                launched = self._launch(frozenset() if step is None else step.plan.protected)
+                try:
+                    launched = self._launch(frozenset() if step is None else step.plan.protected)
+                except BaseException:  # the step in flight still ran: its results are recorded before this raises
+                    if step is not None:
+                        self._finish(step)
+                    raise
                 if step is not None:
                     self._finish(step)
                 if launched.plan.empty:

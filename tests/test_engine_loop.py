@@ -399,3 +399,24 @@ def test_the_pipelined_run_gives_the_stepped_results_and_overlaps(tiny, monkeypa
         if e[0] == "launch" and e[1]:
             assert log[i + 1] == ("read",), log
     piped.check_pages()
+
+
+def test_a_failed_launch_still_records_the_step_in_flight(tiny, monkeypatch):
+    """The pipelined run launches step 2 before it records step 1; when step 2's forward raises, step 1's results
+    are recorded first (its requests finish), then the error reaches the caller."""
+    eng = engine(tiny, token_budget=8)
+    later = eng.add_score(list(range(20, 60)), [7])  # 40 tokens: the rest of step 1's budget, then more steps
+    first = eng.add_score([11, 12, 13], [14])  # 3 tokens, on top of the depth-first stack: all of it in step 1
+    forward, calls = eng.model.forward, []
+
+    def failing(batch, kv):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return forward(batch, kv)
+
+    monkeypatch.setattr(eng.model, "forward", failing)
+    with pytest.raises(RuntimeError, match="device lost"):
+        eng.run()
+    assert first.done and first.result().num_tokens == 1
+    assert not later.done
