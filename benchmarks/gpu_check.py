@@ -369,6 +369,12 @@ def markdown(r: dict) -> str:
             ),
         ]
         notes = [f"{name}: {v['note']}" for name, v in s.items() if v.get("note")]
+        notes += [
+            f"{name}: host {v['host_before_loop_s']:.2f} s before the loop, then {v['loop_s']:.2f} s in it "
+            f"({v['launch_s']:.2f} s launching steps, {v['finish_s']:.2f} s reading and recording them)"
+            for name, v in s.items()
+            if "loop_s" in v
+        ]
         out += [""] + notes if notes else []
     if r.get("errors"):
         out += ["", "## Errors", ""] + [f"- {name}: `{e.splitlines()[-1]}`" for name, e in r["errors"].items()]
@@ -1062,7 +1068,7 @@ def speed_scoring(
 
     config = engine.config
     engine.score(ids[:8], share_prefix=share)  # warm-up (kernels compiled)
-    with Peak(ctx) as peak, _timer(ctx) as t:
+    with Peak(ctx) as peak, _timer(ctx) as t, _loop_timeline(engine) as timeline:
         got = engine.score(ids, share_prefix=share)
     stats = engine.last_stats
     steps = list(engine.step_seconds)[-stats.forward_steps :] if stats.forward_steps else []
@@ -1084,6 +1090,10 @@ def speed_scoring(
         # the loop's steps (plan, forward, LM head, record) against the whole call (adding, tokenizing checks)
         "engine_step_ms": sum(steps) / max(len(steps), 1) * 1e3,
         "engine_in_steps": sum(steps) / t.s,
+        # the pipelined loop (Engine.run): the host's time before the first launch (tokenizing checks, adding the
+        # requests), in launches (plan, forward and LM head enqueued, tree advanced) and in finishes (reading a
+        # step's results, which waits for the device, and recording them), and from the first launch to the end
+        **timeline.summary(t.t),
     }
     res["mfu"] = res["engine_tflops"] / rate
     rec.put("speed", key, value=res)
@@ -1170,6 +1180,43 @@ def speed_decode(
     )
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
+
+
+class _loop_timeline:
+    """Times the engine loop's launches and finishes during one call (Engine._launch and Engine._finish, wrapped
+    on the instance for the call): where the host's time goes in the pipelined loop."""
+
+    def __init__(self, engine):
+        self.engine, self.events = engine, []
+
+    def __enter__(self):
+        for name in ("_launch", "_finish"):
+            fn = getattr(self.engine, name)
+
+            def timed(*args, _fn=fn, _name=name):
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*args)
+                finally:
+                    self.events.append((_name, t0, time.perf_counter()))
+
+            setattr(self.engine, name, timed)
+        return self
+
+    def __exit__(self, *exc):
+        for name in ("_launch", "_finish"):
+            delattr(self.engine, name)
+
+    def summary(self, start: float) -> dict:
+        if not self.events:
+            return {}
+        first = min(e[1] for e in self.events)
+        return {
+            "host_before_loop_s": first - start,
+            "launch_s": sum(e[2] - e[1] for e in self.events if e[0] == "_launch"),
+            "finish_s": sum(e[2] - e[1] for e in self.events if e[0] == "_finish"),
+            "loop_s": max(e[2] for e in self.events) - first,
+        }
 
 
 class _timer:
