@@ -1121,6 +1121,10 @@ def speed_scoring(
     print(f"{key}: {res}", flush=True)
 
 
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def speed_decode(
     rec: Recorder,
     ctx: Context,
@@ -1168,6 +1172,10 @@ def speed_decode(
         "hf_work_gib": peak.work_gib,
         "engine_ms_per_step": e_s / max(steps, 1) * 1e3,
         "sequences_equal": f"{sum(a == b for a, b in zip(e_seqs, h_seqs))}/{n}",
+        # where the engine's and generate's greedy tokens part: at once would point at a bug, later at bf16
+        # rounding between near-tied logits (random weights give near-flat logits)
+        "first_token_equal": f"{sum(bool(a) and bool(b) and a[0] == b[0] for a, b in zip(e_seqs, h_seqs))}/{n}",
+        "mean_common_prefix": sum(_common_prefix_len(a, b) for a, b in zip(e_seqs, h_seqs)) / max(n, 1),
     }
     flops = 2.0 * e_tokens * (linear_params(config) + config.vocab_size * config.hidden_size)
     res["mfu"] = flops / e_s / 1e12 / rate
@@ -1175,8 +1183,13 @@ def speed_decode(
     if bandwidth:  # a decode step reads every weight once: its time bound at the measured copy bandwidth
         res["step_bound_ms"] = weight_bytes / (bandwidth * 1e9) * 1e3
         res["fraction_of_bandwidth_bound"] = res["step_bound_ms"] / res["engine_ms_per_step"]
-    res["note"] = f"{n} x {new_tokens} tokens greedy; {res['engine_ms_per_step']:.1f} ms per engine step" + (
-        f" against {res['step_bound_ms']:.2f} ms to read the weights once" if bandwidth else ""
+    res["note"] = (
+        f"{n} x {new_tokens} tokens greedy; {res['engine_ms_per_step']:.1f} ms per engine step"
+        + (f" against {res['step_bound_ms']:.2f} ms to read the weights once" if bandwidth else "")
+        + (
+            f"; greedy tokens equal to generate's: {res['sequences_equal']} whole sequences, "
+            f"{res['first_token_equal']} first tokens, {res['mean_common_prefix']:.1f} tokens in common on average"
+        )
     )
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
