@@ -49,8 +49,9 @@ log = logging.getLogger("engine")
 
 # The collector's first generation is scanned every 700 net allocations by default; a 9,000-request job allocates
 # millions of small objects (token lists, tree nodes, rows) that live until the job ends, so each pass finds
-# nothing to free and the older generations' passes walk the whole young tree: 27% of the scheduler's time on
-# the ICQS job (benchmarks/RESULTS.md). A closed job raises the threshold while it runs and restores it after.
+# nothing to free and the older generations' passes walk the whole young tree: 27% of the ICQS job's time on a
+# tiny model (benchmarks/RESULTS.md, "GPU (H100)"). A closed job raises the threshold while it runs and restores
+# it after.
 JOB_GC_THRESHOLD = 100_000
 _gc_jobs = {"running": 0, "saved": None}
 _gc_lock = threading.Lock()

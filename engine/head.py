@@ -39,11 +39,6 @@ def launch_head(plan: StepPlan, model: LlamaModel, kv: KVCache) -> PendingHead:
     )
 
 
-def run_head(plan: StepPlan, model: LlamaModel, kv: KVCache) -> HeadOutput:
-    """The step's score and sample rows through the LM head (None for a kind of row the plan has none of)."""
-    return launch_head(plan, model, kv).result()
-
-
 def score(plan: StepPlan, model: LlamaModel, kv: KVCache) -> LogProbs:
     """The plan's score rows through the fused LM head + log-softmax, in the plan's head batch (each distinct
     (slot, target) once; PendingHead maps them back to every row asking by the plan's inverse index)."""

@@ -2,9 +2,10 @@
 request keeps alive, the rows of cached tokens ready to score, the requests in flight) and never writes into a handle.
 `add` puts a request's tokens into the prefix cache (engine/prefix_cache.py), sharing every node another request holds;
 `schedule()` returns a `StepPlan` (engine/plan.py): the decode planner's token of every generating sequence, then the
-prefill planner's chunks up to the token budget, each finding pages through the memory policy; `postprocess` records
-the step and returns its output events (engine/request.py), each already consumed by its handle: `advance` (the tree
-and the queue after the step's chunks) then `record` (its results), which a pipelined loop runs apart."""
+prefill planner's chunks up to the token budget, each finding pages through the memory policy; after a step,
+`advance` moves the tree and the work queue past its chunks and `record` records its results and returns its output
+events (engine/request.py), each already consumed by its handle (the pipelined loop plans the next step between the
+two)."""
 
 from __future__ import annotations
 
@@ -120,12 +121,6 @@ class Scheduler:
         if draft.empty and blocked is not None and not in_flight:  # with a step in flight, its pages free up first
             self._fail_subtree(blocked)
         return draft.finish()
-
-    def postprocess(self, plan: StepPlan, head: HeadOutput, seconds: float = 0.0) -> list[Event]:
-        """Record a computed step and what the LM head made of it (engine/head.py); returns the output events since
-        the last step (each consumed by its handle)."""
-        self.advance(plan)
-        return self.record(plan, head, seconds)
 
     def advance(self, plan: StepPlan):
         """The tree and the work queue after a step's chunks, before its results are read: the next step may be
