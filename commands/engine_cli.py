@@ -19,7 +19,7 @@ import sys
 from engine.encoding import encode_pairs
 from engine.errors import UserError
 from engine.stats import EngineStats
-from engine.validation import RequestError, check_score
+from engine.validation import RequestError, check_scores
 
 from . import tables
 from .cli_args import ArgumentParser, input_path, output_path, run_command
@@ -92,8 +92,7 @@ def cmd_score(args) -> int:
     todo = rows[skip:]
     try:  # the engine's own checks (engine/validation.py), before any work
         encoded = encode_pairs(eng.tokenizer, [(row["context"], row["continuation"]) for _, row in todo])
-        for i, (ctx, cont) in enumerate(encoded):
-            check_score(ctx, cont, 0, eng.limits, index=i)
+        check_scores(encoded, 0, eng.limits)
     except UserError as e:
         raise _at_line(e, todo, args.input) from None
     if skip:

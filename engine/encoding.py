@@ -30,7 +30,9 @@ def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[
 
 
 def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
-    """encode_pair for a whole job: each distinct context and each whole text is tokenized once, in batches."""
+    """encode_pair for a whole job: each distinct context and each whole text is tokenized once, in batches. The
+    requests of one context share one list of its ids (a context given as text, or the same list of token ids
+    given for several requests), so that the job checks and reads each context once; nobody changes them."""
     pairs = []
     for i, (context, continuation) in enumerate(requests):
         if isinstance(context, str) != isinstance(continuation, str):
@@ -42,17 +44,23 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
     texts = list(dict.fromkeys(t for c, x in pairs if isinstance(c, str) for t in (c, c + x)))
     ids = dict(zip(texts, tok.encode_batch(texts))) if texts else {}
     start = start_token(tok)
+    contexts: dict = {}  # a context's text, or id() of its list of ids (alive in `pairs`) -> its ids as the model reads
     out = []
     for i, (context, continuation) in enumerate(pairs):
         if isinstance(context, str):
-            ctx = ids[context]
-            cont = ids[context + continuation][len(ctx) :]
-            ctx = with_bos(tok, ctx)
+            whole = ids[context + continuation]
+            ctx = contexts.get(context)
+            if ctx is None:
+                ctx = contexts[context] = with_bos(tok, ids[context]) or [start]
+            cont = whole[len(ids[context]) :]
         else:
-            ctx, cont = list(map(int, context)), list(map(int, continuation))  # in C
+            ctx = contexts.get(id(context))
+            if ctx is None:
+                ctx = contexts[id(context)] = list(map(int, context)) or [start]  # in C
+            cont = list(map(int, continuation))
         if not cont:
             raise RequestError("empty continuation: nothing to score", index=i, field="continuation")
-        out.append((ctx or [start], cont))
+        out.append((ctx, cont))
     return out
 
 

@@ -42,7 +42,7 @@ from .sampling import new_generator
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .step import build_step
-from .validation import Limits, RequestError, check_generate, check_score
+from .validation import Limits, RequestError, check_generate, check_score, check_scores
 from .weights import release_free_memory
 
 log = logging.getLogger("engine")
@@ -356,8 +356,9 @@ class Engine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule(in_flight)
         if plan.chunks:
-            batch = build_step(plan.chunks, self.cache, self.device)
-            self.kv.write_hidden(batch.write_slots, batch.out_rows, self.model.forward(batch, self.kv))
+            step = build_step(plan.chunks, self.cache, self.device)
+            hidden = self.model.forward(step.batch, self.kv)
+            self.kv.write_hidden(step.written, step.kept, step.batch.write_slots[step.batch.out_rows], hidden)
         head = launch_head(plan, self.model, self.kv)
         self.scheduler.advance(plan)
         return _Launched(plan, head, time.perf_counter() - t0)
@@ -408,8 +409,7 @@ class Engine:
     def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0) -> list[ScoreResult]:
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
         encoded = encode_pairs(self.tokenizer, requests)
-        for i, (ctx, cont) in enumerate(encoded):
-            check_score(ctx, cont, top_k, self.limits, index=i)
+        check_scores(encoded, top_k, self.limits)
         with _fewer_gc_passes():
             start = self._job_start()
             handles = [

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from kernels import TokenLogProb, to_device
@@ -66,7 +67,9 @@ class KVCache:
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.hidden = torch.empty(num_pages * page_size, config.hidden_size, dtype=dtype, device=device)
-        self.has_hidden = torch.zeros(num_pages * page_size, dtype=torch.bool, device=device)
+        # which slots' hidden states are kept: on the host, so that adding a request (Scheduler._add_score asks
+        # hidden_kept) never waits for the device, even while a step runs there
+        self.has_hidden = np.zeros(num_pages * page_size, dtype=bool)
         # absolute position of the token at each slot, written with its K/V: sliding-window layers mask by it
         self.positions = (
             torch.empty(num_pages * page_size, dtype=torch.int64, device=device) if config.sliding_window else None
@@ -113,17 +116,16 @@ class KVCache:
             if self.refcount[p] == 0:
                 self.free_pages.append(p)
 
-    def write_hidden(self, slots: torch.Tensor, rows: torch.Tensor, hidden: torch.Tensor):
-        """The tokens just computed at `slots`: keep the final hidden states `hidden` of those at `rows` (indices
-        into slots); the others have none."""
-        kept = slots[rows]
-        self.has_hidden[slots] = False
-        self.has_hidden[kept] = True
-        self.hidden[kept] = hidden
+    def write_hidden(self, written: torch.Tensor, kept: torch.Tensor, kept_here: torch.Tensor, hidden: torch.Tensor):
+        """The tokens just computed at slots `written` (host): keep the final hidden states `hidden` of those at
+        slots `kept` (host; `kept_here`: the same slots on the cache's device); the others have none."""
+        self.has_hidden[written.numpy()] = False
+        self.has_hidden[kept.numpy()] = True
+        self.hidden[kept_here] = hidden
 
     def hidden_kept(self, slots: list[int]) -> bool:
-        """Whether every one of these computed tokens' final hidden states is kept."""
-        return not slots or bool(self.has_hidden[torch.tensor(slots, device=self.has_hidden.device)].all())
+        """Whether every one of these computed tokens' final hidden states is kept (read on the host)."""
+        return not slots or bool(self.has_hidden[slots].all())
 
     def read_hidden(self, slots: list[int]) -> torch.Tensor:
         """The kept hidden states at these slots (a copy: later steps may reuse the slots)."""

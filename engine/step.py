@@ -8,6 +8,8 @@ step reads) come out, to be kept in the cache beside their K/V (engine/kv_cache.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -29,7 +31,16 @@ def _ranges(starts: list[int], lengths: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.arange(int(n.sum()), dtype=np.int64) + np.repeat(shift, n))
 
 
-def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
+class BuiltStep(NamedTuple):
+    """A step's model input, and the host's copy of the slots it writes (`written`) and of those whose final hidden
+    states it keeps (`kept`), for the KV store's bookkeeping (KVCache.write_hidden) without reading the device."""
+
+    batch: StepBatch
+    written: torch.Tensor  # [T] int64, on the host
+    kept: torch.Tensor  # [N] int64, on the host: written[batch.out_rows]
+
+
+def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
     """The step's index tensors are built once per step from ranges gathered as Python ints (a decode step holds
     one chunk per sequence, each below a few cached segments), not one small tensor per chunk and segment."""
     tokens, pos_starts, lengths, slot_parts, cu, out = [], [], [], [], [0], []
@@ -52,10 +63,11 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
     segs = list(segments.values())
     rows = to_device(_ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]), device)
     seg_slots = to_device(torch.cat([seg[0] for seg in segs]), device) if segs else None  # one copy for all
-    return StepBatch(
+    written, out_rows = torch.cat(slot_parts), _long(out)
+    batch = StepBatch(
         token_ids=to_device(_long(tokens), device),
         positions=to_device(_ranges(pos_starts, lengths), device),
-        write_slots=to_device(torch.cat(slot_parts), device),
+        write_slots=to_device(written, device),
         cu_seqlens=cu,
         segments=[
             Segment(r, sl, row_ranges=tuple(zip(seg[1], seg[2])))
@@ -65,5 +77,6 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> StepBatch:
         ]
         if segs
         else [],
-        out_rows=to_device(_long(out), device),
+        out_rows=to_device(out_rows, device),
     )
+    return BuiltStep(batch, written, written[out_rows])

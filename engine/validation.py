@@ -96,16 +96,38 @@ def check_top_k(top_k, vocab_size: int, *, index: int | None = None, label: str 
         )
 
 
-def check_score(ctx, cont, top_k: int, limits: Limits, *, index: int | None = None, label: str | None = None) -> None:
-    """A score request's token ids (context and continuation), its top_k and its length."""
+def check_score(
+    ctx,
+    cont,
+    top_k: int,
+    limits: Limits,
+    *,
+    index: int | None = None,
+    label: str | None = None,
+    seen: set[int] | None = None,
+) -> None:
+    """A score request's token ids (context and continuation), its top_k and its length. `seen`: the ids (id()) of
+    the context lists a job checked already, which a job's requests share (encode_pairs gives every request of a
+    context the same list): each is checked once, and added here once checked."""
     if not cont:
         raise RequestError(
             "empty continuation: nothing to score", index=index, field="continuation", label=_label(index, label)
         )
-    check_token_ids(ctx, limits.vocab_size, index=index, field="context", label=label)
+    if seen is None or id(ctx) not in seen:
+        check_token_ids(ctx, limits.vocab_size, index=index, field="context", label=label)
+        if seen is not None:
+            seen.add(id(ctx))
     check_token_ids(cont, limits.vocab_size, index=index, field="continuation", label=label)
     check_top_k(top_k, limits.vocab_size, index=index, label=label)
     check_score_length(len(ctx), len(cont), limits, index=index, label=label)
+
+
+def check_scores(pairs, top_k: int, limits: Limits) -> None:
+    """check_score for each (context, continuation) of a job (encode_pairs' output), indexed by its place; a context
+    list the job's requests share is checked once."""
+    seen: set[int] = set()
+    for i, (ctx, cont) in enumerate(pairs):
+        check_score(ctx, cont, top_k, limits, index=i, seen=seen)
 
 
 def check_score_length(

@@ -36,7 +36,7 @@ from engine.errors import UserError
 from engine.loader import load_model_info
 from engine.results import Generation, ScoreResult
 from engine.stats import NAMES, EngineStats
-from engine.validation import Limits, check_generate, check_score
+from engine.validation import Limits, check_generate, check_scores
 
 SHARDS_PER_WORKER = 2
 
@@ -249,8 +249,7 @@ class DistributedEngine:
     def encode(self, requests) -> list[tuple[list[int], list[int]]]:
         """Token ids of every request, checked as Engine.score checks them (same errors as the local path)."""
         encoded = encode_pairs(self.tokenizer, requests)
-        for i, (ctx, cont) in enumerate(encoded):
-            check_score(ctx, cont, 0, self.limits, index=i)
+        check_scores(encoded, 0, self.limits)
         return encoded
 
     @property

@@ -206,6 +206,29 @@ def test_bad_requests_are_user_errors(tiny):
             engine(tiny, **bad)
 
 
+def test_a_job_shares_its_context_lists_and_checks_each_once(tiny, monkeypatch):
+    """encode_pairs gives the requests of one context one list (text or the same list of ids); the job's check reads
+    each shared list once and still names the first request that holds a bad id."""
+    import engine.validation as validation
+    from engine.encoding import encode_pairs
+
+    eng = engine(tiny)
+    vocab = tiny[0].vocab_size
+    text = encode_pairs(eng.tokenizer, [("The sky is", " blue"), ("The sky is", " green"), ("Grass is", " green")])
+    assert text[0][0] is text[1][0] and text[0][0] is not text[2][0] and text[0][1] != text[1][1]
+    ctx = [5, 6, 7]
+    ids = encode_pairs(eng.tokenizer, [(ctx, [1]), (ctx, [2]), (list(ctx), [3])])
+    assert ids[0][0] is ids[1][0] and ids[0][0] is not ids[2][0] and ids[0][0] is not ctx
+    reads = []
+    real = validation.check_token_ids
+    monkeypatch.setattr(validation, "check_token_ids", lambda t, *a, **k: reads.append(t) or real(t, *a, **k))
+    validation.check_scores(ids, 0, eng.limits)
+    assert len(reads) == 2 + 3  # two distinct context lists, three continuations
+    bad = [1, vocab]
+    with pytest.raises(UserError, match=f"request 1: token id {vocab} is outside"):
+        eng.score([([1, 2], [3]), (bad, [4]), (bad, [5])])
+
+
 def test_non_finite_log_probs_fail_their_request_only(tiny):
     config, weights, tok = tiny
     broken = dict(weights)
