@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import threading
 import time
@@ -259,20 +260,15 @@ class Engine:
         label: str | None = None,
     ) -> Request:
         """add_score for a request already encoded (encoding.encode_pairs)."""
-        return self._add_score(context, continuation, top_k, share_prefix, label, checked=False)
-
-    def _add_score(self, ctx, cont, top_k, share_prefix, label, checked: bool) -> Request:
-        """`checked`: score() checked the request already, with the others of its job, before adding any."""
         with self._lock:
             rid = self._new_id()
-            req = ScoreRequest(rid, label or f"request {rid}", ctx, cont, top_k)
+            req = ScoreRequest(rid, label or f"request {rid}", context, continuation, top_k)
             try:
-                if not checked:
-                    check_score(ctx, cont, top_k, self.limits, label=req.label)
+                check_score(context, continuation, top_k, self.limits, label=req.label)
             except UserError as e:
-                self._admit(req, e)
+                req.consume(Finished(req, Status.FAILED, e))
             else:
-                self._admit(req, None, share_prefix)
+                self.scheduler.add(req, share_prefix)
             return req
 
     def add_generate(
@@ -297,30 +293,34 @@ class Engine:
                 check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
             except UserError as e:
                 error = e
-            req = GenerateRequest(
-                rid,
-                label,
-                ids,
-                max_tokens if error is None else 0,
-                temperature,
-                top_p,
-                new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
-                [s for s in (stop or []) if s],
-                self.eos,
-                lambda out: self.tokenizer.decode(out, skip_special_tokens=True),
-                on_token,
-            )
-            if error is None and max_tokens == 0:
-                req.consume(Finished(req, Status.FINISHED, finish_reason="length"))
-                return req
-            self._admit(req, error)
+            req = self._generate_request(rid, label, ids, max_tokens, temperature, top_p, seed, stop, on_token, error)
+            if not req.done:
+                self.scheduler.add(req)
             return req
 
-    def _admit(self, req: Request, error: UserError | None, share_prefix: bool = True):
+    def _generate_request(
+        self, rid, label, ids, max_tokens, temperature, top_p, seed, stop, on_token=None, error=None
+    ) -> GenerateRequest:
+        """The handle of a generation; one that failed its checks (`error`), or asks for no tokens, is done
+        already."""
+        req = GenerateRequest(
+            rid,
+            label,
+            ids,
+            max_tokens if error is None else 0,
+            temperature,
+            top_p,
+            new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
+            [s for s in (stop or []) if s],
+            self.eos,
+            lambda out: self.tokenizer.decode(out, skip_special_tokens=True),
+            on_token,
+        )
         if error is not None:
             req.consume(Finished(req, Status.FAILED, error))
-            return
-        self.scheduler.add(req, share_prefix)
+        elif max_tokens == 0:
+            req.consume(Finished(req, Status.FINISHED, finish_reason="length"))
+        return req
 
     def _new_id(self) -> int:
         self._next_id += 1
@@ -372,15 +372,16 @@ class Engine:
             self.step_seconds.append(seconds)
         return self.scheduler.record(step.plan, head, seconds)
 
-    def run(self, handles: list[Request] | None = None, progress=None):
-        """Step until the given requests (default: all pending ones) are done, pipelined: the next step is planned
-        and launched before the last one's results are read and recorded, so on a GPU the host's planning and
-        recording overlap the device's work. A step with sample rows is read first (the next plan extends each
-        generating sequence by its token), and the launched step's nodes are never preempted by the next."""
+    def run(self, handles: list[Request] | None = None):
+        """Step until the given requests (default: all pending ones) are done (the pipelined loop of `_loop`)."""
+        self._loop(self.has_pending if handles is None else lambda: not all(h.done for h in handles))
 
-        def more() -> bool:
-            return self.has_pending() if handles is None else not all(h.done for h in handles)
-
+    def _loop(self, more, while_running=None, progress=None):
+        """Step while `more()`, pipelined: the next step is planned and launched before the last one's results are
+        read and recorded, so on a GPU the host's planning and recording overlap the device's work. A step with
+        sample rows is read first (the next plan extends each generating sequence by its token), and the launched
+        step's nodes are never preempted by the next. `while_running()` is called after each launch, before the
+        step before it is read (while the device works); `progress` is updated with the tokens computed."""
         step: _Launched | None = None  # launched, not yet recorded
         while True:
             with self._lock:
@@ -392,6 +393,8 @@ class Engine:
                     return
                 try:
                     launched = self._launch(frozenset() if step is None else step.plan.protected)
+                    if while_running is not None:
+                        while_running()
                 except BaseException:  # the step in flight still ran: its results are recorded before this raises
                     if step is not None:
                         self._finish(step)
@@ -405,18 +408,16 @@ class Engine:
             if progress is not None:
                 progress.update(self.scheduler.counts.tokens_computed - before)
 
-    # ---- closed jobs: add all, run, collect ------------------------------------------------------------------
+    # ---- closed jobs: add, run, collect ----------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0) -> list[ScoreResult]:
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
         encoded = encode_pairs(self.tokenizer, requests)
         check_scores(encoded, top_k, self.limits)
-        with _fewer_gc_passes():
-            start = self._job_start()
-            handles = [
-                self._add_score(ctx, cont, top_k, share_prefix, f"request {i}", checked=True)
-                for i, (ctx, cont) in enumerate(encoded)
-            ]
-            return self._job_end(start, handles, "scoring", progress)
+
+        def make(i: int, pair) -> ScoreRequest:
+            return ScoreRequest(self._new_id(), f"request {i}", pair[0], pair[1], top_k)
+
+        return self._job(encoded, make, share_prefix, "scoring", progress)
 
     def generate(
         self,
@@ -433,28 +434,48 @@ class Engine:
         encoded = [prompt_ids(self.tokenizer, p) for p in prompts]
         for i, ids in enumerate(encoded):
             check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, index=i, label=f"prompt {i}")
+
+        def make(i: int, ids) -> GenerateRequest:
+            seed_i = None if seed is None else seed + i
+            return self._generate_request(
+                self._new_id(), f"prompt {i}", ids, max_tokens, temperature, top_p, seed_i, stop
+            )
+
+        return self._job(encoded, make, True, "generating", progress)
+
+    def _job(self, items: list, make, share_prefix: bool, desc: str, progress: bool) -> list:
+        """A closed job of checked requests (`make(i, item)` makes request i's handle), added in order: the first
+        step is launched as soon as the prefix tree holds a step's worth of new tokens, and the rest of the job is
+        added while the device runs it. All are added before any step's results are recorded, so no request ends
+        (and frees the prefixes it holds) before every request that shares them is in the tree."""
+        handles: list[Request] = []
+        todo = iter(enumerate(items))
+
+        def add(tokens: float):
+            """Add requests until the tree gained `tokens` new tokens since the job started, or none are left."""
+            for i, item in todo:
+                req = make(i, item)
+                handles.append(req)
+                if not req.done:
+                    self.scheduler.add(req, share_prefix)
+                if self.cache.added_tokens - added_before >= tokens:
+                    return
+
+        def add_rest():
+            if len(handles) < len(items):
+                add(math.inf)
+                bar.reset(total=self.cache.added_tokens - added_before)  # nothing counted yet: in the first step
+
         with _fewer_gc_passes():
-            start = self._job_start()
-            handles = [
-                self.add_generate(
-                    ids, max_tokens, temperature, top_p, None if seed is None else seed + i, stop, label=f"prompt {i}"
-                )
-                for i, ids in enumerate(encoded)
-            ]
-            return self._job_end(start, handles, "generating", progress)
-
-    def _job_start(self) -> tuple[EngineStats, int]:
-        with self._lock:
-            self._peak_before = max(self._peak_before, self.kv.reset_peak())
-            return self.scheduler.stats, self.cache.pending_tokens()
-
-    def _job_end(self, start, handles, desc, progress):
-        before, pending_before = start
-        unique = self.cache.pending_tokens() - pending_before
-        with progress_bar(total=unique, unit="tok", desc=desc, disable=not progress) as bar:
-            self.run(handles, bar)
+            with self._lock:
+                self._peak_before = max(self._peak_before, self.kv.reset_peak())
+                before, added_before = self.scheduler.stats, self.cache.added_tokens
+                add(self.options.token_budget)
+            total = self.cache.added_tokens - added_before if len(handles) == len(items) else None  # else known soon
+            with progress_bar(total=total, unit="tok", desc=desc, disable=not progress) as bar:
+                self._loop(lambda: len(handles) < len(items) or not all(h.done for h in handles), add_rest, bar)
         stats = self.stats.since(before)
-        stats.unique_tokens, stats.peak_kv_pages = unique, self.kv.peak_used
+        stats.unique_tokens, stats.peak_kv_pages = self.cache.added_tokens - added_before, self.kv.peak_used
         self.last_stats = stats
         for i, h in enumerate(handles):  # a failed request raises with its index in the call
             if isinstance(h.error, RequestError):

@@ -174,6 +174,7 @@ class PrefixCache:
         self._evictable: list[tuple[int, int, Node]] = []  # (last use, order, node) of kept unlocked leaves
         self._holding: list[tuple[int, int, Node]] = []  # (last use, order, node) of nodes holding pages
         self._order = itertools.count()
+        self.added_tokens = 0  # tokens put into the tree as new nodes since it was made (none computed then)
 
     # ---- lookup and insertion -----------------------------------------------------------------------------------
     def _match(self, seq: list[int]):
@@ -191,11 +192,22 @@ class PrefixCache:
                 return
             node, pos = child, pos + m
 
-    def match_insert(self, seq: list[int]) -> InsertResult:
+    def match(self, seq: list[int]) -> list[tuple[Node, int]]:
+        """The SHARED nodes on the path of a sequence of input tokens, each with how many of seq's tokens it holds
+        (read-only; only the last may hold fewer than all its tokens): what `match_insert` and `hidden_kept` read,
+        walked once for both."""
+        return list(self._match(seq))
+
+    @staticmethod
+    def match_prefix(matched: list[tuple[Node, int]], n: int) -> list[tuple[Node, int]]:
+        """`match(seq)` cut to what `match(seq[:n])` returns, without walking again."""
+        return [(node, min(m, n - node._start)) for node, m in matched if node._start < n]
+
+    def match_insert(self, seq: list[int], matched: list[tuple[Node, int]] | None = None) -> InsertResult:
         """Insert a sequence of input tokens as SHARED nodes, reusing every node (computed, being computed or
-        pending) that holds a prefix of it."""
+        pending) that holds a prefix of it. `matched`: `match(seq)`, if the caller walked it already."""
         node, pos, cached, path, split = self._root, 0, 0, [], None
-        for child, m in self._match(seq):
+        for child, m in self._match(seq) if matched is None else matched:
             if m < len(child):
                 lower, child = child, self._split(child, m)
                 split = Split(child, lower, lower._start)
@@ -224,13 +236,13 @@ class PrefixCache:
             self._push(self._holding, upper)
         return upper
 
-    def hidden_kept(self, seq: list[int], first: int) -> bool:
-        """Whether every token of seq from position `first` on that is already computed has its final hidden
-        state kept (read-only: nothing is split or inserted)."""
+    def hidden_kept(self, matched: list[tuple[Node, int]], first: int) -> bool:
+        """Whether every token of a sequence (`matched`: its `match`) from position `first` on that is already
+        computed has its final hidden state kept (read-only)."""
         if self.kv.used_pages == 0:  # nothing is computed anywhere (a closed job's adds before its first step)
             return True
         slots = []
-        for node, m in self._match(seq):
+        for node, m in matched:
             lo, hi = max(first - node._start, 0), min(m, node._done)
             slots += node._run.slots[lo:hi].tolist() if lo < hi else []
         return self.kv.hidden_kept(slots)
@@ -244,6 +256,7 @@ class PrefixCache:
 
     def _attach(self, node: Node) -> Node:
         node._parent._children[node._key] = node
+        self.added_tokens += len(node)
         self._last_used[node] = self._clock
         return node
 
@@ -301,10 +314,6 @@ class PrefixCache:
         if a > 0:
             before.append(CachedRun((id(node), a), slots[:a]))
         return ChunkSource(node._tokens[a:b], node._start + a, slots[a:b], before)
-
-    def pending_tokens(self) -> int:
-        """Tokens in the tree not computed yet."""
-        return sum(len(n) - n._done for n in walk(self._root))
 
     # ---- references -----------------------------------------------------------------------------------------------
     def lock(self, node: Node):

@@ -5,7 +5,8 @@ one when a bar that printed finishes:
     evaluator audit: 12/24 folds (50%), 00:41 elapsed, 00:41 left
 
 `progress_bar(...)` takes tqdm's arguments (an iterable, total, desc, unit, unit_scale, initial, disable) and
-returns an object with tqdm's interface as the commands use it: iteration, update(n), close(), `with`, n, total.
+returns an object with tqdm's interface as the commands use it: iteration, update(n), reset(total), close(), `with`,
+n, total.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ class PlainProgress:
         now = time.monotonic()
         if now - self._last >= self._interval:
             self._line(now)
+
+    def reset(self, total=None) -> None:
+        """Start again from `initial` with a new total (tqdm's reset), e.g. once a job knows its size."""
+        self.n, self.total = self._initial, total
+        self._start = self._last = time.monotonic()
 
     def close(self) -> None:
         if self._closed:

@@ -52,11 +52,12 @@ class Scheduler:
     def _add_score(self, req: ScoreRequest, share_prefix: bool):
         full, first = req.full, len(req.context) - 1  # the hidden state at `first` predicts continuation[0]
         cache, private = self.cache, ("private", req.id)
-        if share_prefix and cache.hidden_kept(full[:-1], first):
-            reused, path = self.queue.insert(full[:-1])
+        matched = cache.match(full[:-1]) if share_prefix else []
+        if share_prefix and cache.hidden_kept(matched, first):
+            reused, path = self.queue.insert(full[:-1], matched)
         elif share_prefix:  # some of its positions were computed without their hidden states: share the context
             # before them and compute the rest anew, in a node of its own (see kv_cache.py)
-            reused, path = self.queue.insert(full[:first])
+            reused, path = self.queue.insert(full[:first], cache.match_prefix(matched, first))
             path.append(cache.add_private(path[-1] if path else None, full[first:-1], first, Kind.PRIVATE, private))
         else:
             reused, path = 0, [cache.add_private(None, full[:-1], 0, Kind.PRIVATE, private)]

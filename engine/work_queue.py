@@ -16,10 +16,10 @@ class WorkQueue:
         self.queued: set[Node] = set()  # the nodes on the stack
         self.rows: dict[Node, list[PendingRow]] = {}  # score rows waiting for a node's positions to be computed
 
-    def insert(self, seq: list[int]) -> tuple[int, list[Node]]:
-        """Insert a sequence into the prefix cache: (tokens already computed, its path); rows kept on a node the
-        insert cut follow the cut."""
-        res = self.cache.match_insert(seq)
+    def insert(self, seq: list[int], matched=None) -> tuple[int, list[Node]]:
+        """Insert a sequence into the prefix cache (`matched`: its PrefixCache.match, if walked already): (tokens
+        already computed, its path); rows kept on a node the insert cut follow the cut."""
+        res = self.cache.match_insert(seq, matched)
         if res.split is not None:
             self.follow(res.split)
         return res.cached, res.path

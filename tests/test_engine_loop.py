@@ -5,7 +5,9 @@ that cannot fit, or whose log-probs are not finite, fails alone; seeded sampling
 
 from __future__ import annotations
 
+import io
 import random
+import sys
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from engine.kv_cache import PageError
 from engine.loader import load_model_files
 from engine.request import Finished
 from engine.results import Status
+from icqs.preview import unique_tokens
 
 
 @pytest.fixture(scope="module")
@@ -422,6 +425,41 @@ def test_the_pipelined_run_gives_the_stepped_results_and_overlaps(tiny, monkeypa
         if e[0] == "launch" and e[1]:
             assert log[i + 1] == ("read",), log
     piped.check_pages()
+
+
+def test_a_closed_job_launches_its_first_step_before_adding_the_rest(tiny, monkeypatch):
+    """score() adds its requests until the tree holds a step's worth of new tokens, launches that step, and adds
+    the rest while it runs, before any step's results are recorded: no shared prefix is freed and computed again,
+    the results are those of adding everything first, and the progress bar's total is the job's unique tokens."""
+    import engine.engine as engine_module
+
+    rng = random.Random(3)
+    vocab = tiny[0].vocab_size
+    demos = [[rng.randrange(4, vocab) for _ in range(30)] for _ in range(3)]
+    job = [
+        (d + [rng.randrange(4, vocab) for _ in range(4)], [rng.randrange(4, vocab)]) for _ in range(6) for d in demos
+    ]
+    first_all = engine(tiny, token_budget=32)
+    handles = [first_all.add_score(c, x) for c, x in job]
+    first_all.run()
+    want = [h.result().token_logprobs for h in handles]
+
+    eng = engine(tiny, token_budget=32)
+    log, add, launch, finish = [], eng.scheduler.add, engine_module.Engine._launch, engine_module.Engine._finish
+    monkeypatch.setattr(eng.scheduler, "add", lambda *a: log.append("add") or add(*a))
+    monkeypatch.setattr(engine_module.Engine, "_launch", lambda self, f: log.append("launch") or launch(self, f))
+    monkeypatch.setattr(engine_module.Engine, "_finish", lambda self, st: log.append("finish") or finish(self, st))
+    monkeypatch.setenv("ICQS_PROGRESS_INTERVAL", "1e-9")
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    got = eng.score(job, progress=True)
+    assert [lp for r in got for lp in r.token_logprobs] == pytest.approx([lp for w in want for lp in w], abs=1e-5)
+    assert 0 < log.index("launch") < log.count("add") == len(job)  # launched after some adds, before the others
+    assert max(i for i, e in enumerate(log) if e == "add") < log.index("finish")
+    stats = eng.last_stats
+    assert stats.tokens_computed == stats.unique_tokens == unique_tokens([c for c, _ in job])  # each token once
+    assert stderr.getvalue().splitlines()[-1].startswith(f"scoring: {stats.unique_tokens}/{stats.unique_tokens} tok")
+    eng.check_pages()
 
 
 def test_a_failed_launch_still_records_the_step_in_flight(tiny, monkeypatch):

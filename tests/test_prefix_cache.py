@@ -82,7 +82,10 @@ def test_refcounts_and_indexes_stay_exact(ops, keep):
     pid = 0
     for op, arg in ops:
         if op == "insert":
-            path = cache.match_insert(arg).path
+            matched = cache.match(arg)  # one walk serves a prefix of the sequence too (Scheduler._add_score)
+            for n in range(1, len(arg) + 1):
+                assert cache.match_prefix(matched, n) == cache.match(arg[:n])
+            path = cache.match_insert(arg, matched).path
             assert_path_holds(cache, path, arg)
             cache.lock(path[-1])
             locked.append(path[-1])
