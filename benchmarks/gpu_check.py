@@ -376,6 +376,19 @@ def markdown(r: dict) -> str:
             if "loop_s" in v
         ]
         out += [""] + notes if notes else []
+        for name, v in s.items():
+            prof = v.get("device_profile")
+            if prof:
+                out += [
+                    "",
+                    f"{name}, one more run under torch.profiler: {prof['wall_s']:.2f} s, the device busy "
+                    f"{prof['device_busy_s']:.2f} s ({prof['device_busy_fraction']:.0%}); its largest kernels:",
+                    "",
+                    md_table(
+                        ["kernel", "s", "share of busy", "calls"],
+                        [[k["name"], k["s"], k["share"], k["calls"]] for k in prof["top"]],
+                    ),
+                ]
     if r.get("errors"):
         out += ["", "## Errors", ""] + [f"- {name}: `{e.splitlines()[-1]}`" for name, e in r["errors"].items()]
     return "\n".join(out) + "\n"
@@ -1097,6 +1110,10 @@ def speed_scoring(
     }
     res["mfu"] = res["engine_tflops"] / rate
     rec.put("speed", key, value=res)
+    res["device_profile"] = rec.attempt(
+        f"{key}_profile", device_profile, ctx, lambda: engine.score(ids, share_prefix=share)
+    )
+    rec.put("speed", key, value=res)
     picked = random.Random(0).sample(range(len(ids)), min(sample, len(ids)))
     hf_batched(hf, tok, [ids[i] for i in picked[:batch]], batch)  # warm-up
     with Peak(ctx) as peak, _timer(ctx) as t:
@@ -1193,6 +1210,39 @@ def speed_decode(
     )
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
+
+
+def device_profile(ctx: Context, fn, top: int = 8) -> dict:
+    """One more run of `fn` under torch.profiler: how much of the wall the device was busy (the kernels' own time,
+    summed: one stream, so they do not overlap) and the kernels that took most of it. On the CPU (the smoke run)
+    the ops' own CPU time stands in for the device's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.cuda else [])
+    with profile(activities=activities) as prof:
+        ctx.sync()
+        t0 = time.perf_counter()
+        fn()
+        ctx.sync()
+        wall = time.perf_counter() - t0
+    if ctx.cuda:  # the device's own events (kernels, copies); an op's row repeats its kernels' time
+        from torch.autograd import DeviceType
+
+        rows = [
+            (e.key, (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)) / 1e6, e.count)
+            for e in prof.key_averages()
+            if e.device_type == DeviceType.CUDA
+        ]
+    else:
+        rows = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()]
+    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: -r[1])
+    busy = sum(r[1] for r in rows)
+    return {
+        "wall_s": wall,
+        "device_busy_s": busy,
+        "device_busy_fraction": busy / wall if wall else None,
+        "top": [{"name": n[:80], "s": t, "share": t / busy, "calls": c} for n, t, c in rows[:top]],
+    }
 
 
 class _loop_timeline:

@@ -207,12 +207,15 @@ def test_smoke_run(gpu_image_env, tmp_path):
         s = speed[job]
         assert s["mfu"] > 0 and s["vs_hf"] > 0 and s["hf_requests_timed"] > 0 and s["max_abs"] < 0.5, s
         assert s["engine_peak_gib"] > 0 and s["hf_peak_gib"] > 0
+        prof = s["device_profile"]  # one more run under torch.profiler: where the device's time went
+        assert 0 < prof["device_busy_s"] and prof["top"] and prof["top"][0]["s"] > 0, prof
     # the ICQS job shares its demo sets: far fewer tokens computed than requested
     assert speed["icqs_8b"]["tokens_computed"] < speed["icqs_8b"]["tokens_requested"] / 2
     assert speed["plain_8b"]["tokens_computed"] == speed["plain_8b"]["tokens_requested"]
     assert speed["decode_64"]["vs_hf"] > 0 and speed["decode_64"]["tokens_computed"] > 0
 
     md = (tmp_path / "gpu_check.md").read_text()
+    assert "icqs_8b, one more run under torch.profiler" in md and "| kernel | s | share of busy | calls |" in md
     assert "| speed_1b | cut off |" in md and "## Kernels" in md and "## Parity" in md and "## Speed" in md
     assert (tmp_path / "logs" / "parity.log").read_text()
 
