@@ -1081,7 +1081,7 @@ def speed_scoring(
 
     config = engine.config
     engine.score(ids[:8], share_prefix=share)  # warm-up (kernels compiled)
-    with Peak(ctx) as peak, _timer(ctx) as t, _loop_timeline(engine) as timeline:
+    with Peak(ctx) as peak, _timer(ctx) as t, LoopTimeline(engine) as timeline:
         got = engine.score(ids, share_prefix=share)
     stats = engine.last_stats
     steps = list(engine.step_seconds)[-stats.forward_steps :] if stats.forward_steps else []
@@ -1245,7 +1245,7 @@ def device_profile(ctx: Context, fn, top: int = 8) -> dict:
     }
 
 
-class _loop_timeline:
+class LoopTimeline:
     """Times the engine loop's launches and finishes during one call (Engine._launch and Engine._finish, wrapped
     on the instance for the call): where the host's time goes in the pipelined loop."""
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import bench_host_phases  # noqa: E402
 import bench_icqs_workload  # noqa: E402
 import bench_scoring  # noqa: E402
 
@@ -53,3 +54,14 @@ def test_scoring_benchmark(tiny_model_dir):
     assert out["tokens_computed"] == out["tokens_requested"] > 3 * 100  # no sharing: every token computed
     assert out["spread"]["engine float32"] <= 1e-4
     assert out["engine_tokens_per_s"] > 0 and out["hf_tokens_per_s"] > 0
+
+
+def test_host_phases_benchmark(capsys):
+    """The phases of each call add up to its wall time, and the loop holds its launches and finishes."""
+    out = bench_host_phases.main(["--questions", "2", "--calls", "2"])
+    assert out["requests"] == len(bench_icqs_workload.build_job(2, 11, 16, 4)[2])
+    for call in out["calls"]:
+        parts = call["host_before_loop_s"] + call["loop_s"] + call["after_s"]
+        assert abs(parts - call["wall_s"]) < 1e-9 and call["after_s"] >= 0 and call["steps"] >= 1
+        assert 0 < call["launch_s"] + call["finish_s"] <= call["loop_s"]
+    assert "| call | wall s | before the first launch s |" in capsys.readouterr().out
