@@ -26,22 +26,9 @@ from engine.encoding import encode_pairs
 
 
 def tiny_engine(tok) -> Engine:
-    from tiny_models import random_weights
+    from tiny_models import hf_config, random_weights
 
-    cfg = dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=tok.vocab_size,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
+    cfg = hf_config("llama", vocab_size=tok.vocab_size, max_position_embeddings=4096)
     weights = random_weights(cfg, seed=0, std=0.02, device="cpu", dtype=torch.float32)
     return Engine(ModelConfig.from_hf(cfg), weights, tok, dtype=torch.float32, kv_tokens=65536, token_budget=8192)
 
