@@ -38,6 +38,7 @@ class StepBatch:
     positions: torch.Tensor  # [T] int64: their absolute positions
     write_slots: torch.Tensor  # [T] int64: cache slots that receive their K/V
     cu_seqlens: list[int]  # sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1]
+    seq_starts: list[int]  # the absolute position of sequence b's first new token (the host's copy)
     segments: list[kernels.Segment]  # (query rows, cached slots) of each shared cached segment
     out_rows: torch.Tensor  # [N] int64: rows whose final hidden state is returned
 
@@ -133,7 +134,9 @@ class LlamaModel:
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         ops = self.ops
         linear = ops.linear
-        plan = kernels.AttentionPlan(batch.cu_seqlens, batch.segments, batch.positions, batch.write_slots)
+        plan = kernels.AttentionPlan(
+            batch.cu_seqlens, batch.segments, batch.positions, batch.write_slots, batch.seq_starts
+        )
         h = F.embedding(batch.token_ids, self.embed)
         if self.embed_scale is not None:
             h = h * self.embed_scale

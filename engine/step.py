@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kernels import Segment, to_device
+from kernels import Segment, index_ranges, to_device
 
 from .model import StepBatch
 from .plan import Chunk
@@ -22,13 +22,6 @@ from .prefix_cache import PrefixCache
 
 def _long(values) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values, dtype=np.int64))  # numpy: ~4x torch.tensor's rate from a list
-
-
-def _ranges(starts: list[int], lengths: list[int]) -> torch.Tensor:
-    """range(start, start + length) for each pair, concatenated, in a few array ops whatever the count."""
-    n = np.asarray(lengths, dtype=np.int64)
-    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n)  # value minus output index, per range
-    return torch.from_numpy(np.arange(int(n.sum()), dtype=np.int64) + np.repeat(shift, n))
 
 
 class BuiltStep(NamedTuple):
@@ -61,14 +54,15 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
         out += [r0 + off - chunk.start for off in sorted(chunk.keep)]
         cu.append(r0 + n)
     segs = list(segments.values())
-    rows = to_device(_ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]), device)
+    rows = to_device(index_ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]), device)
     seg_slots = to_device(torch.cat([seg[0] for seg in segs]), device) if segs else None  # one copy for all
     written, out_rows = torch.cat(slot_parts), _long(out)
     batch = StepBatch(
         token_ids=to_device(_long(tokens), device),
-        positions=to_device(_ranges(pos_starts, lengths), device),
+        positions=to_device(index_ranges(pos_starts, lengths), device),
         write_slots=to_device(written, device),
         cu_seqlens=cu,
+        seq_starts=pos_starts,
         segments=[
             Segment(r, sl, row_ranges=tuple(zip(seg[1], seg[2])))
             for r, sl, seg in zip(

@@ -20,7 +20,7 @@ from .dispatch import (
     silu_and_mul,
     target_logprobs,
 )
-from .host import to_device
+from .host import index_ranges, to_device
 from .logprob import LogProbs, TokenLogProb
 from .rope import rope_cos_sin
 
@@ -40,6 +40,7 @@ __all__ = [
     "rms_norm",
     "rope_cos_sin",
     "to_device",
+    "index_ranges",
     "silu_and_mul",
     "set_backend",
     "get_backend",

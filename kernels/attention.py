@@ -40,10 +40,12 @@ class AttentionPlan:
     """One step's attention, built once and passed to every layer: sequence b owns the new-token rows
     cu_seqlens[b]:cu_seqlens[b+1] (`positions` and `write_slots`: their absolute positions and cache slots, given
     where a mode needs them), and `segments` are the cascade's cached segments, each shared by the rows below it.
+    `seq_starts`: each sequence's first position on the host, where the step's builder knows it (a sequence's new
+    tokens hold consecutive positions), so that a mode needing positions does not read them from the device.
     `derived(name, build, *keys)` keeps what an implementation computes from the plan (waves, fixed chunks,
     windowed forms) for the step's other layers, rebuilt when one of `keys` is another object."""
 
-    __slots__ = ("cu_seqlens", "segments", "positions", "write_slots", "_derived")
+    __slots__ = ("cu_seqlens", "segments", "positions", "write_slots", "seq_starts", "_derived")
 
     def __init__(
         self,
@@ -51,9 +53,10 @@ class AttentionPlan:
         segments: list[Segment],
         positions: torch.Tensor | None = None,
         write_slots: torch.Tensor | None = None,
+        seq_starts: list[int] | None = None,
     ):
         self.cu_seqlens, self.segments = cu_seqlens, segments
-        self.positions, self.write_slots = positions, write_slots
+        self.positions, self.write_slots, self.seq_starts = positions, write_slots, seq_starts
         self._derived: dict[str, tuple] = {}
 
     def derived(self, name: str, build, *keys):
@@ -203,14 +206,33 @@ def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) ->
 @dataclass(frozen=True, slots=True)
 class Wave:
     """Segments that share no query row, concatenated for one kernel call: segment i is rows[row_offsets[i]:
-    row_offsets[i + 1]] over slots[slot_offsets[i]:slot_offsets[i + 1]], each row from its entry of starts.
-    rows, slots and starts are on the segments' device; the offsets are int64 CPU tensors."""
+    row_offsets[i + 1]] over slots[slot_offsets[i]:slot_offsets[i + 1]], each row from its entry of starts (up to
+    its entry of limits). rows, slots, starts and limits are on the segments' device; the offsets are int64 CPU
+    tensors."""
 
     rows: torch.Tensor
     row_offsets: torch.Tensor
     slots: torch.Tensor
     slot_offsets: torch.Tensor
     starts: torch.Tensor | None
+    limits: torch.Tensor | None = None
+
+
+def pack_wave(segments: list[Segment]) -> Wave:
+    """Row-disjoint segments as one Wave (each with starts, or none; likewise limits)."""
+    row_off, slot_off = (
+        torch.tensor([0] + [len(x) for x in xs]).cumsum(0)
+        for xs in ([s.rows for s in segments], [s.slots for s in segments])
+    )
+    first = segments[0]
+    return Wave(
+        torch.cat([s.rows for s in segments]),
+        row_off,
+        torch.cat([s.slots for s in segments]),
+        slot_off,
+        torch.cat([s.starts for s in segments]) if first.starts is not None else None,
+        torch.cat([s.limits for s in segments]) if first.limits is not None else None,
+    )
 
 
 def segment_waves(segments: list[Segment]) -> list[Wave]:
@@ -228,17 +250,7 @@ def segment_waves(segments: list[Segment]) -> list[Wave]:
         if w == len(waves):
             waves.append([])
         waves[w].append(seg)
-    out = []
-    for wave in waves:
-        row_off, slot_off = (
-            torch.tensor([0] + [len(x) for x in xs]).cumsum(0)
-            for xs in ([s.rows for s in wave], [s.slots for s in wave])
-        )
-        starts = torch.cat([s.starts for s in wave]) if wave[0].starts is not None else None
-        out.append(
-            Wave(torch.cat([s.rows for s in wave]), row_off, torch.cat([s.slots for s in wave]), slot_off, starts)
-        )
-    return out
+    return [pack_wave(wave) for wave in waves]
 
 
 def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window: int = 0):

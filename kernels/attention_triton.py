@@ -300,6 +300,24 @@ def segment_attention_merge_triton(q, rows, k_cache, v_cache, slots, scale, out,
     _merge(q, rows, k_cache, v_cache, slots, items, scale, out, lse, limits, starts)
 
 
+def wave_merge_triton(q, k_cache, v_cache, wave: Wave, scale, out, lse, plan: AttentionPlan | None = None):
+    """segment_attention_merge_triton of every segment of a wave (attention.Wave: row-disjoint segments, each with
+    its rows' limits and starts where the wave has them) in one launch: each segment's rows cut into the same
+    work items as alone, so each row's result is the one-segment call's. The items are built once per step with
+    the step's `plan`."""
+    group = q.shape[1] // k_cache.shape[1]
+
+    def items():
+        tokens = _blocks(q, group)[0] // group
+        return _work_items(wave.row_offsets.diff().tolist(), wave.slot_offsets.diff().tolist(), tokens, q.device)
+
+    work = items() if plan is None else plan.derived(f"triton wave items {id(wave)}", items, wave)
+    _merge(q, wave.rows, k_cache, v_cache, wave.slots, work, scale, out, lse, wave.limits, wave.starts)
+
+
+segment_attention_merge_triton.waves = wave_merge_triton  # its wave form (batch_invariant.cascade_attention)
+
+
 class _WaveItems(NamedTuple):
     wave: Wave
     items: torch.Tensor

@@ -31,10 +31,12 @@ models' widths (1536) on 2 or 3."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionPlan, AttentionWindow, Segment
+from .attention import AttentionPlan, AttentionWindow, Segment, Wave, pack_wave
+from .host import index_ranges, to_device
 from .logprob import VOCAB_TILE, LogProbs, target_logprobs_ref
 
 ROW_TILE = {"cpu": 64, "cuda": 256}  # rows per GEMM call, per device type (a GPU wants larger GEMMs)
@@ -141,55 +143,93 @@ def segment_attention_merge(
 def chunk_segments(plan: AttentionPlan, chunk: int = KV_CHUNK) -> list[Segment]:
     """The keys of every row of a step cut at fixed absolute positions, from the step's cascade description.
 
-    Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1], at positions[cu_seqlens[b]] onwards; its cached keys are
-    the slots of the segments holding its rows, in list order (ancestors root first, as engine/step.py builds
-    them), and its new keys are write_slots of its rows. Returns the chunks as Segments in ascending chunk order:
-    the rows attend to the slots, each row up to its limit (an index into slots; none where every row sees the
-    whole chunk); slot i of a chunk holds the key at absolute position `position` + i."""
-    cu_seqlens, positions, write_slots = plan.cu_seqlens, plan.positions, plan.write_slots
-    segments = [(seg.rows, seg.slots) for seg in plan.segments]
-    dev = positions.device
-    B = len(cu_seqlens) - 1
-    cu_t = torch.tensor(cu_seqlens, device=dev)
-    seq_segs: list[list[int]] = [[] for _ in range(B)]
-    for s, (rows, _) in enumerate(segments):
-        for b in torch.unique(torch.bucketize(rows, cu_t, right=True) - 1).tolist():
-            seq_segs[b].append(s)
-    pos = positions.tolist()
-    shared: dict = {}  # (chunk, (segment, start) ...) -> [rows lists, slots]
-    own: list = []  # (chunk, rows, slots, limits)
-    for b in range(B):
-        lo, hi = cu_seqlens[b], cu_seqlens[b + 1]
-        if hi == lo:
-            continue
-        p0 = pos[lo]
-        pieces, start = [], 0  # (first position, slots) of every cached segment, then the new tokens
+    Sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1], at consecutive positions from its first (seq_starts[b]);
+    its cached keys are the slots of the segments holding its rows, in list order (ancestors root first, as
+    engine/step.py builds them), and its new keys are write_slots of its rows. Returns the chunks as Segments in
+    ascending chunk order: the rows attend to the slots, each row up to its limit (an index into slots; none where
+    every row sees the whole chunk); slot i of a chunk holds the key at absolute position `position` + i.
+
+    Built on the host from what the host knows (the segments' row ranges and sizes, the sequences' first
+    positions; a plan without them is read from the device once), then sent in one gather and two copies: a step
+    of a thousand sequences has thousands of chunks, and a device read or a small copy per chunk would make the
+    host wait for the device at every one."""
+    cu, segments, write_slots = plan.cu_seqlens, plan.segments, plan.write_slots
+    dev = write_slots.device
+    live = [b for b in range(len(cu) - 1) if cu[b + 1] > cu[b]]
+    seq_segs = _segments_of_sequences(segments, cu, live)
+    first = plan.seq_starts
+    if first is None:  # one read of the positions
+        at = plan.positions[torch.tensor([cu[b] for b in live], device=dev)].tolist()
+        first = dict(zip(live, at))
+    sizes = [seg.slots.numel() for seg in segments]
+    offsets = [0]  # of each segment's slots, then of write_slots, in the gathered keys below
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+    shared: dict = {}  # (chunk, (segment, ...)) -> [row ranges, slot ranges]
+    own: list = []  # (chunk, row ranges, slot ranges, the first row's limit)
+    for b in live:
+        lo, hi = cu[b], cu[b + 1]
+        p0 = first[b]
+        pieces, start = [], 0  # (first position, segment, offset, keys) of every cached segment, then the new tokens
         for s in seq_segs[b]:
-            pieces.append((start, s, segments[s][1]))
-            start += segments[s][1].numel()
+            pieces.append((start, s, offsets[s], sizes[s]))
+            start += sizes[s]
         if start != p0:
             raise ValueError(f"sequence {b}: cached segments hold {start} keys, its first new position is {p0}")
-        pieces.append((p0, None, write_slots[lo:hi]))
+        pieces.append((p0, None, offsets[-1] + lo, hi - lo))
         end = p0 + (hi - lo)
         for c0 in range(0, end, chunk):
             c1 = min(c0 + chunk, end)
             parts, key = [], [c0]
-            for first, s, sl in pieces:
-                a, z = max(c0, first), min(c1, first + sl.numel())
+            for p, s, off, n in pieces:
+                a, z = max(c0, p), min(c1, p + n)
                 if a < z:
-                    parts.append(sl[a - first : z - first])
+                    parts.append((off + a - p, z - a))
                     key.append(s)
             if c1 <= p0:  # cached keys only, seen whole by every row of the sequence: shared across sequences
-                entry = shared.setdefault(tuple(key), [[], parts])
-                entry[0].append(torch.arange(lo, hi, device=dev))
+                shared.setdefault(tuple(key), [[], parts])[0].append((lo, hi - lo))
             else:
                 first_row = max(lo, lo + c0 - p0)  # rows at positions before c0 do not see this chunk
-                limits = torch.tensor(pos[first_row:hi], device=dev) - c0
-                own.append((c0, torch.arange(first_row, hi, device=dev), torch.cat(parts), limits))
-    out = [(c0, torch.cat(rows), torch.cat(parts), None) for (c0, *_), (rows, parts) in shared.items()]
-    out += own
-    out.sort(key=lambda e: e[0])  # stable: ascending chunk order per row is all that matters
-    return [Segment(rows, slots, limits=limits, position=c0) for c0, rows, slots, limits in out]
+                own.append((c0, [(first_row, hi - first_row)], parts, p0 + (first_row - lo) - c0))
+    entries = [(key[0], rows, parts, None) for key, (rows, parts) in shared.items()] + own
+    entries.sort(key=lambda e: e[0])  # stable: ascending chunk order per row is all that matters
+    if not entries:
+        return []
+    row_counts = [sum(n for _, n in e[1]) for e in entries]
+    slot_counts = [sum(n for _, n in e[2]) for e in entries]
+    rows = to_device(index_ranges(*zip(*(r for e in entries for r in e[1]))), dev).split(row_counts)
+    keys = torch.cat([seg.slots for seg in segments] + [write_slots])
+    slots = keys[to_device(index_ranges(*zip(*(r for e in entries for r in e[2]))), dev)].split(slot_counts)
+    limited = [(e[3], n) for e, n in zip(entries, row_counts) if e[3] is not None]
+    limits = iter(to_device(index_ranges(*zip(*limited)), dev).split([n for _, n in limited]) if limited else [])
+    return [
+        Segment(r, sl, limits=None if e[3] is None else next(limits), position=e[0])
+        for e, r, sl in zip(entries, rows, slots)
+    ]
+
+
+def _segments_of_sequences(segments: list[Segment], cu: list[int], live: list[int]) -> dict[int, list[int]]:
+    """For each sequence with rows, the indices of the segments holding its rows, in list order: from the
+    segments' row ranges (one per sequence below the segment, starting at the sequence's first row) where every
+    segment has them, else from one read of all the rows."""
+    out: dict[int, list[int]] = {b: [] for b in live}
+    by_first_row = {cu[b]: b for b in live}
+    if all(seg.row_ranges is not None for seg in segments) and all(
+        r0 in by_first_row for seg in segments for r0, _ in seg.row_ranges
+    ):
+        for s, seg in enumerate(segments):
+            for b in dict.fromkeys(by_first_row[r0] for r0, _ in seg.row_ranges):
+                out[b].append(s)
+        return out
+    flat = torch.cat([seg.rows for seg in segments]).cpu().numpy() if segments else np.zeros(0, dtype=np.int64)
+    bounds = np.asarray(cu, dtype=np.int64)
+    i = 0
+    for s, seg in enumerate(segments):
+        n = seg.rows.numel()
+        for b in np.unique(np.searchsorted(bounds, flat[i : i + n], side="right") - 1).tolist():
+            out[b].append(s)
+        i += n
+    return out
 
 
 def windowed_chunks(chunks: list[Segment], window: AttentionWindow) -> list[Segment]:
@@ -212,10 +252,32 @@ def windowed_chunks(chunks: list[Segment], window: AttentionWindow) -> list[Segm
     return out
 
 
+def chunk_waves(chunks: list[Segment]) -> list[Wave]:
+    """The chunks (in ascending chunk order) as waves of one chunk position and one form (with or without row
+    limits, and starts): the chunks at one position hold disjoint rows (a row sees each position once), so a
+    wave's rows merge it in their ascending chunk order as the chunks one by one would."""
+    waves, run = [], []
+    for c in chunks:
+        if run and (c.position, c.limits is None, c.starts is None) != (
+            run[0].position,
+            run[0].limits is None,
+            run[0].starts is None,
+        ):
+            waves.append(pack_wave(run))
+            run = []
+        run.append(c)
+    if run:
+        waves.append(pack_wave(run))
+    return waves
+
+
 def cascade_attention(q, k_cache, v_cache, plan: AttentionPlan, scale, merge, window=None, chunk: int = KV_CHUNK):
     """Attention of every row over the step's fixed key chunks of `chunk` keys (chunk_segments, built once per
     step), merged in order by `merge` (the dispatched segment_attention_merge); with a sliding `window`, over the
-    part of each chunk inside the row's window (windowed_chunks). Returns out [T, H, D] in q's dtype."""
+    part of each chunk inside the row's window (windowed_chunks). Where `merge` has a wave form (`merge.waves`:
+    the Triton kernel, one launch for many row-disjoint segments, each computed as alone), the chunks of one
+    position go in one call (chunk_waves): a step's ~450 chunks become a handful of launches a layer. Returns
+    out [T, H, D] in q's dtype."""
     q = q.contiguous()
     T, H, D = q.shape
     out = torch.zeros(T, H, D, dtype=torch.float32, device=q.device)
@@ -223,6 +285,12 @@ def cascade_attention(q, k_cache, v_cache, plan: AttentionPlan, scale, merge, wi
     chunks = plan.derived(f"kv chunks of {chunk}", lambda: chunk_segments(plan, chunk))
     if window is not None:  # every local layer of the step: the same window
         chunks = plan.derived(f"windowed kv chunks of {chunk}", lambda: windowed_chunks(chunks, window), window)
+    waves = getattr(merge, "waves", None)
+    if waves is not None:
+        name = f"kv chunk waves of {chunk}" + ("" if window is None else " windowed")
+        for w in plan.derived(name, lambda: chunk_waves(chunks), chunks):
+            waves(q, k_cache, v_cache, w, scale, out, lse, plan)
+        return out.to(q.dtype)
     for c in chunks:
         merge(q, c.rows, k_cache, v_cache, c.slots, scale, out, lse, c.limits, c.starts)
     return out.to(q.dtype)

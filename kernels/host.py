@@ -1,8 +1,18 @@
-"""Host-built index tensors sent to the device without waiting for it."""
+"""Host-built index tensors: built from Python ints in a few array ops (`ranges`), sent to the device without
+waiting for it (`to_device`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+
+def index_ranges(starts, lengths) -> torch.Tensor:
+    """range(start, start + length) for each pair, concatenated (int64, on the host), in a few array ops whatever
+    the count."""
+    n = np.asarray(lengths, dtype=np.int64)
+    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n)  # value minus output index, per range
+    return torch.from_numpy(np.arange(int(n.sum()), dtype=np.int64) + np.repeat(shift, n))
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:

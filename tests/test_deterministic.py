@@ -186,6 +186,45 @@ def test_deterministic_mode_matches_the_default_engine(tiny):
 
 
 @needs_native
+def test_the_steps_key_chunks_are_built_from_the_hosts_facts(tiny, monkeypatch):
+    """chunk_segments builds an engine step's chunks from the segments' row ranges and the sequences' first
+    positions (host facts) without reading a tensor back (a read from the GPU waits for the device), and gives
+    the chunks it builds by reading the rows and positions when a plan lacks those facts."""
+    plans = []
+    real = batch_invariant.chunk_segments
+
+    def spy(plan, chunk=batch_invariant.KV_CHUNK):
+        reads = ("tolist", "item", "cpu", "numpy")
+        saved = {name: getattr(torch.Tensor, name) for name in reads}
+
+        def refuse(*_args, **_kw):
+            raise AssertionError("chunk_segments read a tensor back")
+
+        try:
+            for name in reads:
+                setattr(torch.Tensor, name, refuse)
+            out = real(plan, chunk)
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.Tensor, name, fn)
+        plans.append((plan, chunk, out))
+        return out
+
+    monkeypatch.setattr(batch_invariant, "chunk_segments", spy)
+    targets, others = jobs(tiny[0].vocab_size, seed=4)
+    engine(tiny, torch.float32, token_budget=37).score(targets + others)
+    assert len(plans) > 5 and sum(len(out) for *_, out in plans) > 5 * len(plans)
+    for plan, chunk, out in plans:
+        bare = AttentionPlan(
+            plan.cu_seqlens, [Segment(s.rows, s.slots) for s in plan.segments], plan.positions, plan.write_slots
+        )
+        read = real(bare, chunk)
+        assert len(read) == len(out)
+        for a, b in zip(read, out):
+            assert torch.equal(a.rows, b.rows) and torch.equal(a.slots, b.slots) and a.position == b.position
+            assert (a.limits is None and b.limits is None) or torch.equal(a.limits, b.limits)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_linear_row_tiles_are_batch_invariant(dtype):
     g = torch.Generator().manual_seed(0)

@@ -310,3 +310,37 @@ def test_target_logprobs(splits, dtype):
     lp, greedy, ref_lp, ref_greedy = out.logprob, out.greedy, ref.logprob, ref.greedy
     close(lp, ref_lp, dtype)
     assert torch.equal(greedy.cpu(), ref_greedy.cpu()) and bool(greedy[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_deterministic_chunks_merge_in_waves_with_the_bits_of_one_by_one(dtype):
+    """The deterministic mode's key chunks (batch_invariant.chunk_segments) merged a position at a time in one
+    launch each (the merge's wave form) give every row the bits of merging the chunks one by one, and the
+    reference's values: each chunk's rows are cut into the same work items either way."""
+    from kernels import batch_invariant
+
+    seq_lens, own = [5, 1, 9, 3], [300, 0, 40, 270]  # chunks of 256 keys: shared, own, and the new tokens' own
+    p = problem_on(cascade_problem(seq_lens, shared_len=280, own_lens=own, H=8, Hkv=2, D=64, seed=3), dtype)
+    cu, segments = p["plan"].cu_seqlens, p["plan"].segments
+    N, T = p["k_cache"].shape[0], p["q"].shape[0]
+    k_cache, v_cache = torch.cat([p["k_cache"], p["k_new"]]), torch.cat([p["v_cache"], p["v_new"]])
+    write = torch.arange(N, N + T, device=DEVICE)
+    cached = [280 + own[b] for b in range(len(seq_lens))]
+    positions = torch.cat([torch.arange(cached[b], cached[b] + seq_lens[b]) for b in range(len(seq_lens))])
+
+    def plan():
+        return AttentionPlan(cu, segments, positions.to(DEVICE), write, seq_starts=cached)
+
+    one_by_one = lambda *a: AT.segment_attention_merge_triton(*a)  # noqa: E731  (no wave form)
+    waves = batch_invariant.cascade_attention(
+        p["q"], k_cache, v_cache, plan(), p["scale"], AT.segment_attention_merge_triton, chunk=64
+    )
+    each = batch_invariant.cascade_attention(p["q"], k_cache, v_cache, plan(), p["scale"], one_by_one, chunk=64)
+    assert torch.equal(waves, each)
+    chunks = batch_invariant.chunk_segments(plan(), 64)
+    kinds = {(c.position, c.limits is None) for c in chunks}  # a launch per position and form, not per chunk
+    assert len(batch_invariant.chunk_waves(chunks)) == len(kinds) < len(chunks)
+    ref = batch_invariant.cascade_attention(
+        p["q"].float(), k_cache.float(), v_cache.float(), plan(), p["scale"], segment_attention_merge_ref, chunk=64
+    )
+    close(waves, ref, dtype)
