@@ -377,6 +377,14 @@ def markdown(r: dict) -> str:
         ]
         out += [""] + notes if notes else []
         for name, v in s.items():
+            syncs = v.get("sync_points") or {}
+            if "count" in syncs:
+                where = ", ".join(f"{k} x{n}" for k, n in syncs["places"].items()) or "none"
+                out += [
+                    "",
+                    f"{name}: {syncs['count']} waits for the device (a quarter of the job, sync debug mode): {where}",
+                ]
+        for name, v in s.items():
             prof = v.get("device_profile")
             if prof:
                 out += [
@@ -1113,6 +1121,9 @@ def speed_scoring(
     res["device_profile"] = rec.attempt(
         f"{key}_profile", device_profile, ctx, lambda: engine.score(ids, share_prefix=share)
     )
+    res["sync_points"] = rec.attempt(
+        f"{key}_syncs", sync_points, ctx, lambda: engine.score(ids[: max(8, len(ids) // 4)], share_prefix=share)
+    )
     rec.put("speed", key, value=res)
     picked = random.Random(0).sample(range(len(ids)), min(sample, len(ids)))
     hf_batched(hf, tok, [ids[i] for i in picked[:batch]], batch)  # warm-up
@@ -1243,6 +1254,38 @@ def device_profile(ctx: Context, fn, top: int = 8) -> dict:
         "device_busy_fraction": busy / wall if wall else None,
         "top": [{"name": n[:80], "s": t, "share": t / busy, "calls": c} for n, t, c in rows[:top]],
     }
+
+
+def sync_points(ctx: Context, fn, most: int = 12) -> dict:
+    """Where `fn` made the host wait for the device: torch's CUDA sync debug mode warns at every synchronising
+    call (a read of a device value, a blocking copy), attributed to the Python line that made it; the lines with
+    their counts. The pipelined loop should wait only where it reads a step's results (head.py). Not on the CPU."""
+    import warnings
+    from collections import Counter
+
+    import torch
+
+    if not ctx.cuda:
+        return {"skipped": "no CUDA device"}
+    places: Counter = Counter()
+
+    def seen(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        ours = [f for f in traceback.extract_stack()[:-1] if re.search(r"/(engine|kernels)/", f.filename)]
+        f = ours[-1] if ours else traceback.FrameSummary(filename, lineno, "?")  # the innermost line of ours
+        places[f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} ({f.name})"] += 1
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = seen
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {"count": sum(places.values()), "places": dict(places.most_common(most))}
 
 
 class LoopTimeline:

@@ -209,6 +209,7 @@ def test_smoke_run(gpu_image_env, tmp_path):
         assert s["engine_peak_gib"] > 0 and s["hf_peak_gib"] > 0
         prof = s["device_profile"]  # one more run under torch.profiler: where the device's time went
         assert 0 < prof["device_busy_s"] and prof["top"] and prof["top"][0]["s"] > 0, prof
+        assert s["sync_points"] == {"skipped": "no CUDA device"}  # torch's sync debug mode: CUDA only
     # the ICQS job shares its demo sets: far fewer tokens computed than requested
     assert speed["icqs_8b"]["tokens_computed"] < speed["icqs_8b"]["tokens_requested"] / 2
     assert speed["plain_8b"]["tokens_computed"] == speed["plain_8b"]["tokens_requested"]
