@@ -315,9 +315,6 @@ def wave_merge_triton(q, k_cache, v_cache, wave: Wave, scale, out, lse, plan: At
     _merge(q, wave.rows, k_cache, v_cache, wave.slots, work, scale, out, lse, wave.limits, wave.starts)
 
 
-segment_attention_merge_triton.waves = wave_merge_triton  # its wave form (batch_invariant.cascade_attention)
-
-
 class _WaveItems(NamedTuple):
     wave: Wave
     items: torch.Tensor

@@ -271,13 +271,15 @@ def chunk_waves(chunks: list[Segment]) -> list[Wave]:
     return waves
 
 
-def cascade_attention(q, k_cache, v_cache, plan: AttentionPlan, scale, merge, window=None, chunk: int = KV_CHUNK):
+def cascade_attention(
+    q, k_cache, v_cache, plan: AttentionPlan, scale, merge, window=None, chunk: int = KV_CHUNK, waves=None
+):
     """Attention of every row over the step's fixed key chunks of `chunk` keys (chunk_segments, built once per
     step), merged in order by `merge` (the dispatched segment_attention_merge); with a sliding `window`, over the
-    part of each chunk inside the row's window (windowed_chunks). Where `merge` has a wave form (`merge.waves`:
-    the Triton kernel, one launch for many row-disjoint segments, each computed as alone), the chunks of one
-    position go in one call (chunk_waves): a step's ~450 chunks become a handful of launches a layer. Returns
-    out [T, H, D] in q's dtype."""
+    part of each chunk inside the row's window (windowed_chunks). With `waves`, the merge's wave form (the Triton
+    kernel's: one launch for many row-disjoint segments, each computed as alone; dispatch.MERGE_WAVES), the chunks
+    of one position go in one call (chunk_waves): a step's ~450 chunks become a handful of launches a layer.
+    Returns out [T, H, D] in q's dtype."""
     q = q.contiguous()
     T, H, D = q.shape
     out = torch.zeros(T, H, D, dtype=torch.float32, device=q.device)
@@ -285,7 +287,6 @@ def cascade_attention(q, k_cache, v_cache, plan: AttentionPlan, scale, merge, wi
     chunks = plan.derived(f"kv chunks of {chunk}", lambda: chunk_segments(plan, chunk))
     if window is not None:  # every local layer of the step: the same window
         chunks = plan.derived(f"windowed kv chunks of {chunk}", lambda: windowed_chunks(chunks, window), window)
-    waves = getattr(merge, "waves", None)
     if waves is not None:
         name = f"kv chunk waves of {chunk}" + ("" if window is None else " windowed")
         for w in plan.derived(name, lambda: chunk_waves(chunks), chunks):

@@ -90,6 +90,9 @@ CPU_NATIVE_OPS = frozenset(
     {"cascade_attention", "segment_attention_merge", "rms_norm", "rope_store_kv", "silu_and_mul", "greedy_logprobs"}
 )
 CPU_NATIVE_AVX2_OPS = frozenset({"target_logprobs"})
+# The wave form of a segment merge, where it has one: one launch merges many row-disjoint segments, each exactly as
+# alone (the deterministic mode's key chunks of one position; batch_invariant.cascade_attention)
+MERGE_WAVES = {"attention_triton:segment_attention_merge_triton": "attention_triton:wave_merge_triton"}
 
 _state = {"backend": None}
 _chosen: dict[tuple[str, str, str], object] = {}
@@ -120,6 +123,15 @@ def _import_triton_module(module: str):
             "process with TRITON_INTERPRET=1 (slow; meant for tests)"
         )
     return importlib.import_module(f"{__package__}.{module}")
+
+
+def _wave_form(merge):
+    """MERGE_WAVES' form of a resolved segment merge, or None."""
+    spec = MERGE_WAVES.get(f"{merge.__module__.rsplit('.', 1)[-1]}:{merge.__name__}")
+    if spec is None:
+        return None
+    module, name = spec.split(":")
+    return getattr(_import_triton_module(module), name)
 
 
 def _pick(op: str, device: torch.device, backend: str) -> tuple[str, str]:
@@ -249,7 +261,8 @@ class StepKernels:
             merge = resolve("segment_attention_merge", q.device)
             if merge is segment_attention_merge_ref:  # the reference makes no invariance promise: its fixed-shape form
                 merge = batch_invariant.segment_attention_merge
-            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, merge, window)
+            waves = _wave_form(merge)
+            return batch_invariant.cascade_attention(q, k_cache, v_cache, plan, scale, merge, window, waves=waves)
         return cascade_attention(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:

@@ -317,6 +317,7 @@ def test_deterministic_chunks_merge_in_waves_with_the_bits_of_one_by_one(dtype):
     """The deterministic mode's key chunks (batch_invariant.chunk_segments) merged a position at a time in one
     launch each (the merge's wave form) give every row the bits of merging the chunks one by one, and the
     reference's values: each chunk's rows are cut into the same work items either way."""
+    import kernels.dispatch
     from kernels import batch_invariant
 
     seq_lens, own = [5, 1, 9, 3], [300, 0, 40, 270]  # chunks of 256 keys: shared, own, and the new tokens' own
@@ -331,11 +332,12 @@ def test_deterministic_chunks_merge_in_waves_with_the_bits_of_one_by_one(dtype):
     def plan():
         return AttentionPlan(cu, segments, positions.to(DEVICE), write, seq_starts=cached)
 
-    one_by_one = lambda *a: AT.segment_attention_merge_triton(*a)  # noqa: E731  (no wave form)
+    merge = AT.segment_attention_merge_triton
+    assert kernels.dispatch._wave_form(merge) is AT.wave_merge_triton  # what the deterministic mode passes
     waves = batch_invariant.cascade_attention(
-        p["q"], k_cache, v_cache, plan(), p["scale"], AT.segment_attention_merge_triton, chunk=64
+        p["q"], k_cache, v_cache, plan(), p["scale"], merge, chunk=64, waves=AT.wave_merge_triton
     )
-    each = batch_invariant.cascade_attention(p["q"], k_cache, v_cache, plan(), p["scale"], one_by_one, chunk=64)
+    each = batch_invariant.cascade_attention(p["q"], k_cache, v_cache, plan(), p["scale"], merge, chunk=64)
     assert torch.equal(waves, each)
     chunks = batch_invariant.chunk_segments(plan(), 64)
     kinds = {(c.position, c.limits is None) for c in chunks}  # a launch per position and form, not per chunk
