@@ -105,10 +105,12 @@ class InsertResult:
 
 @dataclass(frozen=True, slots=True)
 class CachedRun:
-    """Cached K/V a chunk attends to: one node's slots (`key` names the run, the same for every chunk below it)."""
+    """Cached K/V a chunk attends to: one node's slots (`key` names the run, the same for every chunk below it),
+    holding the consecutive positions from `start`."""
 
     key: object
     slots: torch.Tensor
+    start: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,9 +312,9 @@ class PrefixCache:
     def chunk_source(self, node: Node, a: int, b: int) -> ChunkSource:
         """The node's tokens a .. b - 1 as a step computes them (their slots reserved)."""
         slots = node._run.slots
-        before = [CachedRun(id(n), n._run.slots[: len(n._tokens)]) for n in _ancestors(node)]
+        before = [CachedRun(id(n), n._run.slots[: len(n._tokens)], n._start) for n in _ancestors(node)]
         if a > 0:
-            before.append(CachedRun((id(node), a), slots[:a]))
+            before.append(CachedRun((id(node), a), slots[:a], node._start))
         return ChunkSource(node._tokens[a:b], node._start + a, slots[a:b], before)
 
     # ---- references -----------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
     """The step's index tensors are built once per step from ranges gathered as Python ints (a decode step holds
     one chunk per sequence, each below a few cached segments), not one small tensor per chunk and segment."""
     tokens, pos_starts, lengths, slot_parts, cu, out = [], [], [], [], [0], []
-    segments: dict = {}  # run key -> (cached slots, row-range starts, row-range lengths)
+    segments: dict = {}  # run key -> (cached slots, row-range starts, row-range lengths, first key position)
     for chunk in chunks:
         src = cache.chunk_source(chunk.node, chunk.start, chunk.end)
         n, r0 = chunk.end - chunk.start, cu[-1]
@@ -48,7 +48,7 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
         for run in src.before:
             seg = segments.get(run.key)
             if seg is None:
-                seg = segments[run.key] = (run.slots, [], [])
+                seg = segments[run.key] = (run.slots, [], [], run.start)
             seg[1].append(r0)
             seg[2].append(n)
         out += [r0 + off - chunk.start for off in sorted(chunk.keep)]
@@ -64,7 +64,7 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
         cu_seqlens=cu,
         seq_starts=pos_starts,
         segments=[
-            Segment(r, sl, row_ranges=tuple(zip(seg[1], seg[2])))
+            Segment(r, sl, row_ranges=tuple(zip(seg[1], seg[2])), position=seg[3])
             for r, sl, seg in zip(
                 rows.split([sum(seg[2]) for seg in segs]), seg_slots.split([len(seg[0]) for seg in segs]), segs
             )

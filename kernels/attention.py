@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .host import index_ranges, to_device
+
 SELF_WINDOW = 256  # new tokens per dense block-diagonal window in the self-attention part
 
 
@@ -23,13 +25,14 @@ SELF_WINDOW = 256  # new tokens per dense block-diagonal window in the self-atte
 class Segment:
     """Query rows of a step that attend to cached keys: row i of `rows` sees slots[starts[i]] .. slots[limits[i]]
     (from the first slot where starts is None, up to the last where limits is None). `position`: the absolute
-    position of slots[0] (the deterministic mode's fixed key chunks; 0 where no one asks)."""
+    position of slots[0], where the builder knows it (the slots then hold consecutive positions: a prefix-tree
+    node's run, or the deterministic mode's fixed key chunks); None where it does not."""
 
     rows: torch.Tensor  # [R] int64 into the step's query rows
     slots: torch.Tensor  # [S] int64 cache slots, in increasing position
     starts: torch.Tensor | None = None  # [R] int64
     limits: torch.Tensor | None = None  # [R] int64
-    position: int = 0
+    position: int | None = None
     # the rows as (first row, count) ranges, where the step's builder knows them (engine/step.py: one range per
     # chunk below the segment; two segments' ranges are equal or disjoint): the per-step grouping of segments
     # (fold_short_segments, segment_waves) then works on ranges instead of reading every row to the host
@@ -129,10 +132,19 @@ def segment_attention_merge_ref(q, rows, k_cache, v_cache, slots, scale, out, ls
     out[rows], lse[rows] = merge_attention_ref(out[rows], lse[rows], o, l)
 
 
-def segment_starts(segments: list[Segment], window: AttentionWindow) -> list[Segment]:
+def segment_starts(
+    segments: list[Segment], window: AttentionWindow, plan: AttentionPlan | None = None
+) -> list[Segment]:
     """The cascade's segments under a sliding window, each row's first slot in it set (`starts`: a segment's slots
     hold increasing positions); rows that see none of a segment are dropped from it, and segments left without
-    rows."""
+    rows. With the step's `plan` and segments whose builder gave their row ranges and first key position (the
+    engine's), the starts come from those host facts (_window_starts_on_host), without reading the device."""
+    if (
+        plan is not None
+        and plan.seq_starts is not None
+        and all(s.row_ranges is not None and s.position is not None for s in segments)
+    ):
+        return _window_starts_on_host(segments, window.size, plan)
     out = []
     for seg in segments:
         rows, slots = seg.rows, seg.slots
@@ -146,6 +158,34 @@ def segment_starts(segments: list[Segment], window: AttentionWindow) -> list[Seg
         if rows.numel():
             out.append(Segment(rows, slots, starts))
     return out
+
+
+def _window_starts_on_host(segments: list[Segment], size: int, plan: AttentionPlan) -> list[Segment]:
+    """segment_starts from host facts: a segment's keys hold consecutive positions from `position`, and each row
+    range (r0, n) is the new tokens of the sequence starting at row r0, at consecutive positions from its
+    seq_starts entry. A row at position p sees the keys from p - size + 1 on: its start is that minus the
+    segment's first position, at least 0. A segment no row sees is dropped; a row of a seen segment that sees none
+    of it keeps a start past its last key (the merge kernels then leave its state as it was), so the segments'
+    row ranges stay as they were (equal or disjoint) and the waves are still grouped on them. All starts go to
+    the device in one copy."""
+    first_pos = {r0: p for r0, p in zip(plan.cu_seqlens, plan.seq_starts)}
+    kept, parts = [], []
+    for seg in segments:
+        n_keys = seg.slots.numel()
+        if not seg.row_ranges or n_keys == 0:
+            continue
+        lo = [first_pos[r0] - size + 1 - seg.position for r0, _ in seg.row_ranges]  # the first row's start
+        if all(s >= n_keys for s in lo):  # the lowest start of a range is its first row's
+            continue
+        kept.append(seg)
+        parts.append(index_ranges(lo, [n for _, n in seg.row_ranges]).clamp_(0, n_keys))
+    if not kept:
+        return []
+    starts = to_device(torch.cat(parts), kept[0].rows.device).split([len(x) for x in parts])
+    return [
+        Segment(seg.rows, seg.slots, st, row_ranges=seg.row_ranges, position=seg.position)
+        for seg, st in zip(kept, starts)
+    ]
 
 
 def _row_units(segments: list[Segment]) -> list[list]:
@@ -174,9 +214,9 @@ def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) ->
     the short one just before it. A row then sweeps the same keys in fewer, longer segments (a 4-key root shared
     by 1,000 rows otherwise costs each row a whole key tile and one more merge)."""
     live = [s for s in segments if s.rows.numel() and s.slots.numel()]
-    segs = [[s.rows, s.slots] for s in live]
-    if not any(slots.numel() < min_slots for _, slots in segs):
-        return [Segment(s.rows, s.slots, row_ranges=s.row_ranges) for s in live]
+    segs = [[s.rows, s.slots, s.position] for s in live]
+    if not any(slots.numel() < min_slots for _, slots, _ in segs):
+        return [Segment(s.rows, s.slots, row_ranges=s.row_ranges, position=s.position) for s in live]
     chain: dict = {}  # row (or row range) -> its segments, in merge order
     rows_of = _row_units(live)
     for i, rows in enumerate(rows_of):
@@ -195,12 +235,17 @@ def fold_short_segments(segments: list[Segment], min_slots: int = FOLD_BELOW) ->
             nxt.add(c[k + 1])
         else:
             if all(chain[r][chain[r].index(c) - 1] == i for c in nxt for r in rows_of[c]):
-                for c in nxt:
+                for c in nxt:  # the short segment's keys come right before c's: c now starts where it did
                     segs[c][1] = torch.cat([segs[i][1], segs[c][1]])
+                    segs[c][2] = segs[i][2]
                 for r in rows_of[i]:
                     chain[r].remove(i)
                 alive[i] = False
-    return [Segment(rows, slots, row_ranges=s.row_ranges) for (rows, slots), s, keep in zip(segs, live, alive) if keep]
+    return [
+        Segment(rows, slots, row_ranges=s.row_ranges, position=position)
+        for (rows, slots, position), s, keep in zip(segs, live, alive)
+        if keep
+    ]
 
 
 @dataclass(frozen=True, slots=True)

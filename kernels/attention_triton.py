@@ -346,7 +346,7 @@ def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionP
 
     def waves():  # once per step (per kind of layer: Gemma-3's local ones see windowed segments)
         segs = fold_short_segments(plan.segments, _blocks(q, group)[1])  # short segments cost a whole key tile
-        return _wave_items(segs if window is None else segment_starts(segs, window), q, group)
+        return _wave_items(segs if window is None else segment_starts(segs, window, plan), q, group)
 
     name = "triton waves" if window is None else "triton windowed waves"
     for w in plan.derived(name, waves, window):

@@ -98,7 +98,7 @@ def cascade_attention_native(q, k_new, v_new, k_cache, v_cache, plan: AttentionP
 
     def waves():
         segs = fold_short_segments(plan.segments)
-        return segment_waves(segs if window is None else segment_starts(segs, window))
+        return segment_waves(segs if window is None else segment_starts(segs, window, plan))
 
     # a model with local and global layers (Gemma-3) keeps the waves of both kinds for the step
     name = "native waves" if window is None else "native windowed waves"

@@ -17,6 +17,7 @@ from tiny_models import ARCHS  # noqa: E402
 import kernels  # noqa: E402
 from engine import Engine  # noqa: E402
 from engine.loader import load_model_files  # noqa: E402
+from kernels import native_ops  # noqa: E402
 
 SENTENCES = [
     ("The capital of France is", " Paris."),
@@ -87,10 +88,11 @@ def test_gemma3_deterministic_mode_matches_transformers(tiny_model_dirs):
 def test_gemma3_triton_window_matches_transformers(tiny_model_dirs, monkeypatch, deterministic):
     """The interpreted Triton kernels with the window (the cascade's self part and segments; the deterministic
     mode's merges with a first key per row) on Gemma-3's local layers: prefixes of 12-30 tokens shared by several
-    requests, longer than the window of 8, cached over several steps (token budget 16). A spy on the Triton entry
-    points checks that the windowed kernels, not a reference fallback, ran."""
+    requests, longer than the window of 8, cached over several steps (token budget 16). Spies on the Triton entry
+    points check that the windowed kernels, not a reference fallback, ran: in the cascade with each row's first
+    key found from the step's host facts, in the deterministic mode a chunk position's merges in one launch."""
     pytest.importorskip("triton")
-    from kernels import attention_triton
+    from kernels import attention, attention_triton
 
     config, weights, tok = load_model_files(str(tiny_model_dirs["gemma3"]))
     assert config.sliding_window == 8 and any(config.sliding_layers)
@@ -104,19 +106,25 @@ def test_gemma3_triton_window_matches_transformers(tiny_model_dirs, monkeypatch,
         for p in prefixes * 3
     ]
     ref = hf_logprobs(hf_model_from_weights(config, weights), tok, reqs)
-    windowed = {"cascade": 0, "merge": 0}
-    cascade, merge = attention_triton.cascade_attention_triton, attention_triton.segment_attention_merge_triton
+    windowed = {"cascade": 0, "host starts": 0, "merge": 0}
+    cascade, waves = attention_triton.cascade_attention_triton, attention_triton.wave_merge_triton
+    host_starts = attention._window_starts_on_host
 
     def cascade_spy(q, k_new, v_new, k_cache, v_cache, plan, scale, window=None):
         windowed["cascade"] += window is not None
         return cascade(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
 
-    def merge_spy(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):
-        windowed["merge"] += starts is not None
-        return merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits, starts)
+    def host_starts_spy(*args):
+        windowed["host starts"] += 1
+        return host_starts(*args)
+
+    def waves_spy(q, k_cache, v_cache, wave, scale, out, lse, plan=None):
+        windowed["merge"] += wave.starts is not None
+        return waves(q, k_cache, v_cache, wave, scale, out, lse, plan)
 
     monkeypatch.setattr(attention_triton, "cascade_attention_triton", cascade_spy)
-    monkeypatch.setattr(attention_triton, "segment_attention_merge_triton", merge_spy)
+    monkeypatch.setattr(attention, "_window_starts_on_host", host_starts_spy)
+    monkeypatch.setattr(attention_triton, "wave_merge_triton", waves_spy)
     kernels.set_backend("triton")  # also forgets the functions dispatch resolved before the spies
     try:
         got = Engine(
@@ -124,9 +132,58 @@ def test_gemma3_triton_window_matches_transformers(tiny_model_dirs, monkeypatch,
         ).score(reqs)
     finally:
         kernels.set_backend(None)
-    assert windowed["merge" if deterministic else "cascade"] > 0, windowed
+    if deterministic:
+        assert windowed["merge"] > 0, windowed
+    else:
+        assert windowed["cascade"] > 0 and windowed["host starts"] > 0, windowed
     for g, r in zip(got, ref):
         assert g.token_logprobs == pytest.approx(r.token_logprobs, abs=1e-4)
+
+
+def test_window_starts_from_the_hosts_facts_equal_the_devices(tiny_model_dirs, monkeypatch):
+    """On Gemma-3's local layers the cascade finds each row's first key in a segment from the step's host facts
+    (the segments' first positions and row ranges, the sequences' first positions), reading no tensor back: the
+    same starts as reading the positions from the device, where a row that sees none of a segment keeps a start
+    past its last key instead of leaving the segment, and a segment no row sees is dropped by both."""
+    from kernels import attention
+
+    if kernels.dispatch.resolve("cascade_attention", torch.device("cpu")) is not native_ops.cascade_attention_native:
+        pytest.skip("the CPU cascade that windows segments is the native op's (not built, or another backend)")
+    config, weights, tok = load_model_files(str(tiny_model_dirs["gemma3"]))
+    rng = random.Random(12)
+    prefixes = [[rng.randrange(4, config.vocab_size) for _ in range(n)] for n in (12, 30, 45)]
+    reqs = [(p + [rng.randrange(4, config.vocab_size)], [rng.randrange(4, config.vocab_size)]) for p in prefixes * 3]
+    calls, real = [], attention.segment_starts
+
+    def spy(segments, window, plan=None):
+        reads = ("tolist", "item", "cpu", "numpy", "__bool__")
+        saved = {name: getattr(torch.Tensor, name) for name in reads}
+
+        def refuse(*_args, **_kw):
+            raise AssertionError("the window's starts read a tensor back")
+
+        try:
+            for name in reads:
+                setattr(torch.Tensor, name, refuse)
+            out = real(segments, window, plan)
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.Tensor, name, fn)
+        calls.append((segments, window, out))
+        return out
+
+    monkeypatch.setattr(attention, "segment_starts", spy)
+    monkeypatch.setattr("kernels.native_ops.segment_starts", spy)  # the CPU cascade calls it by the name it imported
+    Engine(config, weights, tok, dtype=torch.float32, kv_tokens=2048, token_budget=16).score(reqs)
+    assert calls
+    for segments, window, host in calls:
+        read = real(segments, window)  # from the device's positions
+        assert [s.slots.data_ptr() for s in host] == [s.slots.data_ptr() for s in read]  # the same segments kept
+        for h, r in zip(host, read):
+            got = dict(zip(h.rows.tolist(), h.starts.tolist()))
+            want = dict(zip(r.rows.tolist(), r.starts.tolist()))
+            assert {k: v for k, v in got.items() if v < h.slots.numel()} == want
+            assert all(v == h.slots.numel() for k, v in got.items() if k not in want)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3"])
