@@ -31,6 +31,8 @@ models' widths (1536) on 2 or 3."""
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -155,12 +157,9 @@ def chunk_segments(plan: AttentionPlan, chunk: int = KV_CHUNK) -> list[Segment]:
     host wait for the device at every one."""
     cu, segments, write_slots = plan.cu_seqlens, plan.segments, plan.write_slots
     dev = write_slots.device
-    live = [b for b in range(len(cu) - 1) if cu[b + 1] > cu[b]]
+    live = _live(cu)
     seq_segs = _segments_of_sequences(segments, cu, live)
-    first = plan.seq_starts
-    if first is None:  # one read of the positions
-        at = plan.positions[torch.tensor([cu[b] for b in live], device=dev)].tolist()
-        first = dict(zip(live, at))
+    first = _first_positions(plan, live)
     sizes = [seg.slots.numel() for seg in segments]
     offsets = [0]  # of each segment's slots, then of write_slots, in the gathered keys below
     for n in sizes:
@@ -203,9 +202,22 @@ def chunk_segments(plan: AttentionPlan, chunk: int = KV_CHUNK) -> list[Segment]:
     limited = [(e[3], n) for e, n in zip(entries, row_counts) if e[3] is not None]
     limits = iter(to_device(index_ranges(*zip(*limited)), dev).split([n for _, n in limited]) if limited else [])
     return [
-        Segment(r, sl, limits=None if e[3] is None else next(limits), position=e[0])
+        Segment(r, sl, limits=None if e[3] is None else next(limits), position=e[0], row_ranges=tuple(e[1]))
         for e, r, sl in zip(entries, rows, slots)
     ]
+
+
+def _live(cu: list[int]) -> list[int]:
+    """The sequences that hold rows."""
+    return [b for b in range(len(cu) - 1) if cu[b + 1] > cu[b]]
+
+
+def _first_positions(plan: AttentionPlan, live: list[int]) -> dict[int, int]:
+    """Each live sequence's first position: the plan's host copy, else one read of the positions."""
+    if plan.seq_starts is not None:
+        return {b: plan.seq_starts[b] for b in live}
+    at = plan.positions[torch.tensor([plan.cu_seqlens[b] for b in live], device=plan.positions.device)].tolist()
+    return dict(zip(live, at))
 
 
 def _segments_of_sequences(segments: list[Segment], cu: list[int], live: list[int]) -> dict[int, list[int]]:
@@ -232,24 +244,47 @@ def _segments_of_sequences(segments: list[Segment], cu: list[int], live: list[in
     return out
 
 
-def windowed_chunks(chunks: list[Segment], window: AttentionWindow) -> list[Segment]:
-    """The chunks under a sliding window: a row at position p sees the chunk's keys from position
-    p - window.size + 1 on (starts: indices into slots); rows that see none of a chunk leave it, and chunks left
-    without rows. Only the row's own position decides, so the mode stays batch-invariant."""
-    out = []
+def windowed_chunks(chunks: list[Segment], window: AttentionWindow, plan: AttentionPlan) -> list[Segment]:
+    """The chunks (chunk_segments') under a sliding window: a row at position p sees the chunk's keys from
+    position p - window.size + 1 on (starts: indices into slots); rows that see none of a chunk leave it, and
+    chunks left without rows. Only the row's own position decides, so the mode stays batch-invariant. Computed on
+    the host from the chunks' row ranges and the sequences' first positions (a sequence's new tokens hold
+    consecutive positions), the rows, starts and limits sent in one copy each."""
+    cu = plan.cu_seqlens
+    first = _first_positions(plan, _live(cu))
+
+    def position(row: int) -> int:
+        b = bisect.bisect_right(cu, row) - 1  # the sequence holding the row (empty ones share its first row)
+        return first[b] + row - cu[b]
+
+    kept, rows, starts, limits = [], [], [], []
     for chunk in chunks:
-        rows, slots, limits = chunk.rows, chunk.slots, chunk.limits
-        starts = (window.positions[rows] - (window.size - 1) - chunk.position).clamp_(min=0)
-        last = torch.full_like(starts, slots.numel() - 1)  # a row's limit may lie past the chunk's last key
-        if limits is not None:
-            last = last.minimum(limits)
-        seen = starts <= last
-        if not bool(seen.all()):
-            rows, starts = rows[seen], starts[seen]
-            limits = limits[seen] if limits is not None else None
-        if rows.numel():
-            out.append(Segment(rows, slots, starts, limits, chunk.position))
-    return out
+        n_keys, c0 = chunk.slots.numel(), chunk.position
+        row = np.concatenate([np.arange(r0, r0 + n) for r0, n in chunk.row_ranges])
+        pos = np.concatenate([position(r0) + np.arange(n) for r0, n in chunk.row_ranges])
+        start = np.maximum(pos - (window.size - 1) - c0, 0)
+        limit = pos - c0 if chunk.limits is not None else None  # chunk_segments' limits: a row sees up to itself
+        last = np.minimum(n_keys - 1, limit) if limit is not None else n_keys - 1
+        seen = start <= last
+        if not seen.any():
+            continue
+        kept.append(chunk)
+        rows.append(row[seen])
+        starts.append(start[seen])
+        limits.append(limit[seen] if limit is not None else None)
+    if not kept:
+        return []
+    dev = kept[0].rows.device
+    counts = [len(r) for r in rows]
+    rows_d, starts_d = (to_device(torch.from_numpy(np.concatenate(x)), dev).split(counts) for x in (rows, starts))
+    limited = [x for x in limits if x is not None]
+    limits_d = iter(
+        to_device(torch.from_numpy(np.concatenate(limited)), dev).split([len(x) for x in limited]) if limited else []
+    )
+    return [
+        Segment(r, c.slots, st, None if lim is None else next(limits_d), c.position)
+        for c, r, st, lim in zip(kept, rows_d, starts_d, limits)
+    ]
 
 
 def chunk_waves(chunks: list[Segment]) -> list[Wave]:
@@ -286,7 +321,7 @@ def cascade_attention(
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=q.device)
     chunks = plan.derived(f"kv chunks of {chunk}", lambda: chunk_segments(plan, chunk))
     if window is not None:  # every local layer of the step: the same window
-        chunks = plan.derived(f"windowed kv chunks of {chunk}", lambda: windowed_chunks(chunks, window), window)
+        chunks = plan.derived(f"windowed kv chunks of {chunk}", lambda: windowed_chunks(chunks, window, plan), window)
     if waves is not None:
         name = f"kv chunk waves of {chunk}" + ("" if window is None else " windowed")
         for w in plan.derived(name, lambda: chunk_waves(chunks), chunks):

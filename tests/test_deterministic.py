@@ -225,6 +225,60 @@ def test_the_steps_key_chunks_are_built_from_the_hosts_facts(tiny, monkeypatch):
             assert (a.limits is None and b.limits is None) or torch.equal(a.limits, b.limits)
 
 
+def _windowed_by_reading(chunks, window):
+    """The reference of batch_invariant.windowed_chunks: every row's position read from the device."""
+    out = []
+    for c in chunks:
+        starts = (window.positions[c.rows] - (window.size - 1) - c.position).clamp(min=0)
+        last = torch.full_like(starts, c.slots.numel() - 1)
+        last = last if c.limits is None else last.minimum(c.limits)
+        seen = starts <= last
+        if bool(seen.any()):
+            out.append(Segment(c.rows[seen], c.slots, starts[seen], None if c.limits is None else c.limits[seen]))
+    return out
+
+
+def test_windowed_chunks_are_built_from_the_hosts_facts(tiny_model_dirs, monkeypatch):
+    """Gemma-3's local layers cut each row's chunks at its window on the host (the chunks' row ranges, the
+    sequences' first positions), reading no tensor back, and keep exactly the rows, starts and limits that reading
+    every row's position gives, at the engine's chunk size and at small ones (many chunk positions)."""
+    seen_plans = []
+    real = batch_invariant.windowed_chunks
+
+    def spy(chunks, window, plan):
+        reads = ("tolist", "item", "cpu", "numpy", "__bool__")
+        saved = {name: getattr(torch.Tensor, name) for name in reads}
+
+        def refuse(*_args, **_kw):
+            raise AssertionError("windowed_chunks read a tensor back")
+
+        try:
+            for name in reads:
+                setattr(torch.Tensor, name, refuse)
+            out = real(chunks, window, plan)
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.Tensor, name, fn)
+        seen_plans.append((plan, window))
+        return out
+
+    monkeypatch.setattr(batch_invariant, "windowed_chunks", spy)
+    config, weights, tok = load_model_files(str(tiny_model_dirs["gemma3"]))
+    targets, others = jobs(config.vocab_size, seed=6)
+    Engine(config, weights, tok, dtype=torch.float32, deterministic=True, kv_tokens=16384, token_budget=37).score(
+        targets + others[:60]
+    )
+    assert seen_plans
+    for plan, window in seen_plans:
+        for size in (batch_invariant.KV_CHUNK, 16, 3):
+            chunks = batch_invariant.chunk_segments(plan, size)
+            got, want = real(chunks, window, plan), _windowed_by_reading(chunks, window)
+            assert len(got) == len(want)
+            for a, b in zip(got, want):
+                assert torch.equal(a.rows, b.rows) and torch.equal(a.starts, b.starts) and a.slots is b.slots
+                assert (a.limits is None and b.limits is None) or torch.equal(a.limits, b.limits)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_linear_row_tiles_are_batch_invariant(dtype):
     g = torch.Generator().manual_seed(0)
