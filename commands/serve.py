@@ -59,6 +59,9 @@ def _listen(host: str, port: int) -> socket.socket:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # listening from here: a client that connects once "serving ... on" is logged waits in the backlog
+        # while uvicorn starts, instead of being refused (uvicorn listens again with its own backlog)
+        sock.listen(2048)
     except OSError as e:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock

@@ -43,6 +43,18 @@ def _start(args, timeout=120):
     raise AssertionError("server did not start:\n" + "".join(lines))
 
 
+def test_the_served_port_takes_connections_before_the_server_runs():
+    """The port the server announces listens at once: a client connecting before uvicorn has started waits in the
+    backlog instead of being refused (a loaded machine takes seconds between the log line and uvicorn's start)."""
+    from commands.serve import _listen
+
+    sock = _listen("127.0.0.1", 0)
+    try:
+        socket.create_connection(sock.getsockname()[:2], timeout=5).close()
+    finally:
+        sock.close()
+
+
 def test_serve_process_finishes_in_flight_work_on_sigterm(tiny_model_dir):
     proc, url = _start(
         ["--model", str(tiny_model_dir), "--dtype", "float32", "--port", "0", "--served-model-name", "tiny"]
