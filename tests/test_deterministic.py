@@ -17,6 +17,7 @@ import random
 import pytest
 import torch
 from attention_problems import cascade_problem, with_segments
+from tensor_reads import refused_tensor_reads
 
 import kernels.dispatch
 import kernels.linear
@@ -194,19 +195,8 @@ def test_the_steps_key_chunks_are_built_from_the_hosts_facts(tiny, monkeypatch):
     real = batch_invariant.chunk_segments
 
     def spy(plan, chunk=batch_invariant.KV_CHUNK):
-        reads = ("tolist", "item", "cpu", "numpy")
-        saved = {name: getattr(torch.Tensor, name) for name in reads}
-
-        def refuse(*_args, **_kw):
-            raise AssertionError("chunk_segments read a tensor back")
-
-        try:
-            for name in reads:
-                setattr(torch.Tensor, name, refuse)
+        with refused_tensor_reads("chunk_segments"):
             out = real(plan, chunk)
-        finally:
-            for name, fn in saved.items():
-                setattr(torch.Tensor, name, fn)
         plans.append((plan, chunk, out))
         return out
 
@@ -246,19 +236,8 @@ def test_windowed_chunks_are_built_from_the_hosts_facts(tiny_model_dirs, monkeyp
     real = batch_invariant.windowed_chunks
 
     def spy(chunks, window, plan):
-        reads = ("tolist", "item", "cpu", "numpy", "__bool__")
-        saved = {name: getattr(torch.Tensor, name) for name in reads}
-
-        def refuse(*_args, **_kw):
-            raise AssertionError("windowed_chunks read a tensor back")
-
-        try:
-            for name in reads:
-                setattr(torch.Tensor, name, refuse)
+        with refused_tensor_reads("windowed_chunks"):
             out = real(chunks, window, plan)
-        finally:
-            for name, fn in saved.items():
-                setattr(torch.Tensor, name, fn)
         seen_plans.append((plan, window))
         return out
 

@@ -12,6 +12,7 @@ if not torch.cuda.is_available():  # the Triton cases run in the interpreter: on
     os.environ["TRITON_INTERPRET"] = "1"
 
 from hf_reference import hf_logprobs, hf_model_from_weights  # noqa: E402
+from tensor_reads import refused_tensor_reads  # noqa: E402
 from tiny_models import ARCHS  # noqa: E402
 
 import kernels  # noqa: E402
@@ -156,19 +157,8 @@ def test_window_starts_from_the_hosts_facts_equal_the_devices(tiny_model_dirs, m
     calls, real = [], attention.segment_starts
 
     def spy(segments, window, plan=None):
-        reads = ("tolist", "item", "cpu", "numpy", "__bool__")
-        saved = {name: getattr(torch.Tensor, name) for name in reads}
-
-        def refuse(*_args, **_kw):
-            raise AssertionError("the window's starts read a tensor back")
-
-        try:
-            for name in reads:
-                setattr(torch.Tensor, name, refuse)
+        with refused_tensor_reads("the window's starts"):
             out = real(segments, window, plan)
-        finally:
-            for name, fn in saved.items():
-                setattr(torch.Tensor, name, fn)
         calls.append((segments, window, out))
         return out
 
