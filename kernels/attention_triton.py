@@ -308,11 +308,16 @@ def wave_merge_triton(q, k_cache, v_cache, wave: Wave, scale, out, lse, plan: At
     group = q.shape[1] // k_cache.shape[1]
 
     def items():
-        tokens = _blocks(q, group)[0] // group
-        return _work_items(wave.row_offsets.diff().tolist(), wave.slot_offsets.diff().tolist(), tokens, q.device)
+        return _wave_work(wave, q, group)
 
     work = items() if plan is None else plan.derived(f"triton wave items {id(wave)}", items, wave)
     _merge(q, wave.rows, k_cache, v_cache, wave.slots, work, scale, out, lse, wave.limits, wave.starts)
+
+
+def _wave_work(wave: Wave, q: torch.Tensor, group: int) -> torch.Tensor:
+    """A wave's work items on q's device: each segment's rows in blocks of the kernel's row tile."""
+    tokens = _blocks(q, group)[0] // group
+    return _work_items(wave.row_offsets.diff().tolist(), wave.slot_offsets.diff().tolist(), tokens, q.device)
 
 
 class _WaveItems(NamedTuple):
@@ -323,11 +328,7 @@ class _WaveItems(NamedTuple):
 def _wave_items(segments: list[Segment], q: torch.Tensor, group: int) -> list[_WaveItems]:
     """The segments as waves (attention.segment_waves: no two segments of a wave share a row), each wave with its
     work items on q's device."""
-    br = _blocks(q, group)[0]
-    return [
-        _WaveItems(w, _work_items(w.row_offsets.diff().tolist(), w.slot_offsets.diff().tolist(), br // group, q.device))
-        for w in segment_waves(segments)
-    ]
+    return [_WaveItems(w, _wave_work(w, q, group)) for w in segment_waves(segments)]
 
 
 def cascade_attention_triton(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):

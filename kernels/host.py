@@ -1,4 +1,4 @@
-"""Host-built index tensors: built from Python ints in a few array ops (`ranges`), sent to the device without
+"""Host-built index tensors: built from Python ints in a few array ops (`index_ranges`), sent to the device without
 waiting for it (`to_device`)."""
 
 from __future__ import annotations
@@ -10,9 +10,14 @@ import torch
 def index_ranges(starts, lengths) -> torch.Tensor:
     """range(start, start + length) for each pair, concatenated (int64, on the host), in a few array ops whatever
     the count."""
+    return torch.from_numpy(index_ranges_np(starts, lengths))
+
+
+def index_ranges_np(starts, lengths) -> np.ndarray:
+    """index_ranges as a numpy array."""
     n = np.asarray(lengths, dtype=np.int64)
     shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n)  # value minus output index, per range
-    return torch.from_numpy(np.arange(int(n.sum()), dtype=np.int64) + np.repeat(shift, n))
+    return np.arange(int(n.sum()), dtype=np.int64) + np.repeat(shift, n)
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:
