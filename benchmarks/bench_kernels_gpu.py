@@ -145,8 +145,8 @@ def sdpa_closure(p: dict, n_seq: int, new: int, shared: int):
 
 def cases(shape: tuple, dev, dtype, smoke: bool = False):
     """Every op of the GPU path at one model's shapes (MODELS): the cascade attention (a plain prefill, candidates
-    below a shared prefix, and under the model's sliding window), its causal self part on its own, the
-    deterministic mode's segment merge with row limits, RMSNorm, RoPE + KV store, SwiGLU and the target log-prob
+    below a shared prefix, and under the model's sliding window), its causal self part on its own, the fixed-shape
+    decode attention (and under the window), the deterministic mode's segment merge with row limits, RMSNorm, RoPE + KV store, SwiGLU and the target log-prob
     over the vocabulary. Yields Case."""
     from attention_problems import cascade_problem, cascade_window, varlen_problem
 
@@ -192,6 +192,26 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
         sum(seq_lens),
         pairs,
     )
+    # the fixed-shape decode attention a captured CUDA graph replays (engine/decode_graphs.py): one new token of
+    # each sequence over a shared prompt and its own key, through a slot table
+    n_seq, ctx = (3, 20) if smoke else (64, 1024)
+    table = torch.cat([torch.arange(ctx).expand(n_seq, ctx), ctx + torch.arange(n_seq)[:, None]], 1)
+    decode = dict(
+        q=torch.randn(n_seq, H, D, generator=gen).to(dev, dtype),
+        k_cache=torch.randn(ctx + n_seq, Hkv, D, generator=gen).to(dev, dtype),
+        v_cache=torch.randn(ctx + n_seq, Hkv, D, generator=gen).to(dev, dtype),
+        table=table.to(dev, torch.int32),
+        lens=torch.full((n_seq,), ctx + 1, dtype=torch.int32, device=dev),
+        scale=D**-0.5,
+    )
+    for w in (0, window) if window else (0,):
+        yield attention(
+            "paged_decode_attention",
+            f"{n_seq} seqs x 1 tok, {ctx} shared" + (f", window {w}" if w else ""),
+            dict(decode, window=w),
+            n_seq,
+            n_seq * (min(w, ctx + 1) if w else ctx + 1),
+        )
     rows, shared = (12, 40) if smoke else (1024, 2048)
     p = to_device(cascade_problem([rows], shared, [0], H, Hkv, D, dtype), dev)
     limits = torch.randint(0, shared, (rows,), generator=gen).to(dev)

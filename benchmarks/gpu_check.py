@@ -23,14 +23,17 @@ DIR/logs/NAME.log.
              (tests/test_kernels_triton.py under pytest).
 3. parity    per-token log-probs of tiny random Llama, Qwen2, Qwen3 and Gemma-3 (window shorter than the prompts)
              against transformers on the same weights on the device: fp32 (<= 1e-4) and bf16 (no worse than
-             twice transformers' own bf16 error plus the kernels' bf16 tolerance); greedy generation equal; the
+             twice transformers' own bf16 error plus the kernels' bf16 tolerance); greedy generation equal, and
+             equal again with its decode steps replayed from CUDA graphs (the engine option decode_graphs); the
              deterministic mode bitwise the same for requests alone and inside mixed jobs of other sizes.
 4. speed     bf16 at Llama-3-8B's and Llama-3.2-1B's shapes (random weights; sections speed_8b and speed_1b): the
              ICQS-shaped job of bench_icqs_workload against transformers run the way lm-evaluation-harness's hf
              backend runs it (padded batches, timed on a random sample and extrapolated), plain unshared scoring,
-             and decode of 64 sequences against transformers' generate. For each: tokens/s, requests/s, peak GPU
-             memory and the model FLOP utilisation (the matmul FLOPs of the computed tokens, attention included,
-             over the matmul rate of section 1).
+             and decode of 64 sequences against transformers' generate (and the same decode from CUDA graphs,
+             decode_graphs). For each: tokens/s, requests/s, peak GPU memory and the model FLOP utilisation (the
+             matmul FLOPs of the computed tokens, attention included, over the matmul rate of section 1); where
+             the host's time goes (before the loop, launching steps, reading them), the device's busy share under
+             torch.profiler and the lines that made the host wait for it.
 """
 
 from __future__ import annotations
@@ -267,7 +270,8 @@ def markdown(r: dict) -> str:
             "## Parity with transformers",
             "",
             f"fp32 max abs {fmt(p.get('fp32_max_abs'))} (<= {FP32_TOL}), bf16 within tolerance: "
-            f"{fmt(p.get('bf16_ok'))}, greedy generation equal: {fmt(p.get('greedy_equal'))}, deterministic "
+            f"{fmt(p.get('bf16_ok'))}, greedy generation equal: {fmt(p.get('greedy_equal'))} (from CUDA graphs: "
+            f"{fmt(p.get('decode_graphs_equal'))}), deterministic "
             f"mode bitwise: {fmt(p.get('deterministic_bitwise'))}",
         ]
         if p.get("archs"):
@@ -282,6 +286,7 @@ def markdown(r: dict) -> str:
                         "bf16 transformers max abs",
                         "bf16 tolerance",
                         "greedy equal",
+                        "from graphs equal",
                     ],
                     [
                         [
@@ -292,6 +297,7 @@ def markdown(r: dict) -> str:
                             v.get("hf_bf16_max_abs"),
                             v.get("bf16_tol"),
                             v.get("greedy_equal"),
+                            v.get("decode_graphs_equal"),
                         ]
                         for a, v in p["archs"].items()
                     ],
@@ -382,7 +388,7 @@ def markdown(r: dict) -> str:
                 where = ", ".join(f"{k} x{n}" for k, n in syncs["places"].items()) or "none"
                 out += [
                     "",
-                    f"{name}: {syncs['count']} waits for the device (a quarter of the job, sync debug mode): {where}",
+                    f"{name}: {syncs['count']} waits for the device (part of the job, in sync debug mode): {where}",
                 ]
         for name, v in s.items():
             prof = v.get("device_profile")
@@ -834,6 +840,12 @@ def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
         equal += g.token_ids == want[: len(g.token_ids)]
     res["greedy_equal"] = f"{equal}/{len(prompts)}"
     res["greedy_ok"] = equal == len(prompts)
+    # the decode steps replayed from CUDA graphs (engine/decode_graphs.py): the same tokens as the cascade's steps
+    engine.use_decode_graphs(True)
+    graphed = engine.generate(prompts, max_tokens=10)
+    res["decode_graphs_equal"] = sum(a.token_ids == b.token_ids for a, b in zip(graphed, gens)) == len(prompts)
+    res["decode_graphs_max_abs"] = max_token_diff(graphed, gens)
+    res["decode_graphs"] = engine.decode_graph_stats()
     del engine
     bf16 = Engine(config, weights, tok, dtype=torch.bfloat16, device=ctx.device, kv_tokens=2048, token_budget=48)
     res["bf16_max_abs"] = max_token_diff(bf16.score(reqs), ref)
@@ -970,6 +982,7 @@ def section_parity(rec: Recorder, ctx: Context) -> None:
                 rec.put("parity", "fp32_max_abs", value=max(a["fp32_max_abs"] for a in archs))
                 rec.put("parity", "bf16_ok", value=all(a["bf16_ok"] for a in archs))
                 rec.put("parity", "greedy_equal", value=all(a["greedy_ok"] for a in archs))
+                rec.put("parity", "decode_graphs_equal", value=all(a.get("decode_graphs_equal") for a in archs))
                 rec.put(
                     "parity",
                     "fp32_ok",
@@ -1174,9 +1187,17 @@ def speed_decode(
     ids = prompts(tok, n)
     engine_generate(engine, ids[:2], 2)
     hf_generate(hf, tok, ids[:2], 2)
-    with Peak(ctx) as peak:
+    with Peak(ctx) as peak, LoopTimeline(engine) as timeline:
+        t0 = time.perf_counter()
         e_s, _, e_tokens, e_seqs = engine_generate(engine, ids, new_tokens)
     engine_peak, engine_work = peak.gib, peak.work_gib
+    loop = timeline.summary(t0)
+    # where a decode step's time goes: the device's busy share, and the waits for it (a step's sampled tokens
+    # are read before the next is planned: one wait a step is the floor)
+    short = max(2, new_tokens // 8)
+    profile = rec.attempt(f"{key}_profile", device_profile, ctx, lambda: engine.generate(ids, max_tokens=short))
+    syncs = rec.attempt(f"{key}_syncs", sync_points, ctx, lambda: engine.generate(ids, max_tokens=short))
+    graphs = rec.attempt(f"{key}_graphs", decode_with_graphs, ctx, engine, ids, new_tokens, e_s, e_seqs)
     with Peak(ctx) as peak:
         h_s, _, h_tokens, h_seqs = hf_generate(hf, tok, ids, new_tokens)
     config = engine.config
@@ -1211,6 +1232,11 @@ def speed_decode(
     if bandwidth:  # a decode step reads every weight once: its time bound at the measured copy bandwidth
         res["step_bound_ms"] = weight_bytes / (bandwidth * 1e9) * 1e3
         res["fraction_of_bandwidth_bound"] = res["step_bound_ms"] / res["engine_ms_per_step"]
+    res.update(loop)
+    if loop:
+        res["launch_ms_per_step"] = loop["launch_s"] / max(steps, 1) * 1e3
+        res["finish_ms_per_step"] = loop["finish_s"] / max(steps, 1) * 1e3
+    res["device_profile"], res["sync_points"], res["graphs"] = profile, syncs, graphs
     res["note"] = (
         f"{n} x {new_tokens} tokens greedy; {res['engine_ms_per_step']:.1f} ms per engine step"
         + (f" against {res['step_bound_ms']:.2f} ms to read the weights once" if bandwidth else "")
@@ -1219,8 +1245,45 @@ def speed_decode(
             f"{res['first_token_equal']} first tokens, {res['mean_common_prefix']:.1f} tokens in common on average"
         )
     )
+    if graphs and "ms_per_step" in graphs:
+        res["note"] += (
+            f"; with decode_graphs ({graphs['stats']['replays']} steps replayed from CUDA graphs, capture error: "
+            f"{graphs['stats']['capture_failed'] or 'none'}): {graphs['ms_per_step']:.1f} ms per step, "
+            f"{graphs['vs_eager']:.2f}x the eager steps, tokens equal to theirs: {graphs['sequences_equal_eager']}"
+        )
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
+
+
+def decode_with_graphs(ctx: Context, engine, ids: list, new_tokens: int, eager_s: float, eager_seqs: list) -> dict:
+    """The same decode with the option decode_graphs on (engine/decode_graphs.py: each step's launches replayed
+    from a CUDA graph per batch size; on the CPU the same fixed-shape steps eagerly): its time against the eager
+    steps' (`eager_s`) and its tokens against theirs. The option is turned off again after."""
+    from bench_generation import engine_generate
+
+    engine.use_decode_graphs(True)
+    try:
+        with _timer(ctx) as warm:  # captures the buckets the job uses
+            engine_generate(engine, ids, 3)
+        with LoopTimeline(engine) as timeline:
+            t0 = time.perf_counter()
+            g_s, _, _, g_seqs = engine_generate(engine, ids, new_tokens)
+        stats = engine.decode_graph_stats()
+    finally:
+        engine.use_decode_graphs(False)
+    steps = max(len(s) for s in g_seqs)
+    out = {
+        "engine_s": g_s,
+        "ms_per_step": g_s / max(steps, 1) * 1e3,
+        "vs_eager": eager_s / g_s,
+        "sequences_equal_eager": f"{sum(a == b for a, b in zip(g_seqs, eager_seqs))}/{len(ids)}",
+        "first_tokens_equal_eager": f"{sum(a[:1] == b[:1] for a, b in zip(g_seqs, eager_seqs))}/{len(ids)}",
+        "warm_up_s": warm.s,
+        "stats": stats,
+        **timeline.summary(t0),
+    }
+    print(f"decode graphs: {out}", flush=True)
+    return out
 
 
 def device_profile(ctx: Context, fn, top: int = 8) -> dict:

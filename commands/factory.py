@@ -121,6 +121,12 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
         action="store_true",
         help="batch-invariant ops: each score bitwise the same whatever else is in the job",
     )
+    g.add_argument(
+        "--decode-graphs",
+        action="store_true",
+        help="on a GPU, replay decode steps from CUDA graphs (fixed shapes: one per batch size up to 256 "
+        "sequences); not with --deterministic",
+    )
     g = p.add_argument_group("Ray (frontends.ray_runner)")
     g.add_argument(
         "--ray",
@@ -155,6 +161,8 @@ def check_engine_args(args) -> None:
     threads, ray = getattr(args, "threads", None), getattr(args, "ray", None)
     if threads is not None and ray is None and threads > machine_cores():
         raise UserError(f"--threads {threads} is more than this machine's {machine_cores()} CPU cores")
+    if getattr(args, "decode_graphs", False) and getattr(args, "deterministic", False):
+        raise UserError("--decode-graphs cannot be combined with --deterministic")
     if ray is None:
         for flag, value in (
             ("--workers", getattr(args, "workers", None)),
@@ -181,6 +189,8 @@ def engine_options(args) -> dict:
         kv_tokens=args.kv_tokens,
         deterministic=args.deterministic,
     )
+    if getattr(args, "decode_graphs", False):
+        opts["decode_graphs"] = True
     if args.threads is not None:
         opts["threads"] = args.threads
     elif ray and opts["device"] == "cpu":

@@ -28,6 +28,7 @@ import torch
 import kernels
 
 from .config import ModelConfig
+from .decode_graphs import DecodeGraphs
 from .encoding import encode_pairs, prompt_ids
 from .errors import UserError
 from .head import PendingHead, launch_head
@@ -109,6 +110,8 @@ class EngineOptions:
     token_budget: int = 1024  # new tokens per forward step
     keep_cache: bool = False  # online mode: keep computed prefixes across requests (LRU-evicted under pressure)
     deterministic: bool = False  # batch-invariant ops: a request's scores do not depend on the rest of the job
+    # decode steps in fixed shapes, replayed from CUDA graphs on a GPU (engine/decode_graphs.py; eagerly elsewhere)
+    decode_graphs: bool = False
 
     @classmethod
     def checked(cls, **options) -> "EngineOptions":
@@ -121,6 +124,8 @@ class EngineOptions:
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"engine option {name} must be a positive integer, got {value!r}")
+        if opts.decode_graphs and opts.deterministic:
+            raise UserError("engine options decode_graphs and deterministic cannot be combined")
         if opts.kv_tokens < opts.page_size:
             raise UserError(
                 f"engine option kv_tokens={opts.kv_tokens} is smaller than one page (page_size={opts.page_size})"
@@ -192,6 +197,8 @@ class Engine:
         # steps; a step holds it from planning to recording (callers on the loop's own thread pay an uncontended
         # acquire per call).
         self._lock = threading.RLock()
+        self.graphs: DecodeGraphs | None = None  # the fixed-shape decode path, when the option is on
+        self.use_decode_graphs(self.options.decode_graphs)
         self._next_id = 0
         tok = tokenizer
         self.eos = set(tok.eos_ids) | ({tok.eos_id} if tok.eos_id is not None else set())
@@ -326,6 +333,24 @@ class Engine:
         self._next_id += 1
         return self._next_id - 1
 
+    def use_decode_graphs(self, enabled: bool) -> None:
+        """Turn the option `decode_graphs` on or off between jobs (engine/decode_graphs.py): the benchmarks time
+        both on one engine's weights."""
+        with self._lock:
+            if enabled and self.options.deterministic:
+                raise UserError("engine options decode_graphs and deterministic cannot be combined")
+            self.options = replace(self.options, decode_graphs=bool(enabled))
+            self.graphs = (
+                DecodeGraphs(self.model, self.kv, self.options.token_budget, capture=self.device.type == "cuda")
+                if enabled
+                else None
+            )
+
+    def decode_graph_stats(self) -> dict | None:
+        """The fixed-shape decode path's counters (replays, captures, a capture's error), None when it is off."""
+        with self._lock:
+            return None if self.graphs is None else self.graphs.stats()
+
     def check_pages(self):
         """Raise PageError unless every KV page's reference count matches the prefix-cache nodes holding it and
         the cache's victim indexes are complete (the tests' invariant; walks the whole tree)."""
@@ -357,7 +382,9 @@ class Engine:
         plan = self.scheduler.schedule(in_flight)
         if plan.chunks:
             step = build_step(plan.chunks, self.cache, self.device)
-            hidden = self.model.forward(step.batch, self.kv)
+            hidden = None if self.graphs is None else self.graphs.forward(step)  # None: not a fixed-shape step
+            if hidden is None:
+                hidden = self.model.forward(step.batch, self.kv)
             self.kv.write_hidden(step.written, step.kept, step.batch.write_slots[step.batch.out_rows], hidden)
         head = launch_head(plan, self.model, self.kv)
         self.scheduler.advance(plan)

@@ -1,7 +1,8 @@
 """The page store: the paged KV cache (`KVCache`), fixed-size pages with checked reference counts, and the page
 runs (`PageRun`) it hands to the prefix tree (engine/prefix_cache.py), one per node.
 
-Per layer, K and V are [num_pages * page_size, Hkv, D]; a token's K/V live at slot = page * page_size + offset.
+Per layer, K and V are [num_pages * page_size + 1, Hkv, D]; a token's K/V live at slot = page * page_size + offset
+(the last slot is scratch, no page's).
 Beside them, `hidden` [num_pages * page_size, hidden_size] keeps the final (normed) hidden state of each computed
 token that a request asked for when it was computed (`has_hidden` says which: the model's last layer runs its
 o-projection and MLP on those rows only), so that a later request scores a continuation of a cached prefix (or asks
@@ -62,7 +63,10 @@ class KVCache:
     def __init__(self, config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device):
         self.num_pages, self.page_size = num_pages, page_size
         check_fits(config, num_pages * page_size, dtype, device)
-        shape = (config.num_layers, num_pages * page_size, config.num_kv_heads, config.head_dim)
+        # one slot past the pages' (`scratch_slot`, never handed out): the padding rows of a fixed-shape step (a
+        # decode step replayed from a CUDA graph, engine/decode_graphs.py) store their K/V there
+        self.scratch_slot = num_pages * page_size
+        shape = (config.num_layers, num_pages * page_size + 1, config.num_kv_heads, config.head_dim)
         # empty, not zeros: a slot is read only after its K/V were written, and untouched pages cost no memory
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
@@ -72,7 +76,7 @@ class KVCache:
         self.has_hidden = np.zeros(num_pages * page_size, dtype=bool)
         # absolute position of the token at each slot, written with its K/V: sliding-window layers mask by it
         self.positions = (
-            torch.empty(num_pages * page_size, dtype=torch.int64, device=device) if config.sliding_window else None
+            torch.empty(num_pages * page_size + 1, dtype=torch.int64, device=device) if config.sliding_window else None
         )
         self.refcount = [0] * num_pages
         self.epoch = [0] * num_pages  # bumped each time a page is handed out: older memo entries are stale

@@ -129,24 +129,47 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """Runs one step, writing K/V of the new tokens into `kv`; returns final-normed hidden [N, hidden]."""
-        c = self.config
-        T = batch.token_ids.shape[0]
-        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        ops = self.ops
-        linear = ops.linear
         plan = kernels.AttentionPlan(
             batch.cu_seqlens, batch.segments, batch.positions, batch.write_slots, batch.seq_starts
         )
-        h = F.embedding(batch.token_ids, self.embed)
-        if self.embed_scale is not None:
-            h = h * self.embed_scale
         window = None
         if kv.positions is not None:
-            kv.positions[batch.write_slots] = batch.positions
-            window = kernels.AttentionWindow(c.sliding_window, batch.positions, kv.positions)
+            window = kernels.AttentionWindow(self.config.sliding_window, batch.positions, kv.positions)
+
+        def attend(i, q, k, v, sliding):
+            return self.ops.attention(q, k, v, kv.k[i], kv.v[i], plan, self.scale, window if sliding else None)
+
+        return self._layers(batch.token_ids, batch.positions, batch.write_slots, kv, attend, batch.out_rows)
+
+    @torch.inference_mode()
+    def forward_decode(self, token_ids, positions, write_slots, kv: KVCache, table, lens) -> torch.Tensor:
+        """A decode step in fixed shapes (engine/decode_graphs.py captures it in a CUDA graph): row b is one new
+        token of a sequence whose cached context, its own new slot last, is table[b, :lens[b]] (the slot at index
+        j holding position j); every row's final hidden state comes out. Every argument is a device tensor whose
+        values a replay may change."""
+        window = self.config.sliding_window or 0
+
+        def attend(i, q, k, v, sliding):
+            return kernels.paged_decode_attention(
+                q, kv.k[i], kv.v[i], table, lens, self.scale, window if sliding else 0
+            )
+
+        return self._layers(token_ids, positions, write_slots, kv, attend, None)
+
+    def _layers(self, token_ids, positions, write_slots, kv: KVCache, attend, rows) -> torch.Tensor:
+        """The layers over the step's new tokens, `attend(layer, q, k, v, sliding)` computing each layer's attention
+        once its K/V are stored; the last layer's work after its K/V store runs on `rows` only (None: all)."""
+        c = self.config
+        T = token_ids.shape[0]
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        linear = self.ops.linear
+        h = F.embedding(token_ids, self.embed)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        if kv.positions is not None:
+            kv.positions[write_slots] = positions
         residual = None
-        rows = batch.out_rows
-        trim = rows.numel() < T  # the last layer's work after its K/V store runs on the rows asked for only
+        trim = rows is not None and rows.numel() < T
         for i, L in enumerate(self.layers):
             x, residual = kernels.rms_norm(h, L["attn_norm"], c.rms_norm_eps, residual)
             qkv = linear(x, L["qkv"], L["qkv_bias"])
@@ -160,12 +183,12 @@ class LlamaModel:
                 qkv = torch.cat([q.view(T, q_dim), k.view(T, kv_dim), qkv[:, q_dim + kv_dim :]], dim=1)
             cos, sin = (self.local_cos, self.local_sin) if L["sliding"] else (self.cos, self.sin)
             q, k, v = kernels.rope_store_kv(
-                qkv, batch.positions, cos, sin, kv.k[i], kv.v[i], batch.write_slots, c.num_heads, c.num_kv_heads
+                qkv, positions, cos, sin, kv.k[i], kv.v[i], write_slots, c.num_heads, c.num_kv_heads
             )
             last = trim and i == len(self.layers) - 1
             if last and rows.numel() == 0:
                 return h.new_empty(0, c.hidden_size)
-            attn = ops.attention(q, k, v, kv.k[i], kv.v[i], plan, self.scale, window if L["sliding"] else None)
+            attn = attend(i, q, k, v, L["sliding"])
             if last:
                 attn, residual = attn[rows], residual[rows]
             h = linear(attn.reshape(-1, q_dim), L["o"])

@@ -26,17 +26,20 @@ def _long(values) -> torch.Tensor:
 
 class BuiltStep(NamedTuple):
     """A step's model input, and the host's copy of the slots it writes (`written`) and of those whose final hidden
-    states it keeps (`kept`), for the KV store's bookkeeping (KVCache.write_hidden) without reading the device."""
+    states it keeps (`kept`), for the KV store's bookkeeping (KVCache.write_hidden) without reading the device;
+    `contexts`: per sequence, the host's slot runs it attends to in position order, its new slots last (what a
+    fixed-shape decode step's slot table holds, engine/decode_graphs.py)."""
 
     batch: StepBatch
     written: torch.Tensor  # [T] int64, on the host
     kept: torch.Tensor  # [N] int64, on the host: written[batch.out_rows]
+    contexts: list[list[torch.Tensor]]
 
 
 def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
     """The step's index tensors are built once per step from ranges gathered as Python ints (a decode step holds
     one chunk per sequence, each below a few cached segments), not one small tensor per chunk and segment."""
-    tokens, pos_starts, lengths, slot_parts, cu, out = [], [], [], [], [0], []
+    tokens, pos_starts, lengths, slot_parts, cu, out, contexts = [], [], [], [], [0], [], []
     segments: dict = {}  # run key -> (cached slots, row-range starts, row-range lengths, first key position)
     for chunk in chunks:
         src = cache.chunk_source(chunk.node, chunk.start, chunk.end)
@@ -45,6 +48,7 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
         pos_starts.append(src.position)
         lengths.append(n)
         slot_parts.append(src.slots)
+        contexts.append([*(run.slots for run in src.before), src.slots])
         for run in src.before:
             seg = segments.get(run.key)
             if seg is None:
@@ -73,4 +77,4 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
         else [],
         out_rows=to_device(out_rows, device),
     )
-    return BuiltStep(batch, written, written[out_rows])
+    return BuiltStep(batch, written, written[out_rows], contexts)

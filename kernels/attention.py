@@ -326,6 +326,22 @@ def varlen_causal_attention_ref(q, k, v, cu_seqlens: list[int], scale, window: i
     return out, lse
 
 
+def paged_decode_attention_ref(q, k_cache, v_cache, table, lens, scale, window: int = 0):
+    """A decode step's attention in fixed shapes (the form a captured CUDA graph replays): q [B, H, D] holds one
+    new token per sequence, whose K/V are already in the cache; row b attends to the cache slots table[b, :lens[b]]
+    (its whole context in position order, its own key last; table [B, W] int32 or int64, lens [B] int32). With
+    window > 0, to the last `window` of them only (a sliding window: the slot at index j holds position j). A row
+    with lens 0 (padding) gives zeros. Returns out [B, H, D] in q's dtype; softmax statistics in fp32."""
+    B, H, D = q.shape
+    out = torch.zeros(B, H, D, dtype=torch.float32, device=q.device)
+    for b, n in enumerate(lens.tolist()):
+        if n <= 0:
+            continue
+        slots = table[b, max(0, n - window) if window > 0 else 0 : n].long()
+        out[b : b + 1] = _attend(q[b : b + 1], k_cache[slots], v_cache[slots], scale, None)[0]
+    return out.to(q.dtype)
+
+
 def merge_attention_ref(out_a, lse_a, out_b, lse_b):
     """Log-sum-exp merge of two partial attentions over disjoint key sets. out [R, H, D], lse [R, H] (fp32)."""
     lse = torch.logaddexp(lse_a, lse_b)

@@ -167,6 +167,57 @@ def _segment_merge_kernel(
     tl.store(lse_ptr + rows * H + head, (m_i + tl.log2(l_safe)) / 1.4426950408889634, mask=r_mask)
 
 
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    table_ptr,
+    lens_ptr,
+    out_ptr,
+    qk_scale,
+    table_stride,
+    H,
+    Hkv,
+    D,
+    window,
+    G: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # one program: the G query heads of KV head kh of sequence b's one new token, over its slots
+    # table[b, lo:n]; n is read from memory, so a captured graph replays it for any context length
+    b = tl.program_id(0).to(tl.int64)
+    kh = tl.program_id(1)
+    n = tl.load(lens_ptr + b).to(tl.int64)
+    lo = tl.where(window > 0, tl.maximum(n - window, 0), 0)
+    offs_r = tl.arange(0, BLOCK_R)
+    head = kh * G + offs_r
+    r_mask = offs_r < G
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    q_off = (b * H + head[:, None]) * D + offs_d[None, :]
+    q_mask = r_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for j0 in range(lo, n, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < n
+        slot = tl.load(table_ptr + b * table_stride + offs_n, mask=n_mask, other=0).to(tl.int64)
+        kv_off = (slot[:, None] * Hkv + kh) * D + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
+        valid = r_mask[:, None] & n_mask[None, :]
+        acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    tl.store(out_ptr + q_off, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
 def _blocks(q: torch.Tensor, group: int):
     """(BLOCK_R, BLOCK_N, BLOCK_D, precision, num_warps): small tiles under the CPU interpreter, flash-sized ones
     on a GPU; BLOCK_R holds at least one token's group of heads. fp32 inputs are multiplied exactly (no TF32), on
@@ -178,6 +229,39 @@ def _blocks(q: torch.Tensor, group: int):
     if gpu_tiles(q) and bd > 128:
         br, bn = br // 2, bn // 2
     return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32", warps
+
+
+def paged_decode_attention_triton(q, k_cache, v_cache, table, lens, scale, window: int = 0):
+    """Contract of attention.paged_decode_attention_ref: one launch of (sequences x KV heads) programs whose
+    arguments are all device tensors or fixed numbers, so the launch can be captured in a CUDA graph and replayed
+    with new tables and lengths (engine/decode_graphs.py)."""
+    B, H, D = q.shape
+    Hkv = k_cache.shape[1]
+    group = H // Hkv
+    _, bn, bd, prec, _ = _blocks(q, group)
+    out = torch.empty_like(q)
+    if B:
+        _paged_decode_kernel[(B, Hkv)](
+            q.contiguous(),
+            k_cache,
+            v_cache,
+            table,
+            lens,
+            out,
+            scale * LOG2E,
+            table.stride(0),
+            H,
+            Hkv,
+            D,
+            int(window),
+            G=group,
+            BLOCK_R=max(16, triton.next_power_of_2(group)),
+            BLOCK_N=bn,
+            BLOCK_D=bd,
+            PRECISION=prec,
+            num_warps=4,
+        )
+    return out
 
 
 def _self_blocks(cu_seqlens, tokens: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

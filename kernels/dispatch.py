@@ -62,6 +62,10 @@ IMPLS = {
         "triton": "attention_triton:cascade_attention_triton",
         "native": "native_ops:cascade_attention_native",
     },
+    "paged_decode_attention": {
+        "torch": "attention:paged_decode_attention_ref",
+        "triton": "attention_triton:paged_decode_attention_triton",
+    },
     "segment_attention_merge": {
         "torch": "attention:segment_attention_merge_ref",
         "triton": "attention_triton:segment_attention_merge_triton",
@@ -79,6 +83,7 @@ ENGINE_OPS = (
     "rope_store_kv",
     "silu_and_mul",
     "cascade_attention",
+    "paged_decode_attention",
     "segment_attention_merge",
     "target_logprobs",
     "greedy_logprobs",
@@ -299,6 +304,11 @@ def silu_and_mul(gate_up):
 def cascade_attention(q, k_new, v_new, k_cache, v_cache, plan: AttentionPlan, scale, window=None):
     """The step's attention (attention.cascade_attention_ref): new tokens causally, then the cached segments."""
     return resolve("cascade_attention", q.device)(q, k_new, v_new, k_cache, v_cache, plan, scale, window)
+
+
+def paged_decode_attention(q, k_cache, v_cache, table, lens, scale, window: int = 0):
+    """A decode step's attention in fixed shapes, for a captured graph (attention.paged_decode_attention_ref)."""
+    return resolve("paged_decode_attention", q.device)(q, k_cache, v_cache, table, lens, scale, window)
 
 
 def segment_attention_merge(q, rows, k_cache, v_cache, slots, scale, out, lse, limits=None, starts=None):

@@ -133,6 +133,7 @@ def pairs_file(path: Path, n: int) -> Path:
         ("token_budget_0", "argument --token-budget: expected a positive integer, got 0"),
         ("kv_tokens_x", "argument --kv-tokens: expected a positive integer, got 'x'"),
         ("device_tpu", "--device 'tpu': expected cpu, cuda or cuda:N"),
+        ("graphs_and_deterministic", "--decode-graphs cannot be combined with --deterministic"),
         ("input_is_output", "is also an input file"),
         ("other_jobs_output", "out.jsonl: row 1 is not the request at"),
     ],
@@ -172,6 +173,7 @@ def test_bad_paths_and_options_fail_before_any_work(case, expected, tmp_path, ca
             "token_budget_0": ["--token-budget", "0"],
             "kv_tokens_x": ["--kv-tokens", "x"],
             "device_tpu": ["--device", "tpu"],
+            "graphs_and_deterministic": ["--decode-graphs", "--deterministic"],
         }[case]
     if case == "device_tpu":  # the device is checked with the engine options, still before the model loads
         monkeypatch.undo()

@@ -180,6 +180,7 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert {c["op"] for c in kernels["cases"]} == {
         "cascade_attention",
         "varlen_causal_attention",
+        "paged_decode_attention",
         "segment_attention_merge",
         "rms_norm",
         "rope_store_kv",
@@ -197,6 +198,9 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert set(parity["archs"]) == {"llama", "qwen2", "qwen3", "gemma3"}
     assert 0 < parity["fp32_max_abs"] <= 1e-4 and parity["fp32_ok"]
     assert parity["bf16_ok"] and parity["greedy_equal"]
+    # the decode steps in fixed shapes (eager on the CPU; replayed from CUDA graphs on a GPU): the same tokens
+    assert parity["decode_graphs_equal"] is True
+    assert all(a["decode_graphs"]["fixed_shape_steps_eager"] > 0 for a in parity["archs"].values())
     assert all(0 < a["bf16_max_abs"] <= a["bf16_tol"] for a in parity["archs"].values())
     # the native ops where the library is built, else the torch references: bitwise either way
     assert parity["deterministic_bitwise"] is True and len(parity["deterministic"]) == 2
@@ -213,7 +217,12 @@ def test_smoke_run(gpu_image_env, tmp_path):
     # the ICQS job shares its demo sets: far fewer tokens computed than requested
     assert speed["icqs_8b"]["tokens_computed"] < speed["icqs_8b"]["tokens_requested"] / 2
     assert speed["plain_8b"]["tokens_computed"] == speed["plain_8b"]["tokens_requested"]
-    assert speed["decode_64"]["vs_hf"] > 0 and speed["decode_64"]["tokens_computed"] > 0
+    decode = speed["decode_64"]
+    assert decode["vs_hf"] > 0 and decode["tokens_computed"] > 0
+    assert decode["launch_ms_per_step"] > 0 and decode["finish_ms_per_step"] > 0 and decode["device_profile"]["top"]
+    graphs = decode["graphs"]  # the same decode from the fixed-shape path: its time, its tokens against the eager's
+    assert graphs["vs_eager"] > 0 and graphs["sequences_equal_eager"] == "4/4", graphs
+    assert graphs["stats"]["fixed_shape_steps_eager"] > 0 and graphs["stats"]["capture_failed"] is None
 
     md = (tmp_path / "gpu_check.md").read_text()
     assert "icqs_8b, one more run under torch.profiler" in md and "| kernel | s | share of busy | calls |" in md

@@ -35,6 +35,7 @@ KERNELS = {
     "_rope_store_kv_kernel",
     "_silu_and_mul_kernel",
     "_varlen_causal_kernel",
+    "_paged_decode_kernel",
     "_segment_merge_kernel",
     "_target_logprob_kernel",
 }

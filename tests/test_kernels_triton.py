@@ -21,9 +21,11 @@ from attention_problems import cascade_problem, cascade_window, varlen_problem  
 from kernels import attention_triton as AT  # noqa: E402
 from kernels.attention import (  # noqa: E402  # noqa: E402
     AttentionPlan,
+    AttentionWindow,
     Segment,
     cascade_attention_ref,
     fold_short_segments,
+    paged_decode_attention_ref,
     segment_attention_merge_ref,
     segment_waves,
     varlen_causal_attention_ref,
@@ -346,3 +348,57 @@ def test_deterministic_chunks_merge_in_waves_with_the_bits_of_one_by_one(dtype):
         p["q"].float(), k_cache.float(), v_cache.float(), plan(), p["scale"], segment_attention_merge_ref, chunk=64
     )
     close(waves, ref, dtype)
+
+
+def paged_decode_problem(B=6, H=4, Hkv=1, D=20, shared=37, seed=0):
+    """A decode step as the fixed-shape path sees it: B sequences sharing a `shared`-slot prompt, each with cached
+    keys of its own after it (0 to 80), its new token's key stored last; table [B, W] padded past each row's
+    length with junk slots (never read), one padding row of length 0. Also the same step in the cascade's form."""
+    gen = torch.Generator().manual_seed(seed)
+    own = [int(x) for x in torch.randint(0, 81, (B - 1,), generator=gen)] + [0]
+    lens = [shared + o + 1 for o in own[:-1]] + [0]
+    num_slots = shared + sum(o + 1 for o in own) + 8
+    perm = torch.randperm(num_slots, generator=gen)  # slots scattered over the cache, as pages are
+    k_cache = torch.randn(num_slots, Hkv, D, generator=gen)
+    v_cache = torch.randn(num_slots, Hkv, D, generator=gen)
+    W = max(lens) + 5
+    table = torch.full((B, W), int(perm[-1]), dtype=torch.int32)
+    nxt, rows = shared, []
+    for b in range(B - 1):
+        mine = perm[nxt : nxt + own[b] + 1]
+        nxt += own[b] + 1
+        rows.append(torch.cat([perm[:shared], mine]))
+        table[b, : lens[b]] = rows[-1].int()
+    q = torch.randn(B, H * Hkv, D, generator=gen)
+    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32), rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ratio,D,window", [(1, 20, 0), (4, 20, 0), (3, 64, 0), (4, 20, 16), (1, 256, 40)])
+def test_paged_decode_attention(ratio, D, window, dtype):
+    q, kc, vc, table, lens, _ = paged_decode_problem(H=ratio, D=D, seed=ratio + D)
+    q, kc, vc, table, lens = on(dtype, q, kc, vc, table, lens)
+    got = AT.paged_decode_attention_triton(q, kc, vc, table, lens, D**-0.5, window)
+    want = paged_decode_attention_ref(q.float(), kc.float(), vc.float(), table, lens, D**-0.5, window)
+    close(got, want, dtype)
+    assert not got[-1].any(), "a padding row (length 0) gives zeros"
+
+
+@pytest.mark.parametrize("window", [0, 16])
+def test_paged_decode_reference_is_the_cascade_of_a_decode_step(window):
+    """The fixed-shape form computes what the engine's cascade computes for the same decode step: each sequence's
+    new token causally over itself (k_new) and its cached keys as one segment (under a window, by position)."""
+    q, kc, vc, table, lens, rows = paged_decode_problem(H=4, Hkv=2, D=16, seed=3)
+    B = len(rows)
+    last = torch.stack([r[-1] for r in rows])
+    segs = [Segment(torch.tensor([b]), r[:-1]) for b, r in enumerate(rows)]
+    plan = AttentionPlan(list(range(B + 1)), segs)
+    win = None
+    if window:
+        slot_pos = torch.zeros(kc.shape[0], dtype=torch.int64)
+        for r in rows:
+            slot_pos[r] = torch.arange(len(r))
+        win = AttentionWindow(window, torch.tensor([len(r) - 1 for r in rows]), slot_pos)
+    want = cascade_attention_ref(q[:B], kc[last], vc[last], kc, vc, plan, 0.25, win)
+    got = paged_decode_attention_ref(q, kc, vc, table, lens, 0.25, window)
+    torch.testing.assert_close(got[:B], want, **TOL)
