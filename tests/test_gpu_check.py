@@ -206,7 +206,11 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert parity["deterministic_bitwise"] is True and len(parity["deterministic"]) == 2
 
     speed = report["speed"]
-    assert set(speed) == {"icqs_8b", "plain_8b", "decode_64"}  # speed_1b was cut off before any result
+    # speed_1b was cut off before any result
+    assert set(speed) == {"icqs_8b", "plain_8b", "decode_64", "icqs_8b_deterministic"}
+    det = speed["icqs_8b_deterministic"]  # the same job in the deterministic mode, against the fast mode's run
+    assert det["mfu"] > 0 and det["vs_fast_mode"] > 0 and det["max_abs_vs_fast_mode"] < 0.5, det
+    assert det["tokens_computed"] == speed["icqs_8b"]["tokens_computed"]
     for job in ("icqs_8b", "plain_8b"):
         s = speed[job]
         assert s["mfu"] > 0 and s["vs_hf"] > 0 and s["hf_requests_timed"] > 0 and s["max_abs"] < 0.5, s
