@@ -1264,8 +1264,8 @@ def decode_with_graphs(ctx: Context, engine, ids: list, new_tokens: int, eager_s
 
     engine.use_decode_graphs(True)
     try:
-        with _timer(ctx) as warm:  # captures the buckets the job uses
-            engine_generate(engine, ids, 3)
+        with _timer(ctx) as warm:  # captures every bucket the timed run meets (greedy: the same batch sizes)
+            engine_generate(engine, ids, new_tokens)
         with LoopTimeline(engine) as timeline:
             t0 = time.perf_counter()
             g_s, _, _, g_seqs = engine_generate(engine, ids, new_tokens)
