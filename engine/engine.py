@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import NamedTuple
 
 import torch
@@ -337,9 +337,7 @@ class Engine:
         """Turn the option `decode_graphs` on or off between jobs (engine/decode_graphs.py): the benchmarks time
         both on one engine's weights."""
         with self._lock:
-            if enabled and self.options.deterministic:
-                raise UserError("engine options decode_graphs and deterministic cannot be combined")
-            self.options = replace(self.options, decode_graphs=bool(enabled))
+            self.options = EngineOptions.checked(**{**asdict(self.options), "decode_graphs": bool(enabled)})
             self.graphs = (
                 DecodeGraphs(self.model, self.kv, self.options.token_budget, capture=self.device.type == "cuda")
                 if enabled

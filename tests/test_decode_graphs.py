@@ -81,6 +81,10 @@ def test_decode_graphs_and_the_deterministic_mode_are_refused_together(tiny_mode
     config, weights, tok = load_model_files(str(tiny_model_dirs["llama"]))
     with pytest.raises(UserError, match="decode_graphs and deterministic"):
         Engine(config, weights, tok, dtype=torch.float32, decode_graphs=True, deterministic=True)
+    det = Engine(config, weights, tok, dtype=torch.float32, deterministic=True)
+    with pytest.raises(UserError, match="decode_graphs and deterministic"):
+        det.use_decode_graphs(True)
+    assert det.decode_graph_stats() is None
 
 
 def test_padding_rows_write_only_the_scratch_slot(tiny_model_dirs):
