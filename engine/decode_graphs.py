@@ -116,7 +116,13 @@ class DecodeGraphs:
         hit = self.graphs.get(bucket)
         if hit is None:
             try:
-                self.model.forward_decode(*self._args(bucket))  # compiles the kernels; writes the same K/V
+                # one eager run on a side stream first (as torch.cuda.graph's documentation warms up): it compiles
+                # the kernels and sets up the libraries' per-stream state; it writes the same K/V as the replay
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.model.forward_decode(*self._args(bucket))
+                torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     out = self.model.forward_decode(*self._args(bucket))
