@@ -59,6 +59,8 @@ for _p in (ROOT / "benchmarks", ROOT / "tests", ROOT):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+# the greedy generation the parity section compares with transformers (test_greedy_generation_matches_transformers)
+GREEDY_PROMPTS = [[5, 17, 99, 23], [5, 17, 99, 23, 41, 7], [200, 3, 8]]
 # seconds per section on the GPU machine: together within --budget, leaving room in a 9-minute limit
 CAPS = {"bounds": 25, "kernels": 140, "parity": 90, "speed_8b": 195, "speed_1b": 40}
 SMOKE_CAPS = {"bounds": 60, "kernels": 120, "parity": 120, "speed_8b": 120, "speed_1b": 120}
@@ -830,7 +832,7 @@ def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
         "fp32_max_abs": max_token_diff(got, ref),
         "fp32_greedy_flags_equal": [g.is_greedy for g in got] == [r.is_greedy for r in ref],
     }
-    prompts = [[5, 17, 99, 23], [5, 17, 99, 23, 41, 7], [200, 3, 8]]  # test_greedy_generation_matches_transformers
+    prompts = GREEDY_PROMPTS
     gens = engine.generate(prompts, max_tokens=10)
     equal = 0
     for p, g in zip(prompts, gens):
@@ -840,12 +842,8 @@ def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
         equal += g.token_ids == want[: len(g.token_ids)]
     res["greedy_equal"] = f"{equal}/{len(prompts)}"
     res["greedy_ok"] = equal == len(prompts)
-    # the decode steps replayed from CUDA graphs (engine/decode_graphs.py): the same tokens as the cascade's steps
-    engine.use_decode_graphs(True)
-    graphed = engine.generate(prompts, max_tokens=10)
-    res["decode_graphs_equal"] = sum(a.token_ids == b.token_ids for a, b in zip(graphed, gens)) == len(prompts)
-    res["decode_graphs_max_abs"] = max_token_diff(graphed, gens)
-    res["decode_graphs"] = engine.decode_graph_stats()
+    res["greedy_tokens"] = [g.token_ids for g in gens]
+    res["greedy_logprobs"] = [g.token_logprobs for g in gens]
     del engine
     bf16 = Engine(config, weights, tok, dtype=torch.bfloat16, device=ctx.device, kv_tokens=2048, token_budget=48)
     res["bf16_max_abs"] = max_token_diff(bf16.score(reqs), ref)
@@ -856,6 +854,38 @@ def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
     res["bf16_ok"] = res["bf16_max_abs"] <= res["bf16_tol"]
     rec.put("parity", "archs", arch, value=res)
     print(f"{arch}: {res}", flush=True)
+
+
+def parity_graphs(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
+    """The greedy generation of parity_arch again with its decode steps replayed from CUDA graphs (the engine
+    option decode_graphs, engine/decode_graphs.py): the same tokens as the cascade's steps. Run after every other
+    parity part: a graph that faulted the device would end the section's process."""
+    import torch
+
+    from engine import Engine
+    from engine.loader import load_model_files
+
+    config, weights, tok = load_model_files(str(folder / arch))
+    engine = Engine(
+        config,
+        weights,
+        tok,
+        dtype=torch.float32,
+        device=ctx.device,
+        kv_tokens=2048,
+        token_budget=48,
+        decode_graphs=True,
+    )
+    gens = engine.generate(GREEDY_PROMPTS, max_tokens=10)
+    res = rec.get("parity", "archs", arch, default={})
+    want_tokens, want_lps = res.get("greedy_tokens", []), res.get("greedy_logprobs", [])
+    res["decode_graphs_equal"] = [g.token_ids for g in gens] == want_tokens
+    res["decode_graphs_max_abs"] = max(
+        (abs(a - b) for g, w in zip(gens, want_lps) for a, b in zip(g.token_logprobs, w)), default=None
+    )
+    res["decode_graphs"] = engine.decode_graph_stats()
+    rec.put("parity", "archs", arch, value=res)
+    print(f"{arch} decode graphs: {res['decode_graphs_equal']} {res['decode_graphs']}", flush=True)
 
 
 def deterministic_case(rec: Recorder, ctx: Context, arch: str, dtype, folder: Path) -> None:
@@ -982,7 +1012,6 @@ def section_parity(rec: Recorder, ctx: Context) -> None:
                 rec.put("parity", "fp32_max_abs", value=max(a["fp32_max_abs"] for a in archs))
                 rec.put("parity", "bf16_ok", value=all(a["bf16_ok"] for a in archs))
                 rec.put("parity", "greedy_equal", value=all(a["greedy_ok"] for a in archs))
-                rec.put("parity", "decode_graphs_equal", value=all(a.get("decode_graphs_equal") for a in archs))
                 rec.put(
                     "parity",
                     "fp32_ok",
@@ -1000,6 +1029,12 @@ def section_parity(rec: Recorder, ctx: Context) -> None:
             if rows:
                 rec.put("parity", "deterministic_bitwise", value=all(r["bitwise"] for r in rows))
         rec.attempt("deterministic ops", deterministic_ops, rec, ctx)
+        for arch in PARITY_ARCHS:  # last: the first run of CUDA graphs on the device
+            if rec.get("parity", "archs", arch) is not None:
+                rec.attempt(f"decode graphs {arch}", parity_graphs, rec, ctx, arch, Path(tmp))
+        archs = rec.get("parity", "archs", default={}).values()
+        if archs:
+            rec.put("parity", "decode_graphs_equal", value=all(a.get("decode_graphs_equal") for a in archs))
 
 
 # ---- 4. speed ----------------------------------------------------------------------------------------------
@@ -1198,7 +1233,6 @@ def speed_decode(
     short = max(2, new_tokens // 8)
     profile = rec.attempt(f"{key}_profile", device_profile, ctx, lambda: engine.generate(ids, max_tokens=short))
     syncs = rec.attempt(f"{key}_syncs", sync_points, ctx, lambda: engine.generate(ids, max_tokens=short))
-    graphs = rec.attempt(f"{key}_graphs", decode_with_graphs, ctx, engine, ids, new_tokens, e_s, e_seqs)
     with Peak(ctx) as peak:
         h_s, _, h_tokens, h_seqs = hf_generate(hf, tok, ids, new_tokens)
     config = engine.config
@@ -1237,7 +1271,7 @@ def speed_decode(
     if loop:
         res["launch_ms_per_step"] = loop["launch_s"] / max(steps, 1) * 1e3
         res["finish_ms_per_step"] = loop["finish_s"] / max(steps, 1) * 1e3
-    res["device_profile"], res["sync_points"], res["graphs"] = profile, syncs, graphs
+    res["device_profile"], res["sync_points"] = profile, syncs
     res["note"] = (
         f"{n} x {new_tokens} tokens greedy; {res['engine_ms_per_step']:.1f} ms per engine step"
         + (f" against {res['step_bound_ms']:.2f} ms to read the weights once" if bandwidth else "")
@@ -1246,22 +1280,20 @@ def speed_decode(
             f"{res['first_token_equal']} first tokens, {res['mean_common_prefix']:.1f} tokens in common on average"
         )
     )
-    if graphs and "ms_per_step" in graphs:
-        res["note"] += (
-            f"; with decode_graphs ({graphs['stats']['replays']} steps replayed from CUDA graphs, capture error: "
-            f"{graphs['stats']['capture_failed'] or 'none'}): {graphs['ms_per_step']:.1f} ms per step, "
-            f"{graphs['vs_eager']:.2f}x the eager steps, tokens equal to theirs: {graphs['sequences_equal_eager']}"
-        )
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
+    return e_s, e_seqs
 
 
-def decode_with_graphs(ctx: Context, engine, ids: list, new_tokens: int, eager_s: float, eager_seqs: list) -> dict:
-    """The same decode with the option decode_graphs on (engine/decode_graphs.py: each step's launches replayed
-    from a CUDA graph per batch size; on the CPU the same fixed-shape steps eagerly): its time against the eager
-    steps' (`eager_s`) and its tokens against theirs. The option is turned off again after."""
-    from bench_generation import engine_generate
+def decode_with_graphs(rec: Recorder, ctx: Context, key: str, engine, tok, n: int, new_tokens: int, eager) -> None:
+    """speed_decode's decode again with the option decode_graphs on (engine/decode_graphs.py: each step's
+    launches replayed from a CUDA graph per batch size; on the CPU the same fixed-shape steps eagerly): its time
+    against the eager steps' and its tokens against theirs (`eager`: speed_decode's seconds and sequences), into
+    speed[key]["graphs"]. Run last in its section: a graph that faulted the device would end the process."""
+    from bench_generation import engine_generate, prompts
 
+    eager_s, eager_seqs = eager
+    ids = prompts(tok, n)
     engine.use_decode_graphs(True)
     try:
         with _timer(ctx) as warm:  # captures every bucket the timed run meets (greedy: the same batch sizes)
@@ -1283,8 +1315,15 @@ def decode_with_graphs(ctx: Context, engine, ids: list, new_tokens: int, eager_s
         "stats": stats,
         **timeline.summary(t0),
     }
+    res = rec.get("speed", key, default={})
+    res["graphs"] = out
+    res["note"] = (res.get("note") or "") + (
+        f"; with decode_graphs ({stats['replays']} steps replayed from CUDA graphs, capture error: "
+        f"{stats['capture_failed'] or 'none'}): {out['ms_per_step']:.1f} ms per step, {out['vs_eager']:.2f}x the "
+        f"eager steps, tokens equal to theirs: {out['sequences_equal_eager']}"
+    )
+    rec.put("speed", key, value=res)
     print(f"decode graphs: {out}", flush=True)
-    return out
 
 
 def device_profile(ctx: Context, fn, top: int = 8) -> dict:
@@ -1507,14 +1546,16 @@ def section_speed(rec: Recorder, ctx: Context, which: str) -> None:
     )
     n, new_tokens = (4, 8) if ctx.smoke else (64, 128)
     key = "decode_64" if which == "8b" else f"decode_64_{which}"
-    rec.attempt(key, speed_decode, rec, ctx, key, shape, engine, hf, tok, n, new_tokens, rate, bandwidth)
-    if which == "8b":  # the same ICQS job in the deterministic mode (the `icqs` default), on a fresh engine
-        del engine, hf
-        gc.collect()
-        if ctx.cuda:
-            torch.cuda.empty_cache()
+    eager = rec.attempt(key, speed_decode, rec, ctx, key, shape, engine, hf, tok, n, new_tokens, rate, bandwidth)
+    del hf
+    gc.collect()
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+    if which == "8b":  # the same ICQS job in the deterministic mode (the `icqs` default), on a second engine
         det = "icqs_8b_deterministic"
         rec.attempt(det, speed_deterministic, rec, ctx, det, "icqs_8b", cfg, tok, ids, fast, rate)
+    if eager:  # last: the first run of CUDA graphs at this shape
+        rec.attempt(f"{key}_graphs", decode_with_graphs, rec, ctx, key, engine, tok, n, new_tokens, eager)
 
 
 def speed_deterministic(rec: Recorder, ctx: Context, key: str, fast_key: str, cfg, tok, ids, fast, rate) -> None:
