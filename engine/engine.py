@@ -53,10 +53,7 @@ log = logging.getLogger("engine")
 # millions of small objects (token lists, tree nodes, rows) that live until the job ends, so each pass finds
 # nothing to free and the older generations' passes walk the whole young tree: 27% of the ICQS job's time on a
 # tiny model (benchmarks/RESULTS.md, "GPU (H100)"). A closed job raises the threshold while it runs and restores
-# it after. It also freezes the objects that exist when it starts (gc.freeze: the loaded libraries', the model's,
-# the caller's) and unfreezes them when it ends, so a full pass that falls inside the job walks the job's own
-# objects only: before, one job in two or three paid a ~0.1 s full pass before or after its loop. Nothing stays
-# frozen after the job: garbage from before it is collected as it would have been, one job later at most.
+# it after.
 JOB_GC_THRESHOLD = 100_000
 _gc_jobs = {"running": 0, "saved": None}
 _gc_lock = threading.Lock()
@@ -69,7 +66,6 @@ def _fewer_gc_passes():
             _gc_jobs["saved"] = gc.get_threshold()
             first, *rest = _gc_jobs["saved"]
             gc.set_threshold(max(first, JOB_GC_THRESHOLD), *rest)
-            gc.freeze()
         _gc_jobs["running"] += 1
     try:
         yield
@@ -78,7 +74,6 @@ def _fewer_gc_passes():
             _gc_jobs["running"] -= 1
             if _gc_jobs["running"] == 0:
                 gc.set_threshold(*_gc_jobs["saved"])
-                gc.unfreeze()
 
 
 DTYPES = {

@@ -482,24 +482,3 @@ def test_a_failed_launch_still_records_the_step_in_flight(tiny, monkeypatch):
     assert first.done and first.result().num_tokens == 1
     assert not later.done
 
-
-def test_a_closed_job_freezes_the_objects_before_it_and_unfreezes_them_after(tiny, monkeypatch):
-    """Inside score()/generate() the objects that existed before the job are frozen (a full gc pass there walks
-    the job's own objects), and with the collector's thresholds they are back as they were when it ends, also
-    when it raises."""
-    import gc
-
-    eng = engine(tiny)
-    thresholds, seen = gc.get_threshold(), []
-    forward = eng.model.forward
-    monkeypatch.setattr(eng.model, "forward", lambda b, kv: seen.append(gc.get_freeze_count()) or forward(b, kv))
-    eng.score([([5, 6, 7], [8, 9])])
-    assert seen and seen[0] > 0 and gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
-
-    def boom(b, kv):
-        raise RuntimeError("a failing step")
-
-    monkeypatch.setattr(eng.model, "forward", boom)
-    with pytest.raises(RuntimeError, match="a failing step"):
-        eng.generate([[5, 6, 7]], max_tokens=2)
-    assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
