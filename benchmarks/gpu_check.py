@@ -1132,39 +1132,12 @@ def speed_scoring(
 ) -> None:
     """One scoring job: the engine on all of `ids`, transformers (padded batches) on a random sample of at most
     `sample` of them for at most `hf_seconds`, extrapolated per request."""
-    from bench_bound import job_flops, naive_flops
+    from bench_bound import naive_flops
     from common import hf_batched, request_tokens
 
     config = engine.config
-    engine.score(ids[:8], share_prefix=share)  # warm-up (kernels compiled)
-    with Peak(ctx) as peak, _timer(ctx) as t, LoopTimeline(engine) as timeline:
-        got = engine.score(ids, share_prefix=share)
-    stats = engine.last_stats
-    steps = list(engine.step_seconds)[-stats.forward_steps :] if stats.forward_steps else []
-    linear, _, attention, lm_head = job_flops(config, stats)
-    res = {
-        **rec.get("speed", key, default={}),
-        "shape": shape,
-        "requests": len(ids),
-        "engine_s": t.s,
-        "tokens_requested": stats.tokens_requested,
-        "tokens_computed": stats.tokens_computed,
-        "forward_steps": stats.forward_steps,
-        "engine_tokens_per_s": stats.tokens_computed / t.s,
-        "engine_requests_per_s": len(ids) / t.s,
-        "engine_tflops": (linear + attention + lm_head) / t.s / 1e12,
-        "engine_peak_gib": peak.gib,
-        "engine_work_gib": peak.work_gib,
-        "tokens_per_request": stats.tokens_requested / len(ids),
-        # the loop's steps (plan, forward, LM head, record) against the whole call (adding, tokenizing checks)
-        "engine_step_ms": sum(steps) / max(len(steps), 1) * 1e3,
-        "engine_in_steps": sum(steps) / t.s,
-        # the pipelined loop (Engine.run): the host's time before the first launch (tokenizing checks, adding the
-        # requests), in launches (plan, forward and LM head enqueued, tree advanced) and in finishes (reading a
-        # step's results, which waits for the device, and recording them), and from the first launch to the end
-        **timeline.summary(t.t),
-    }
-    res["mfu"] = res["engine_tflops"] / rate
+    got, run = timed_scoring(ctx, engine, ids, share, rate)
+    res = {**rec.get("speed", key, default={}), "shape": shape, **run}
     rec.put("speed", key, value=res)
     res["device_profile"] = rec.attempt(
         f"{key}_profile", device_profile, ctx, lambda: engine.score(ids, share_prefix=share)
@@ -1196,6 +1169,41 @@ def speed_scoring(
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
     return got
+
+
+def timed_scoring(ctx: Context, engine, ids: list, share: bool, rate: float) -> tuple[list, dict]:
+    """One timed Engine.score of `ids` after a warm-up: its results, and its figures (time, tokens, steps, peak
+    memory, MFU over `rate`, where the host's time went in the pipelined loop)."""
+    from bench_bound import job_flops
+
+    engine.score(ids[:8], share_prefix=share)  # warm-up (kernels compiled)
+    with Peak(ctx) as peak, _timer(ctx) as t, LoopTimeline(engine) as timeline:
+        got = engine.score(ids, share_prefix=share)
+    stats = engine.last_stats
+    steps = list(engine.step_seconds)[-stats.forward_steps :] if stats.forward_steps else []
+    linear, _, attention, lm_head = job_flops(engine.config, stats)
+    tflops = (linear + attention + lm_head) / t.s / 1e12
+    return got, {
+        "requests": len(ids),
+        "engine_s": t.s,
+        "tokens_requested": stats.tokens_requested,
+        "tokens_computed": stats.tokens_computed,
+        "forward_steps": stats.forward_steps,
+        "engine_tokens_per_s": stats.tokens_computed / t.s,
+        "engine_requests_per_s": len(ids) / t.s,
+        "engine_tflops": tflops,
+        "engine_peak_gib": peak.gib,
+        "engine_work_gib": peak.work_gib,
+        "tokens_per_request": stats.tokens_requested / len(ids),
+        # the loop's steps (plan, forward, LM head, record) against the whole call (adding, tokenizing checks)
+        "engine_step_ms": sum(steps) / max(len(steps), 1) * 1e3,
+        "engine_in_steps": sum(steps) / t.s,
+        # the pipelined loop (Engine.run): the host's time before the first launch (tokenizing checks, adding the
+        # requests), in launches (plan, forward and LM head enqueued, tree advanced) and in finishes (reading a
+        # step's results, which waits for the device, and recording them), and from the first launch to the end
+        **timeline.summary(t.t),
+        "mfu": tflops / rate,
+    }
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -1563,7 +1571,6 @@ def speed_deterministic(rec: Recorder, ctx: Context, key: str, fast_key: str, cf
     linears, fixed key chunks, the one-split target log-prob), engine only: its time and MFU against the fast
     mode's run of the same job (`fast_key`), and how far its scores lie from that run's (bf16 rounding)."""
     import torch
-    from bench_bound import job_flops
     from tiny_models import random_weights
 
     from engine import Engine
@@ -1582,34 +1589,20 @@ def speed_deterministic(rec: Recorder, ctx: Context, key: str, fast_key: str, cf
         token_budget=1024 if ctx.smoke else 8192,
     )
     del weights
-    engine.score(ids[:8])  # warm-up (kernels compiled)
-    with Peak(ctx) as peak, _timer(ctx) as t, LoopTimeline(engine) as timeline:
-        got = engine.score(ids)
-    stats = engine.last_stats
-    linear, _, attention, lm_head = job_flops(config, stats)
+    got, run = timed_scoring(ctx, engine, ids, True, rate)
     base = rec.get("speed", fast_key, default={})
     res = {
         "shape": base.get("shape"),
-        "requests": len(ids),
-        "engine_s": t.s,
-        "tokens_requested": stats.tokens_requested,
-        "tokens_computed": stats.tokens_computed,
-        "forward_steps": stats.forward_steps,
-        "engine_tokens_per_s": stats.tokens_computed / t.s,
-        "engine_requests_per_s": len(ids) / t.s,
-        "engine_peak_gib": peak.gib,
-        "engine_work_gib": peak.work_gib,
-        "mfu": (linear + attention + lm_head) / t.s / 1e12 / rate,
+        **run,
         "fast_mode_s": base.get("engine_s"),
-        "vs_fast_mode": base["engine_s"] / t.s if base.get("engine_s") else None,
+        "vs_fast_mode": base["engine_s"] / run["engine_s"] if base.get("engine_s") else None,
         "max_abs_vs_fast_mode": max(abs(a.logprob - b.logprob) for a, b in zip(got, fast)) if fast else None,
-        **timeline.summary(t.t),
     }
     rec.put("speed", key, value=res)
-    if ctx.left() > 3 * t.s + 10:
+    if ctx.left() > 3 * run["engine_s"] + 10:
         res["device_profile"] = rec.attempt(f"{key}_profile", device_profile, ctx, lambda: engine.score(ids))
     res["note"] = (
-        f"the deterministic mode: {t.s:.2f} s, "
+        f"the deterministic mode: {run['engine_s']:.2f} s, "
         + (f"{res['vs_fast_mode']:.2f}x the fast mode's time, " if res["vs_fast_mode"] else "")
         + f"MFU {res['mfu']:.3f}; scores within {res['max_abs_vs_fast_mode']} of the fast mode's"
     )
