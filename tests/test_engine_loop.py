@@ -481,4 +481,3 @@ def test_a_failed_launch_still_records_the_step_in_flight(tiny, monkeypatch):
         eng.run()
     assert first.done and first.result().num_tokens == 1
     assert not later.done
-
