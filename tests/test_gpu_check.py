@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "benchmarks") not in sys.path:  # gpu_results
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 # The GPU machine's image, as `pip list` shows it once torch==2.11.0, triton==3.6.0, transformers==5.17.0,
 # safetensors, tokenizers, numpy, PyYAML, jinja2, pytest and pytest-benchmark are installed in an empty Python 3.12
 # venv (their own dependencies come with them; checked 2026-11-27, benchmarks/README.md "The GPU check"). Every
@@ -232,6 +235,56 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert "icqs_8b, one more run under torch.profiler" in md and "| kernel | s | share of busy | calls |" in md
     assert "| speed_1b | cut off |" in md and "## Kernels" in md and "## Parity" in md and "## Speed" in md
     assert (tmp_path / "logs" / "parity.log").read_text()
+    filed_into_a_copy_of_the_results(tmp_path)
+
+
+def filed_into_a_copy_of_the_results(run_dir: Path) -> None:
+    """benchmarks/gpu_results.py files the smoke run into a copy of benchmarks/results: run 4's files, the sections
+    that produced results taken from it, the 1B rows (its speed_1b was cut off before any) kept from run 1."""
+    import gpu_results
+
+    results = run_dir / "results"
+    shutil.copytree(ROOT / "benchmarks" / "results", results)
+    before = json.loads((results / "gpu_check.json").read_text())
+    assert gpu_results.main([str(run_dir), "--code", "test", "--results", str(results)]) == 2  # a smoke run
+    assert gpu_results.main([str(run_dir), "--code", "test", "--results", str(results), "--allow-smoke"]) == 0
+    n = len(before["runs"]) + 1
+    assert (results / "gpu_check_runs" / f"run{n}.json").is_file()
+    assert (results / "gpu_check_runs" / f"run{n}.md").is_file()
+    after = json.loads((results / "gpu_check.json").read_text())
+    assert {k: v["run"] for k, v in after["sections"].items()} == {
+        **{k: v.get("run") for k, v in before["sections"].items()},
+        **{k: n for k in ("bounds", "kernels", "parity", "speed_8b")},
+    }
+    assert after["speed"]["icqs_8b"]["run"] == n and after["speed"]["icqs_8b"]["shape"] == "tiny Llama 3 (smoke)"
+    assert after["speed"]["icqs_1b"] == before["speed"]["icqs_1b"]
+    assert after["runs"][-1]["sections"] == ["bounds", "kernels", "parity", "speed_8b"]
+    assert after["device"] == json.loads((run_dir / "gpu_check.json").read_text())["device"]
+
+
+def test_filing_bad_input_writes_nothing(tmp_path, capsys):
+    import gpu_results
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (tmp_path / "notjson").mkdir()
+    (tmp_path / "notjson" / "gpu_check.json").write_text("{")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "gpu_check.json").write_text("[1, 2]")
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "gpu_check.json").write_text(json.dumps({"sections": {}}))
+    cases = {
+        (str(tmp_path / "nowhere"), "--code", "x"): "no such folder",
+        (str(tmp_path / "results"), "--code", "x"): "no such file",
+        (str(tmp_path / "notjson"), "--code", "x"): "not JSON",
+        (str(tmp_path / "other"), "--code", "x"): "not a GPU check's report",
+        (str(tmp_path / "ok"),): "--code: say which commit",
+    }
+    for args, expected in cases.items():
+        assert gpu_results.main([*args, "--results", str(results)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and expected in err, err
+    assert list(results.iterdir()) == []
 
 
 # imported by the GPU path only where present, each behind `except ImportError` (a package that is not in the image
