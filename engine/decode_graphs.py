@@ -11,9 +11,10 @@ table in device memory, and whose every input is a fixed device buffer that a re
 `DecodeGraphs.forward(step)` takes a pure decode step (one new token per sequence, every row's final hidden state
 kept, at most the largest bucket's rows) and runs it at the smallest bucket of rows that holds it (1, 2, 4, ...
 256): the step's inputs are copied into the buffers (padding rows: token 0, position 0, the KV cache's scratch
-slot, context length 0), and the bucket's graph is replayed. A bucket's graph is captured on its first step, after
-one eager run that compiles the kernels. The slot table grows by doubling when a context outgrows it; the graphs
-captured on the smaller one are dropped then. Any other step returns None and the engine runs it eagerly, as it
+slot, context length 0), and the bucket's graph is replayed. On a GPU every bucket's graph is captured when the
+option is turned on (`capture_all`, on padding rows), each after one eager run that compiles the kernels. The slot
+table grows by doubling when a context outgrows it; the graphs captured on the smaller one are dropped then, and
+each bucket is captured again at its next step. Any other step returns None and the engine runs it eagerly, as it
 does every step once a capture has failed (the error is logged once and kept in `stats()`).
 
 Without CUDA (`capture=False`) the same fixed-shape step runs eagerly, so that the CPU tests check it against the
@@ -104,6 +105,21 @@ class DecodeGraphs:
             self.slots[T:bucket].fill_(self.kv.scratch_slot)
         out = self._run(bucket)
         return None if out is None else out[:T]
+
+    def capture_all(self) -> None:
+        """Every bucket's graph now (largest first), on padding rows only (token 0 at the scratch slot, context
+        length 0: nothing but the scratch slot is written), so that no step waits for a capture later; the engine
+        calls it when the option is turned on on a GPU. Without capture (a CPU) each bucket's step runs once
+        eagerly. Stops at the first capture error (kept in `stats()`)."""
+        if self.table.shape[1] == 0:
+            self._grow(FIRST_WIDTH)
+        self.ids.zero_()
+        self.positions.zero_()
+        self.slots.fill_(self.kv.scratch_slot)
+        self.lens.zero_()
+        for bucket in reversed(self.buckets):
+            if self._run(bucket) is None:
+                return
 
     def _args(self, bucket: int) -> tuple:
         n = slice(0, bucket)

@@ -349,6 +349,8 @@ class Engine:
                 if enabled
                 else None
             )
+            if self.graphs is not None and self.device.type == "cuda":
+                self.graphs.capture_all()  # at start-up, not in a request's step
 
     def decode_graph_stats(self) -> dict | None:
         """The fixed-shape decode path's counters (replays, captures, a capture's error), None when it is off."""

@@ -112,3 +112,18 @@ def test_the_command_line_flag_reaches_the_engine(tiny_model_dirs):
     assert eng.decode_graph_stats()["fixed_shape_steps_eager"] == 3
     eng.use_decode_graphs(False)
     assert eng.decode_graph_stats() is None
+
+
+def test_capturing_every_bucket_writes_only_the_scratch_slot(tiny_model_dirs):
+    """capture_all (what the engine runs on a GPU when the option is turned on) runs each bucket's step on padding
+    rows: on a CPU eagerly, once a bucket, writing no slot but the scratch one."""
+    _, fixed = engines(tiny_model_dirs["llama"])
+    kv = fixed.kv
+    kv.k.fill_(float("nan"))
+    fixed.graphs.capture_all()
+    assert fixed.graphs.stats()["fixed_shape_steps_eager"] == len(fixed.graphs.buckets) == 9
+    assert torch.isnan(kv.k[:, : kv.scratch_slot]).all() and not torch.isnan(kv.k[:, kv.scratch_slot]).any()
+    kv.k.zero_()
+    assert_same(
+        engines(tiny_model_dirs["llama"])[0].generate(PROMPTS, max_tokens=5), fixed.generate(PROMPTS, max_tokens=5)
+    )
