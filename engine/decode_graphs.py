@@ -118,7 +118,9 @@ class DecodeGraphs:
         self.slots.fill_(self.kv.scratch_slot)
         self.lens.zero_()
         for bucket in reversed(self.buckets):
-            if self._run(bucket) is None:
+            if not self.capture:
+                self.model.forward_decode(*self._args(bucket))
+            elif bucket not in self.graphs and self._capture(bucket) is None:
                 return
 
     def _args(self, bucket: int) -> tuple:
@@ -129,29 +131,35 @@ class DecodeGraphs:
         if not self.capture:
             self.eager_steps += 1
             return self.model.forward_decode(*self._args(bucket))
-        hit = self.graphs.get(bucket)
+        hit = self.graphs.get(bucket) or self._capture(bucket)
         if hit is None:
-            try:
-                # one eager run on a side stream first (as torch.cuda.graph's documentation warms up): it compiles
-                # the kernels and sets up the libraries' per-stream state; it writes the same K/V as the replay
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    self.model.forward_decode(*self._args(bucket))
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = self.model.forward_decode(*self._args(bucket))
-            except Exception as e:  # noqa: BLE001  # a launch that cannot be captured: every step runs eagerly now
-                self.failed = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                log.warning("decode graphs: capture of %d rows failed, running eagerly: %s", bucket, self.failed)
-                self.graphs.clear()
-                return None
-            hit = self.graphs[bucket] = (graph, out)
-            self.captures += 1
+            return None
         hit[0].replay()
         self.replays += 1
         return hit[1]
+
+    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        """The bucket's graph and its output buffer, captured from the buffers as they are; None (and every step
+        eager from now on) when the capture fails."""
+        try:
+            # one eager run on a side stream first (as torch.cuda.graph's documentation warms up): it compiles the
+            # kernels and sets up the libraries' per-stream state; it writes the same K/V as the replay
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.model.forward_decode(*self._args(bucket))
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self.model.forward_decode(*self._args(bucket))
+        except Exception as e:  # noqa: BLE001  # a launch that cannot be captured: every step runs eagerly now
+            self.failed = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            log.warning("decode graphs: capture of %d rows failed, running eagerly: %s", bucket, self.failed)
+            self.graphs.clear()
+            return None
+        self.captures += 1
+        hit = self.graphs[bucket] = (graph, out)
+        return hit
 
     def _grow(self, width: int) -> None:
         """A slot table at least `width` wide (doubling); the graphs recorded the old table's address."""

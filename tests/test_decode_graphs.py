@@ -114,14 +114,17 @@ def test_the_command_line_flag_reaches_the_engine(tiny_model_dirs):
     assert eng.decode_graph_stats() is None
 
 
-def test_capturing_every_bucket_writes_only_the_scratch_slot(tiny_model_dirs):
+def test_capturing_every_bucket_writes_only_the_scratch_slot(tiny_model_dirs, monkeypatch):
     """capture_all (what the engine runs on a GPU when the option is turned on) runs each bucket's step on padding
     rows: on a CPU eagerly, once a bucket, writing no slot but the scratch one."""
     _, fixed = engines(tiny_model_dirs["llama"])
     kv = fixed.kv
     kv.k.fill_(float("nan"))
+    rows, forward = [], fixed.model.forward_decode
+    monkeypatch.setattr(fixed.model, "forward_decode", lambda ids, *a: rows.append(len(ids)) or forward(ids, *a))
     fixed.graphs.capture_all()
-    assert fixed.graphs.stats()["fixed_shape_steps_eager"] == len(fixed.graphs.buckets) == 9
+    assert rows == [256, 128, 64, 32, 16, 8, 4, 2, 1]
+    assert len(fixed.graphs.buckets) == 9 and fixed.graphs.stats()["fixed_shape_steps_eager"] == 0
     assert torch.isnan(kv.k[:, : kv.scratch_slot]).all() and not torch.isnan(kv.k[:, kv.scratch_slot]).any()
     kv.k.zero_()
     assert_same(
