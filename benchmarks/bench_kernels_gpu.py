@@ -194,24 +194,27 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
     )
     # the fixed-shape decode attention a captured CUDA graph replays (engine/decode_graphs.py): one new token of
     # each sequence over a shared prompt and its own key, through a slot table
-    n_seq, ctx = (3, 20) if smoke else (64, 1024)
-    table = torch.cat([torch.arange(ctx).expand(n_seq, ctx), ctx + torch.arange(n_seq)[:, None]], 1)
-    decode = dict(
-        q=torch.randn(n_seq, H, D, generator=gen).to(dev, dtype),
-        k_cache=torch.randn(ctx + n_seq, Hkv, D, generator=gen).to(dev, dtype),
-        v_cache=torch.randn(ctx + n_seq, Hkv, D, generator=gen).to(dev, dtype),
-        table=table.to(dev, torch.int32),
-        lens=torch.full((n_seq,), ctx + 1, dtype=torch.int32, device=dev),
-        scale=D**-0.5,
-    )
-    for w in (0, window) if window else (0,):
-        yield attention(
-            "paged_decode_attention",
-            f"{n_seq} seqs x 1 tok, {ctx} shared" + (f", window {w}" if w else ""),
-            dict(decode, window=w),
-            n_seq,
-            n_seq * (min(w, ctx + 1) if w else ctx + 1),
+    # (and one long sequence alone: one program per KV head, the case a split over the keys would serve)
+    for n_seq, ctx in ((3, 20), (1, 40)) if smoke else ((64, 1024), (1, 8192)):
+        table = torch.cat([torch.arange(ctx).expand(n_seq, ctx), ctx + torch.arange(n_seq)[:, None]], 1)
+        decode = dict(
+            q=torch.randn(n_seq, H, D, generator=gen).to(dev, dtype),
+            k_cache=torch.randn(ctx + n_seq, Hkv, D, generator=gen).to(dev, dtype),
+            v_cache=torch.randn(ctx + n_seq, Hkv, D, generator=gen).to(dev, dtype),
+            table=table.to(dev, torch.int32),
+            lens=torch.full((n_seq,), ctx + 1, dtype=torch.int32, device=dev),
+            scale=D**-0.5,
         )
+        for w in (0, window) if window and n_seq > 1 else (0,):
+            yield attention(
+                "paged_decode_attention",
+                f"{n_seq} seq{'s' if n_seq > 1 else ''} x 1 tok, {ctx} "
+                + ("shared" if n_seq > 1 else "keys")
+                + (f", window {w}" if w else ""),
+                dict(decode, window=w),
+                n_seq,
+                n_seq * (min(w, ctx + 1) if w else ctx + 1),
+            )
     rows, shared = (12, 40) if smoke else (1024, 2048)
     p = to_device(cascade_problem([rows], shared, [0], H, Hkv, D, dtype), dev)
     limits = torch.randint(0, shared, (rows,), generator=gen).to(dev)
