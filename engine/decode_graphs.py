@@ -27,7 +27,7 @@ import logging
 import numpy as np
 import torch
 
-from kernels import index_ranges
+from kernels import copy_to, index_ranges
 
 from .kv_cache import KVCache
 from .model import LlamaModel
@@ -37,14 +37,6 @@ log = logging.getLogger("engine")
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIRST_WIDTH = 256  # slots per row of the first slot table
-
-
-def _upload(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """A host tensor into a device buffer without waiting for the device's queued work (through pinned memory)."""
-    if dst.is_cuda:
-        dst.copy_(src.pin_memory(), non_blocking=True)
-    else:
-        dst.copy_(src)
 
 
 class DecodeGraphs:
@@ -94,8 +86,8 @@ class DecodeGraphs:
         table.reshape(-1)[index_ranges(np.arange(T) * W, lens).numpy()] = torch.cat(runs).numpy()
         padded = np.zeros(bucket, dtype=np.int32)
         padded[:T] = lens
-        _upload(self.table[:T], torch.from_numpy(table))
-        _upload(self.lens[:bucket], torch.from_numpy(padded))
+        copy_to(self.table[:T], torch.from_numpy(table))
+        copy_to(self.lens[:bucket], torch.from_numpy(padded))
         self.ids[:T].copy_(batch.token_ids)
         self.positions[:T].copy_(batch.positions)
         self.slots[:T].copy_(batch.write_slots)

@@ -338,19 +338,19 @@ class Engine:
         both on one engine's weights."""
         with self._lock:
             self.options = EngineOptions.checked(**{**asdict(self.options), "decode_graphs": bool(enabled)})
-            if enabled and self.device.type != "cuda":
+            self.graphs = None
+            if not enabled:
+                return
+            cuda = self.device.type == "cuda"
+            self.graphs = DecodeGraphs(self.model, self.kv, self.options.token_budget, capture=cuda)
+            if cuda:
+                self.graphs.capture_all()  # at start-up, not in a request's step
+            else:
                 log.warning(
                     "decode_graphs on %s: no CUDA graphs here; the fixed-shape decode steps run eagerly, slower than "
                     "the cascade's (2.5x on SmolLM2, 32 sequences): the option is for GPUs",
                     self.device,
                 )
-            self.graphs = (
-                DecodeGraphs(self.model, self.kv, self.options.token_budget, capture=self.device.type == "cuda")
-                if enabled
-                else None
-            )
-            if self.graphs is not None and self.device.type == "cuda":
-                self.graphs.capture_all()  # at start-up, not in a request's step
 
     def decode_graph_stats(self) -> dict | None:
         """The fixed-shape decode path's counters (replays, captures, a capture's error), None when it is off."""

@@ -1,5 +1,5 @@
 """Host-built index tensors: built from Python ints in a few array ops (`index_ranges`), sent to the device without
-waiting for it (`to_device`)."""
+waiting for it (`to_device`, or `copy_to` into a buffer already there)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,9 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def copy_to(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """`src`, a host tensor, into `dst` (a buffer on any device, of src's shape) without waiting for the device's
+    queued work: through pinned memory on a GPU, as `to_device`."""
+    dst.copy_(src.pin_memory() if dst.is_cuda else src, non_blocking=dst.is_cuda)
