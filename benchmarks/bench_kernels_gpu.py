@@ -45,7 +45,12 @@ EXTRA_IMPLS = {
     "varlen_causal_attention": {
         "torch": "attention:varlen_causal_attention_ref",
         "triton": "attention_triton:varlen_causal_attention_triton",
-    }
+    },
+    # the fixed-shape decode attention without its split over the keys, beside the engine's choice
+    "paged_decode_attention_unsplit": {
+        "torch": "attention:paged_decode_attention_ref",
+        "triton": "attention_triton:paged_decode_attention_unsplit",
+    },
 }
 
 
@@ -194,7 +199,8 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
     )
     # the fixed-shape decode attention a captured CUDA graph replays (engine/decode_graphs.py): one new token of
     # each sequence over a shared prompt and its own key, through a slot table
-    # (and one long sequence alone: one program per KV head, the case a split over the keys would serve)
+    # (and one long sequence alone: its keys cut into parts, attention_triton.decode_splits, against whole rows,
+    # one program per KV head)
     for n_seq, ctx in ((3, 20), (1, 40)) if smoke else ((64, 1024), (1, 8192)):
         table = torch.cat([torch.arange(ctx).expand(n_seq, ctx), ctx + torch.arange(n_seq)[:, None]], 1)
         decode = dict(
@@ -206,15 +212,17 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
             scale=D**-0.5,
         )
         for w in (0, window) if window and n_seq > 1 else (0,):
-            yield attention(
-                "paged_decode_attention",
-                f"{n_seq} seq{'s' if n_seq > 1 else ''} x 1 tok, {ctx} "
-                + ("shared" if n_seq > 1 else "keys")
-                + (f", window {w}" if w else ""),
-                dict(decode, window=w),
-                n_seq,
-                n_seq * (min(w, ctx + 1) if w else ctx + 1),
-            )
+            # one sequence: the engine's choice (its keys cut into parts, decode_splits) and whole rows
+            for op in ("paged_decode_attention",) + (("paged_decode_attention_unsplit",) if n_seq == 1 else ()):
+                yield attention(
+                    op,
+                    f"{n_seq} seq{'s' if n_seq > 1 else ''} x 1 tok, {ctx} "
+                    + ("shared" if n_seq > 1 else "keys")
+                    + (f", window {w}" if w else ""),
+                    dict(decode, window=w),
+                    n_seq,
+                    n_seq * (min(w, ctx + 1) if w else ctx + 1),
+                )
     rows, shared = (12, 40) if smoke else (1024, 2048)
     p = to_device(cascade_problem([rows], shared, [0], H, Hkv, D, dtype), dev)
     limits = torch.randint(0, shared, (rows,), generator=gen).to(dev)

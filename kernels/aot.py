@@ -156,15 +156,19 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
                 torch.zeros_like(shared.rows),
                 starts,
             )
-        # the fixed-shape decode attention a captured graph replays (engine/decode_graphs.py)
-        attention.paged_decode_attention_triton(
-            _meta(4, H, D, dtype=dtype),
-            cache,
-            cache,
-            _meta(4, 64, dtype=torch.int32),
-            _meta(4, dtype=torch.int32),
-            scale,
-        )
+        # the fixed-shape decode attention a captured graph replays (engine/decode_graphs.py): whole rows, and
+        # rows cut into parts merged by a second kernel (a few sequences over long contexts)
+        for splits in (1, 8):
+            attention.paged_decode_attention_split(
+                _meta(4, H, D, dtype=dtype),
+                cache,
+                cache,
+                _meta(4, 64, dtype=torch.int32),
+                _meta(4, dtype=torch.int32),
+                scale,
+                0,
+                splits,
+            )
     out += rec
     with recording(m["logprob_triton"]) as rec:
         for top_k in (0, 5):

@@ -175,24 +175,33 @@ def _paged_decode_kernel(
     table_ptr,
     lens_ptr,
     out_ptr,
+    part_lse_ptr,
     qk_scale,
     table_stride,
     H,
     Hkv,
     D,
     window,
+    splits,
     G: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    PARTIAL: tl.constexpr,
 ):
-    # one program: the G query heads of KV head kh of sequence b's one new token, over its slots
-    # table[b, lo:n]; n is read from memory, so a captured graph replays it for any context length
+    # one program: the G query heads of KV head kh of sequence b's one new token, over part s of its slots
+    # table[b, lo:n] (parts of whole key tiles; `splits` parts a row, 1: the whole context). n is read from memory,
+    # so a captured graph replays it for any context length. PARTIAL: the part's (out, lse) go to
+    # out[b, s] / part_lse[b, s] for _paged_decode_combine_kernel; else the output itself
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
+    s = tl.program_id(2)
     n = tl.load(lens_ptr + b).to(tl.int64)
     lo = tl.where(window > 0, tl.maximum(n - window, 0), 0)
+    per = tl.cdiv(tl.cdiv(n - lo, splits), BLOCK_N) * BLOCK_N
+    j_lo = lo + s * per
+    j_hi = tl.minimum(j_lo + per, n)
     offs_r = tl.arange(0, BLOCK_R)
     head = kh * G + offs_r
     r_mask = offs_r < G
@@ -204,9 +213,9 @@ def _paged_decode_kernel(
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for j0 in range(lo, n, BLOCK_N):
+    for j0 in range(j_lo, j_hi, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < n
+        n_mask = offs_n < j_hi
         slot = tl.load(table_ptr + b * table_stride + offs_n, mask=n_mask, other=0).to(tl.int64)
         kv_off = (slot[:, None] * Hkv + kh) * D + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -215,7 +224,34 @@ def _paged_decode_kernel(
         valid = r_mask[:, None] & n_mask[None, :]
         acc, m_i, l_i = _online_update(q, k, v, valid, acc, m_i, l_i, qk_scale, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
-    tl.store(out_ptr + q_off, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=q_mask)
+    if PARTIAL:  # fp32 parts [B, splits, H, D] and their lse [B, splits, H] (log2 domain; -inf: no key)
+        part = (b * splits + s) * H + head
+        tl.store(out_ptr + part[:, None] * D + offs_d[None, :], acc / l_safe[:, None], mask=q_mask)
+        tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=r_mask)
+    else:
+        tl.store(out_ptr + q_off, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _paged_decode_combine_kernel(
+    part_ptr, part_lse_ptr, out_ptr, splits, H, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    # one program: one query head of one sequence, its `splits` parts merged by log-sum-exp (a row whose parts saw
+    # no key, a padding row, gives zeros)
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_mask = offs_s < splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    part = (b * splits + offs_s) * H + h
+    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    o = tl.load(part_ptr + part[:, None] * D + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + (b * H + h) * D + offs_d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def _blocks(q: torch.Tensor, group: int):
@@ -231,35 +267,85 @@ def _blocks(q: torch.Tensor, group: int):
     return max(br, triton.next_power_of_2(group)), bn, bd, "ieee" if q.dtype == torch.float32 else "tf32", warps
 
 
+SPLIT_MIN_KEYS = 256  # keys a part of a split decode row holds at least (four key tiles of the GPU's)
+SPLIT_MAX = 64
+
+
+@functools.lru_cache(maxsize=16)
+def _multiprocessors(device: torch.device) -> int:
+    """The device's streaming multiprocessors (1 for the interpreter's CPU tensors and the AOT's meta ones: no
+    split unless asked)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def decode_splits(rows: int, kv_heads: int, width: int, multiprocessors: int) -> int:
+    """Parts to cut each row's keys into (flash-decoding): one program per row and KV head leaves most of the
+    chip idle when few sequences decode over long contexts (one sequence of Llama-3-8B: 8 programs on an H100's
+    132 multiprocessors). Enough parts for two programs per multiprocessor, a power of 2, each part at least
+    SPLIT_MIN_KEYS of the table's `width` slots; 1 where rows x KV heads fill the chip already. It depends on
+    shapes only (a captured graph's grid is fixed; each part's keys follow the row's length at replay)."""
+    programs = rows * kv_heads
+    if programs >= multiprocessors:
+        return 1
+    want = -(-2 * multiprocessors // programs)
+    most = max(1, min(SPLIT_MAX, width // SPLIT_MIN_KEYS))
+    return 1 << (min(want, most).bit_length() - 1)
+
+
 def paged_decode_attention_triton(q, k_cache, v_cache, table, lens, scale, window: int = 0):
-    """Contract of attention.paged_decode_attention_ref: one launch of (sequences x KV heads) programs whose
-    arguments are all device tensors or fixed numbers, so the launch can be captured in a CUDA graph and replayed
-    with new tables and lengths (engine/decode_graphs.py)."""
+    """Contract of attention.paged_decode_attention_ref: (sequences x KV heads x parts) programs, each over a part
+    of its row's keys (decode_splits: parts only where too few sequences fill the device; then one more launch
+    merges the parts), whose arguments are all device tensors or fixed numbers, so the launches can be captured
+    in a CUDA graph and replayed with new tables and lengths (engine/decode_graphs.py)."""
+    splits = decode_splits(q.shape[0], k_cache.shape[1], table.shape[1], _multiprocessors(q.device))
+    return paged_decode_attention_split(q, k_cache, v_cache, table, lens, scale, window, splits)
+
+
+def paged_decode_attention_unsplit(q, k_cache, v_cache, table, lens, scale, window: int = 0):
+    """paged_decode_attention_triton with one program per row and KV head over all of its keys, whatever the
+    shape (the benchmarks' comparison for the split)."""
+    return paged_decode_attention_split(q, k_cache, v_cache, table, lens, scale, window, 1)
+
+
+def paged_decode_attention_split(q, k_cache, v_cache, table, lens, scale, window: int, splits: int):
+    """paged_decode_attention_triton with each row's keys cut into `splits` parts (a power of 2)."""
     B, H, D = q.shape
     Hkv = k_cache.shape[1]
     group = H // Hkv
     _, bn, bd, prec, _ = _blocks(q, group)
     out = torch.empty_like(q)
-    if B:
-        _paged_decode_kernel[(B, Hkv)](
-            q.contiguous(),
-            k_cache,
-            v_cache,
-            table,
-            lens,
-            out,
-            scale * LOG2E,
-            table.stride(0),
-            H,
-            Hkv,
-            D,
-            int(window),
-            G=group,
-            BLOCK_R=max(16, triton.next_power_of_2(group)),
-            BLOCK_N=bn,
-            BLOCK_D=bd,
-            PRECISION=prec,
-            num_warps=4,
+    if not B:
+        return out
+    parts = lse = out
+    if splits > 1:
+        parts = torch.empty(B, splits, H, D, dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, splits, H, dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(B, Hkv, splits)](
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        table,
+        lens,
+        parts,
+        lse,
+        scale * LOG2E,
+        table.stride(0),
+        H,
+        Hkv,
+        D,
+        int(window),
+        splits,
+        G=group,
+        BLOCK_R=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=bn,
+        BLOCK_D=bd,
+        PRECISION=prec,
+        PARTIAL=splits > 1,
+        num_warps=4,
+    )
+    if splits > 1:
+        _paged_decode_combine_kernel[(B, H)](
+            parts, lse, out, splits, H, D, BLOCK_S=max(2, splits), BLOCK_D=bd, num_warps=4
         )
     return out
 

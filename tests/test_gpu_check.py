@@ -184,6 +184,7 @@ def test_smoke_run(gpu_image_env, tmp_path):
         "cascade_attention",
         "varlen_causal_attention",
         "paged_decode_attention",
+        "paged_decode_attention_unsplit",
         "segment_attention_merge",
         "rms_norm",
         "rope_store_kv",

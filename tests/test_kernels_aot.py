@@ -36,6 +36,7 @@ KERNELS = {
     "_silu_and_mul_kernel",
     "_varlen_causal_kernel",
     "_paged_decode_kernel",
+    "_paged_decode_combine_kernel",
     "_segment_merge_kernel",
     "_target_logprob_kernel",
 }

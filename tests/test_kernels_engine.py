@@ -67,3 +67,29 @@ def test_smollm2_triton_matches_torch(smollm2_path):
     requests = [("The capital of France is", " Paris.")]
     ref = _score(engine, "torch", requests)
     _assert_same(_score(engine, "triton", requests), ref, 1e-5)
+
+
+@pytest.mark.parametrize("arch,parts", [("llama3", 1), ("llama3", 4), ("gemma3", 4)])
+def test_fixed_shape_decode_on_triton_generates_what_the_torch_cascade_does(arch, parts, tiny_model_dirs, monkeypatch):
+    """The decode-graph path's steps (engine/decode_graphs.py, eager here) on the Triton paged-decode kernel, each
+    row's keys whole or cut into parts as if the device had room for them (`decode_splits` told of 64
+    multiprocessors: 2 rows x 1-2 KV heads leave them idle), against the torch path's cascade: the same greedy
+    tokens, log-probs to fp32 rounding. Gemma-3: a window of 8 keys, shorter than the prompts."""
+    from kernels import attention_triton
+
+    config, weights, tok = load_model_files(str(tiny_model_dirs[arch]))
+    prompts = [list(range(5, 45)), [9, 8, 7, 6, 5, 4, 3]]
+    kernels.set_backend("torch")
+    ref = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=1024).generate(prompts, max_tokens=6)
+    kernels.set_backend("triton")
+    monkeypatch.setattr(attention_triton, "_multiprocessors", lambda device: 64 if parts > 1 else 1)
+    monkeypatch.setattr(attention_triton, "SPLIT_MIN_KEYS", 256 // parts)  # the first table's 256 slots: `parts`
+    split = attention_triton.paged_decode_attention_split
+    used = []
+    monkeypatch.setattr(attention_triton, "paged_decode_attention_split", lambda *a: used.append(a[-1]) or split(*a))
+    fixed = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=1024, decode_graphs=True)
+    got = fixed.generate(prompts, max_tokens=6)
+    assert set(used) == {parts}
+    assert [g.token_ids for g in got] == [g.token_ids for g in ref]
+    diff = max(abs(a - b) for g, r in zip(got, ref) for a, b in zip(g.token_logprobs, r.token_logprobs))
+    assert diff < 1e-4, diff

@@ -374,14 +374,38 @@ def paged_decode_problem(B=6, H=4, Hkv=1, D=20, shared=37, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("ratio,D,window", [(1, 20, 0), (4, 20, 0), (3, 64, 0), (4, 20, 16), (1, 256, 40)])
-def test_paged_decode_attention(ratio, D, window, dtype):
+@pytest.mark.parametrize(
+    "ratio,D,window,splits",
+    [(1, 20, 0, 1), (4, 20, 0, 1), (3, 64, 0, 1), (4, 20, 16, 1), (1, 256, 40, 1), (4, 20, 0, 4), (3, 64, 40, 8)],
+)
+def test_paged_decode_attention(ratio, D, window, splits, dtype):
+    """The kernel over whole rows, and with each row's keys cut into parts merged by a second launch
+    (flash-decoding): rows of 38 to 118 keys in parts of whole 16-key tiles, so that some parts of the shorter rows
+    (and every part of the padding row) see no key."""
     q, kc, vc, table, lens, _ = paged_decode_problem(H=ratio, D=D, seed=ratio + D)
     q, kc, vc, table, lens = on(dtype, q, kc, vc, table, lens)
-    got = AT.paged_decode_attention_triton(q, kc, vc, table, lens, D**-0.5, window)
+    got = AT.paged_decode_attention_split(q, kc, vc, table, lens, D**-0.5, window, splits)
     want = paged_decode_attention_ref(q.float(), kc.float(), vc.float(), table, lens, D**-0.5, window)
     close(got, want, dtype)
     assert not got[-1].any(), "a padding row (length 0) gives zeros"
+    if splits == 1:
+        assert torch.equal(got, AT.paged_decode_attention_triton(q, kc, vc, table, lens, D**-0.5, window))
+
+
+def test_decode_splits_fill_the_device_only_where_rows_do_not():
+    """Llama-3-8B (8 KV heads) on an H100 (132 multiprocessors): one sequence over a 8,192-slot table in 32 parts
+    of 256 keys; 64 sequences fill the device unsplit; a short table caps the parts at 256 keys each; a power of
+    2 always (the combine kernel's tile)."""
+    assert AT.decode_splits(1, 8, 8192, 132) == 32
+    assert AT.decode_splits(64, 8, 8192, 132) == 1
+    assert AT.decode_splits(1, 8, 1024, 132) == 4
+    assert AT.decode_splits(1, 8, 256, 132) == 1
+    assert AT.decode_splits(4, 8, 1 << 20, 132) == 8
+    assert AT.decode_splits(1, 1, 1 << 20, 132) == AT.SPLIT_MAX
+    for rows in range(1, 40):
+        n = AT.decode_splits(rows, 3, 4096, 100)
+        assert n & (n - 1) == 0 and 1 <= n <= 16
+    assert AT.decode_splits(6, 1, 118, AT._multiprocessors(torch.device("cpu"))) == 1  # the interpreter: whole rows
 
 
 @pytest.mark.parametrize("window", [0, 16])
