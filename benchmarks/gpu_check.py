@@ -1236,6 +1236,7 @@ def speed_decode(
         e_s, _, e_tokens, e_seqs = engine_generate(engine, ids, new_tokens)
     engine_peak, engine_work = peak.gib, peak.work_gib
     loop = timeline.summary(t0)
+    read_first = decode_read_first(engine, ids, new_tokens, e_s, e_seqs)
     # where a decode step's time goes: the device's busy share, and the waits for it (a step's sampled tokens
     # are read before the next is planned: one wait a step is the floor)
     short = max(2, new_tokens // 8)
@@ -1279,7 +1280,7 @@ def speed_decode(
     if loop:
         res["launch_ms_per_step"] = loop["launch_s"] / max(steps, 1) * 1e3
         res["finish_ms_per_step"] = loop["finish_s"] / max(steps, 1) * 1e3
-    res["device_profile"], res["sync_points"] = profile, syncs
+    res["device_profile"], res["sync_points"], res["read_first"] = profile, syncs, read_first
     res["note"] = (
         f"{n} x {new_tokens} tokens greedy; {res['engine_ms_per_step']:.1f} ms per engine step"
         + (f" against {res['step_bound_ms']:.2f} ms to read the weights once" if bandwidth else "")
@@ -1287,10 +1288,40 @@ def speed_decode(
             f"; greedy tokens equal to generate's: {res['sequences_equal']} whole sequences, "
             f"{res['first_token_equal']} first tokens, {res['mean_common_prefix']:.1f} tokens in common on average"
         )
+        + (
+            f"; each step's tokens read before the next is planned (overlap_decode off): "
+            f"{read_first['ms_per_step']:.1f} ms per step, the overlapped steps {read_first['overlapped_vs_read_first']:.2f}x "
+            f"as fast, tokens equal: {read_first['sequences_equal_overlapped']}"
+            if "ms_per_step" in read_first
+            else f"; overlap_decode off: {read_first.get('error')}"
+        )
     )
     rec.put("speed", key, value=res)
     print(f"{key}: {res}", flush=True)
     return e_s, e_seqs
+
+
+def decode_read_first(engine, ids: list, new_tokens: int, overlapped_s: float, overlapped_seqs: list) -> dict:
+    """The same decode with the option overlap_decode off (each step's sampled tokens read before the next step is
+    planned, as before the option): its time against the overlapped run's (`overlapped_s`, the default on a GPU),
+    and its tokens against that run's."""
+    from bench_generation import engine_generate
+
+    was = engine.options.overlap_decode
+    engine.use_overlap_decode(False)
+    try:
+        s, _, _, seqs = engine_generate(engine, ids, new_tokens)
+    except Exception as e:  # noqa: BLE001  # recorded, the overlapped row stands
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    finally:
+        engine.use_overlap_decode(was)
+    steps = max(len(x) for x in seqs)
+    return {
+        "engine_s": s,
+        "ms_per_step": s / max(steps, 1) * 1e3,
+        "overlapped_vs_read_first": s / overlapped_s,
+        "sequences_equal_overlapped": f"{sum(a == b for a, b in zip(seqs, overlapped_seqs))}/{len(ids)}",
+    }
 
 
 def decode_with_graphs(rec: Recorder, ctx: Context, key: str, engine, tok, n: int, new_tokens: int, eager) -> None:

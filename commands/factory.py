@@ -127,6 +127,13 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
         help="on a GPU, replay decode steps from CUDA graphs (fixed shapes: one per batch size up to 256 "
         "sequences); not with --deterministic",
     )
+    g.add_argument(
+        "--overlap-decode",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="plan each decode step while the device samples the one before (its tokens taken on the device); "
+        "auto: on a GPU only",
+    )
     g = p.add_argument_group("Ray (frontends.ray_runner)")
     g.add_argument(
         "--ray",
@@ -191,6 +198,9 @@ def engine_options(args) -> dict:
     )
     if getattr(args, "decode_graphs", False):
         opts["decode_graphs"] = True
+    overlap = getattr(args, "overlap_decode", "auto")
+    if overlap != "auto":
+        opts["overlap_decode"] = overlap == "on"
     if args.threads is not None:
         opts["threads"] = args.threads
     elif ray and opts["device"] == "cpu":

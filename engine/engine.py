@@ -112,6 +112,10 @@ class EngineOptions:
     deterministic: bool = False  # batch-invariant ops: a request's scores do not depend on the rest of the job
     # decode steps in fixed shapes, replayed from CUDA graphs on a GPU (engine/decode_graphs.py; eagerly elsewhere)
     decode_graphs: bool = False
+    # a closed job launches the next step before it reads a step's sampled tokens (the next step takes them on the
+    # device): on a GPU the host's planning overlaps the device's decode; None: on a GPU only (on a CPU the forward
+    # runs in the host's thread, so there is nothing to overlap, and a sequence that ends would cost a row)
+    overlap_decode: bool | None = None
 
     @classmethod
     def checked(cls, **options) -> "EngineOptions":
@@ -124,6 +128,8 @@ class EngineOptions:
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"engine option {name} must be a positive integer, got {value!r}")
+        if opts.overlap_decode not in (None, True, False):
+            raise UserError(f"engine option overlap_decode must be true, false or null, got {opts.overlap_decode!r}")
         if opts.decode_graphs and opts.deterministic:
             raise UserError("engine options decode_graphs and deterministic cannot be combined")
         if opts.kv_tokens < opts.page_size:
@@ -352,6 +358,12 @@ class Engine:
                     self.device,
                 )
 
+    def use_overlap_decode(self, enabled: bool | None) -> None:
+        """Set the option `overlap_decode` between jobs (None: on a GPU only): the benchmarks time both orders on
+        one engine's weights."""
+        with self._lock:
+            self.options = EngineOptions.checked(**{**asdict(self.options), "overlap_decode": enabled})
+
     def decode_graph_stats(self) -> dict | None:
         """The fixed-shape decode path's counters (replays, captures, a capture's error), None when it is off."""
         with self._lock:
@@ -378,16 +390,20 @@ class Engine:
             return self._step()
 
     def _step(self) -> list[Event]:
-        return self._finish(self._launch(frozenset()))
+        return self._finish(self._launch(None))
 
     @torch.inference_mode()
-    def _launch(self, in_flight: frozenset[int]) -> _Launched:
+    def _launch(self, in_flight: _Launched | None) -> _Launched:
         """Plan a step, run its forward and launch its LM head, and advance the tree past it; on a GPU this returns
-        while the device still works (nothing waits for it until `_finish` reads the results)."""
+        while the device still works (nothing waits for it until `_finish` reads the results). `in_flight`: the
+        step launched and not yet read, whose nodes this one never preempts and whose sampled tokens it takes on
+        the device (engine/step.py)."""
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule(in_flight)
+        plan = self.scheduler.schedule(frozenset() if in_flight is None else in_flight.plan.protected)
         if plan.chunks:
-            step = build_step(plan.chunks, self.cache, self.device)
+            step = build_step(
+                plan.chunks, self.cache, self.device, None if in_flight is None else in_flight.head.sampled
+            )
             hidden = None if self.graphs is None else self.graphs.forward(step)  # None: not a fixed-shape step
             if hidden is None:
                 hidden = self.model.forward(step.batch, self.kv)
@@ -409,23 +425,33 @@ class Engine:
         """Step until the given requests (default: all pending ones) are done (the pipelined loop of `_loop`)."""
         self._loop(self.has_pending if handles is None else lambda: not all(h.done for h in handles))
 
+    @property
+    def overlaps_decode(self) -> bool:
+        """Whether a closed job launches a step before it reads the tokens the step before samples (the option
+        `overlap_decode`; by default on a GPU)."""
+        opt = self.options.overlap_decode
+        return self.device.type == "cuda" if opt is None else opt
+
     def _loop(self, more, while_running=None, progress=None):
         """Step while `more()`, pipelined: the next step is planned and launched before the last one's results are
-        read and recorded, so on a GPU the host's planning and recording overlap the device's work. A step with
-        sample rows is read first (the next plan extends each generating sequence by its token), and the launched
-        step's nodes are never preempted by the next. `while_running()` is called after each launch, before the
-        step before it is read (while the device works); `progress` is updated with the tokens computed."""
+        read and recorded, so on a GPU the host's planning and recording overlap the device's work. The launched
+        step's nodes are never preempted by the next. A step with sample rows is read first unless the engine
+        overlaps decode (`overlaps_decode`): then the next step takes each generating sequence's token from the
+        device, and a sequence that the token read ends (end of text, a stop string) has one row computed in vain.
+        `while_running()` is called after each launch, before the step before it is read (while the device works);
+        `progress` is updated with the tokens computed."""
         step: _Launched | None = None  # launched, not yet recorded
+        overlap = self.overlaps_decode
         while True:
             with self._lock:
                 before = self.scheduler.counts.tokens_computed
-                if step is not None and step.plan.sample_rows:
+                if step is not None and step.plan.sample_rows and not overlap:
                     self._finish(step)
                     step = None
                 if step is None and not more():
                     return
                 try:
-                    launched = self._launch(frozenset() if step is None else step.plan.protected)
+                    launched = self._launch(step)
                     if while_running is not None:
                         while_running()
                 except BaseException:  # the step in flight still ran: its results are recorded before this raises

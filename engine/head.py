@@ -1,7 +1,8 @@
 """The LM head of a step: after the forward has written the step's hidden states into the KV cache, the plan's score
 rows go through the fused LM head + log-softmax (kernels' target log-prob: log-prob, is-greedy and top k per row,
 each distinct (slot, target) once) and its sample rows through the LM head and the batched sampler (sampling.py).
-It reads the plan (engine/plan.py) and the hidden states, never a request; the scheduler records what it returns."""
+It reads the plan (engine/plan.py) and the hidden states, never a request; the scheduler records what it returns.
+Nothing is read from the device before `PendingHead.result()`."""
 
 from __future__ import annotations
 
@@ -16,18 +17,22 @@ from .sampling import sample
 
 
 class PendingHead:
-    """A step's LM head launched: the score rows' log-probs still on the device until `result()` reads them (the
-    sample rows are read at once: the next step needs their tokens)."""
+    """A step's LM head launched: the score rows' log-probs and the sample rows' tokens still on the device until
+    `result()` reads them; `sampled` (the tokens on the device, in the plan's sample-row order) feeds the next step
+    when it is launched before this one is read (engine/step.py)."""
 
-    def __init__(self, plan: StepPlan, score: LogProbs | None, sample: SampleOutput | None):
-        self.plan, self.score, self.sample = plan, score, sample
+    def __init__(self, plan: StepPlan, score: LogProbs | None, sample: tuple[torch.Tensor, torch.Tensor] | None):
+        self.plan, self.score, self._sample = plan, score, sample
+        self.sampled = None if sample is None else sample[0]
 
     def result(self) -> HeadOutput:
-        plan, out = self.plan, None
+        plan, out, sampled = self.plan, None, None
         if self.score is not None:
             rows = self.score.rows()
             out = ScoreOutput(rows if plan.head_inverse is None else [rows[i] for i in plan.head_inverse], len(rows))
-        return HeadOutput(out, self.sample)
+        if self._sample is not None:
+            sampled = SampleOutput(self._sample[0].tolist(), self._sample[1].tolist())
+        return HeadOutput(out, sampled)
 
 
 def launch_head(plan: StepPlan, model: LlamaModel, kv: KVCache) -> PendingHead:
@@ -54,9 +59,9 @@ def score(plan: StepPlan, model: LlamaModel, kv: KVCache) -> LogProbs:
     return model.target_logprobs(hidden, targets, top_k=plan.top_k)
 
 
-def sample_tokens(plan: StepPlan, model: LlamaModel, kv: KVCache) -> SampleOutput:
-    """A token for each of the plan's sample rows, drawn with the row's own sampling parameters."""
+def sample_tokens(plan: StepPlan, model: LlamaModel, kv: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """A token for each of the plan's sample rows, drawn with the row's own sampling parameters: (tokens [n]
+    int64, their log-probs [n] fp32), left on the device."""
     rows = plan.sample_rows
     logits = model.logits(kv.read_hidden([r.slot for r in rows]))
-    tokens, lps = sample(logits, [r.temperature for r in rows], [r.top_p for r in rows], [r.generator for r in rows])
-    return SampleOutput(tokens.tolist(), lps.tolist())
+    return sample(logits, [r.temperature for r in rows], [r.top_p for r in rows], [r.generator for r in rows])

@@ -26,6 +26,9 @@ class Chunk:
     end: int
     position: int
     keep: set[int] = field(default_factory=set)
+    # the chunk's last token is one the step in flight samples (prefix_cache.PENDING): its id is that step's
+    # sampled token at this index (of its sample rows), taken on the device (engine/step.py); -1: a known token
+    feed: int = -1
 
 
 @dataclass(slots=True)
@@ -120,8 +123,16 @@ class StepDraft:
     the step reads or writes (never freed while it is planned), `planned` those with a chunk, `completing` those
     whose chunk ends the node (the nodes below them may be planned in the same step)."""
 
-    def __init__(self, budget: int, score_rows: list[ScoreRow], cached_hidden: torch.Tensor | None):
+    def __init__(
+        self,
+        budget: int,
+        score_rows: list[ScoreRow],
+        cached_hidden: torch.Tensor | None,
+        feeds: dict[int, int] | None = None,
+    ):
         self.budget = budget
+        self.feeds = feeds or {}  # id of a sequence node whose last token is pending -> its index in the sample
+        # rows of the step in flight (Chunk.feed)
         self.chunks: list[Chunk] = []
         self.score_rows = score_rows
         self.sample_rows: list[SampleRow] = []

@@ -32,6 +32,8 @@ import torch
 
 from .kv_cache import KVCache, PageError, PageRun
 
+PENDING = -1  # a generating sequence's token sampled by a step still in flight (no token id is negative)
+
 
 class Kind(enum.Enum):
     SHARED = "shared"  # the radix tree proper: found by later requests, kept as cache in online mode
@@ -362,9 +364,21 @@ class PrefixCache:
             last_used[n] = now
         return self.span(node)
 
-    def extend(self, node: Node, token: int):
-        """A generating sequence's new token (its slot was reserved with the node's capacity)."""
+    def extend(self, node: Node, token: int = PENDING):
+        """A generating sequence's next token (its slot was reserved with the node's capacity): PENDING while the
+        step that samples it runs; `fill` sets it once read."""
         node._tokens.append(token)
+
+    def fill(self, node: Node, token: int):
+        """A generating sequence's first pending token (`extend`) is `token` (its sequence node holds at most two at
+        its end: the step in flight's, and the one before it, being read)."""
+        tokens = node._tokens
+        i = len(tokens) - 1
+        while i > 0 and tokens[i - 1] == PENDING:
+            i -= 1
+        if tokens[i] != PENDING:
+            raise PageError(f"{node} has no pending token to fill")
+        tokens[i] = token
 
     def tick(self):
         self._clock += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+from kernels import to_device
 
 
 def new_generator(seed: int | None, device) -> torch.Generator:
@@ -35,10 +36,11 @@ def sample(
     tokens, logprobs = kernels.greedy_logprobs(logits)
     sampled = [i for i in range(n) if temperature[i] > 0 and top_p[i] > 0]
     if sampled:
-        idx = torch.tensor(sampled, device=logits.device)
+        dev = logits.device  # the rows' parameters copied without waiting for the device (kernels.to_device)
+        idx = to_device(torch.tensor(sampled), dev)
         rows = logits[idx].float()
-        temp = torch.tensor([temperature[i] for i in sampled], device=logits.device)[:, None]
-        p = torch.tensor([top_p[i] for i in sampled], device=logits.device)[:, None]
+        temp = to_device(torch.tensor([temperature[i] for i in sampled]), dev)[:, None]
+        p = to_device(torch.tensor([top_p[i] for i in sampled]), dev)[:, None]
         probs, order = torch.sort(torch.softmax(rows / temp, dim=-1), dim=-1, descending=True)
         before = torch.cumsum(probs, dim=-1) - probs
         probs = torch.where(before < p, probs, 0.0)  # the top token always stays (before = 0 < p)

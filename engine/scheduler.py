@@ -39,6 +39,11 @@ class Scheduler:
         self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.leaf: dict[int, Node] = {}  # request id -> the prefix-tree node it keeps alive (and so its ancestors)
         self.events: list[Event] = []  # output events since the last step returned them
+        # the generating sequences whose next token the latest advanced step samples, its PENDING token at the end of
+        # their node (prefix_cache.extend): node id -> index in that step's sample rows (`_feeds_of`); the next plan
+        # takes those tokens from the device (Chunk.feed) when it is launched before that step is read
+        self.feeds: dict[int, int] = {}
+        self._feeds_of: StepPlan | None = None
 
     def add(self, req: Request, share_prefix: bool = True):
         self.counts.requests += 1
@@ -115,7 +120,9 @@ class Scheduler:
         for req in [r for r in self.active.values() if r.abort_requested]:
             self.drop(req, Status.ABORTED, RequestError("aborted", label=req.label))
         ready, self.ready = self.ready, []  # their hidden states read now: this step may free the nodes holding them
-        draft = StepDraft(self.budget, ready, self.kv.read_hidden([r.slot for r in ready]) if ready else None)
+        draft = StepDraft(
+            self.budget, ready, self.kv.read_hidden([r.slot for r in ready]) if ready else None, self.feeds
+        )
         draft.protected |= in_flight
         blocked = self.decode.plan(draft)
         blocked = self.prefill.plan(draft) or blocked
@@ -134,6 +141,14 @@ class Scheduler:
             span = self.cache.computed(chunk.node, chunk.end)
             if span.kind is not Kind.SEQUENCE:  # the decode planner drives a generating sequence
                 self.queue.computed(chunk.node, span)
+        # each generating sequence gets its next token now, PENDING until this step is read, unless the token this
+        # step samples is its last by length (its node: the prompt's last token and the tokens sampled before)
+        self.feeds, self._feeds_of = {}, plan
+        for i, row in enumerate(plan.sample_rows):
+            leaf = self.leaf.get(row.request.id)
+            if leaf is not None and self.cache.span(leaf).length < row.request.max_tokens:
+                self.cache.extend(leaf)
+                self.feeds[id(leaf)] = i
 
     def record(self, plan: StepPlan, head: HeadOutput, seconds: float = 0.0) -> list[Event]:
         """A step's results (advanced before): scores and tokens recorded, requests finished; returns the output
@@ -154,6 +169,8 @@ class Scheduler:
                     self._record_token(row.request, token, lp)
         for req in touched.values():
             self._emit(StepTime(req, seconds))
+        if self._feeds_of is plan:  # its tokens are known now: the next plan reads them from the tree
+            self.feeds, self._feeds_of = {}, None
         events, self.events = self.events, []
         return events
 
@@ -174,7 +191,7 @@ class Scheduler:
         self.counts.generated_tokens += 1
         if self._emit(TokenOut(req, token, lp)):
             return self._complete(req)
-        self.cache.extend(self.leaf[req.id], token)
+        self.cache.fill(self.leaf[req.id], token)  # its pending token (advance), which a later step may be computing
 
     def _complete(self, req: Request):
         self._detach(req)

@@ -36,10 +36,13 @@ class BuiltStep(NamedTuple):
     contexts: list[list[torch.Tensor]]
 
 
-def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
+def build_step(chunks: list[Chunk], cache: PrefixCache, device, sampled: torch.Tensor | None = None) -> BuiltStep:
     """The step's index tensors are built once per step from ranges gathered as Python ints (a decode step holds
-    one chunk per sequence, each below a few cached segments), not one small tensor per chunk and segment."""
+    one chunk per sequence, each below a few cached segments), not one small tensor per chunk and segment.
+    `sampled`: the tokens the step in flight samples, on the device; a chunk whose last token is one of them
+    (Chunk.feed) takes it from there, so the host does not wait for that step to be read."""
     tokens, pos_starts, lengths, slot_parts, cu, out, contexts = [], [], [], [], [0], [], []
+    fed_rows, fed_from = [], []
     segments: dict = {}  # run key -> (cached slots, row-range starts, row-range lengths, first key position)
     for chunk in chunks:
         src = cache.chunk_source(chunk.node, chunk.start, chunk.end)
@@ -57,12 +60,21 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device) -> BuiltStep:
             seg[2].append(n)
         out += [r0 + off - chunk.start for off in sorted(chunk.keep)]
         cu.append(r0 + n)
+        if chunk.feed >= 0:
+            tokens[-1] = 0  # PENDING until the device's copy below
+            fed_rows.append(r0 + n - 1)
+            fed_from.append(chunk.feed)
     segs = list(segments.values())
     rows = to_device(index_ranges([r for seg in segs for r in seg[1]], [n for seg in segs for n in seg[2]]), device)
     seg_slots = to_device(torch.cat([seg[0] for seg in segs]), device) if segs else None  # one copy for all
     written, out_rows = torch.cat(slot_parts), _long(out)
+    token_ids = to_device(_long(tokens), device)
+    if fed_rows:
+        if sampled is None:
+            raise RuntimeError("a chunk takes a token sampled by a step in flight, but no step is in flight")
+        token_ids[to_device(_long(fed_rows), device)] = sampled[to_device(_long(fed_from), device)]
     batch = StepBatch(
-        token_ids=to_device(_long(tokens), device),
+        token_ids=token_ids,
         positions=to_device(index_ranges(pos_starts, lengths), device),
         write_slots=to_device(written, device),
         cu_seqlens=cu,

@@ -7,6 +7,8 @@ import functools
 
 import torch
 
+from .host import to_device
+
 
 @functools.cache
 def available() -> bool:
@@ -22,7 +24,7 @@ def varlen_causal_attention_flash(q, k, v, cu_seqlens: list[int], scale: float):
     (out fp32 [T, H, D], lse fp32 [T, H])."""
     from flash_attn import flash_attn_varlen_func
 
-    cu = torch.tensor(cu_seqlens, dtype=torch.int32, device=q.device)
+    cu = to_device(torch.tensor(cu_seqlens, dtype=torch.int32), q.device)  # no wait for the queued work
     longest = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))
     out, lse, _ = flash_attn_varlen_func(
         q, k, v, cu, cu, longest, longest, softmax_scale=scale, causal=True, return_attn_probs=True

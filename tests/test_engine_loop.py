@@ -481,3 +481,94 @@ def test_a_failed_launch_still_records_the_step_in_flight(tiny, monkeypatch):
         eng.run()
     assert first.done and first.result().num_tokens == 1
     assert not later.done
+
+
+def _stops(eng, prompts, n):
+    """For each prompt, a stop string its greedy text reaches after a few tokens (a different point for each)."""
+    free = eng.generate(prompts, max_tokens=n)
+    return [g.text[2 + i % 4 : 4 + i % 4] or None for i, g in enumerate(free)]
+
+
+@pytest.mark.parametrize("kv", [dict(), dict(kv_tokens=96, page_size=8, token_budget=32)])
+def test_overlapped_decode_gives_the_read_first_results(tiny_model_dir, kv, monkeypatch):
+    """With `overlap_decode` a closed job launches each step before it reads the tokens the step before samples;
+    the next step takes them on the device (Chunk.feed). Greedy, seeded sampling, stop strings at different points
+    (a sequence ended by its token has one row computed in vain) and max_tokens of 1 to 9, beside scoring
+    requests, and under KV pressure (waits, preemptions): the same tokens and log-probs as reading each sampled
+    step first, and every page freed."""
+    import engine.engine as engine_module
+
+    config, weights, tok = load_model_files(str(tiny_model_dir))
+    make = lambda **o: Engine(config, weights, tok, dtype=torch.float32, **{"kv_tokens": 4096, **kv, **o})  # noqa: E731
+    rng = random.Random(5)
+    prompts = [tok.encode(f"Once upon a time in land {i} there") for i in range(6)]
+    stops = _stops(make(), prompts, 12)
+    assert sum(s is not None for s in stops) >= 3
+    scores = [(p[:-1], [rng.randrange(4, config.vocab_size) for _ in range(3)]) for p in prompts[:3]]
+
+    def job(eng):
+        handles = [
+            eng.add_generate(p, max_tokens=1 + i % 9, stop=[s] if s and i % 2 else None)
+            if i % 3
+            else eng.add_generate(p, max_tokens=9, temperature=0.9, top_p=0.9, seed=i, stop=[s] if s else None)
+            for i, (p, s) in enumerate(zip(prompts, stops))
+        ]
+        handles += [eng.add_score(c, x) for c, x in scores]
+        eng._loop(lambda: not all(h.done for h in handles))  # a closed job's loop
+        return handles
+
+    read_first = make(overlap_decode=False)
+    assert not read_first.overlaps_decode
+    want = [outcome(h) for h in job(read_first)]
+
+    fed, build = [], engine_module.build_step
+    monkeypatch.setattr(
+        engine_module,
+        "build_step",
+        lambda c, cache, dev, s=None: fed.append(sum(x.feed >= 0 for x in c)) or build(c, cache, dev, s),
+    )
+    overlapped = make(overlap_decode=True)
+    assert overlapped.overlaps_decode
+    got = [outcome(h) for h in job(overlapped)]
+    assert_same(got, want)
+    assert sum(fed) > 10, fed  # decode tokens taken from the step in flight
+    finished = [h.result().finish_reason for h in job(make(overlap_decode=True))[:6]]
+    assert "stop" in finished and "length" in finished
+    overlapped.check_pages()
+    assert overlapped.kv.used_pages == 0
+    if kv:
+        assert overlapped.stats.preemptions > 0 or overlapped.stats.kv_waits > 0
+
+
+def test_overlapped_decode_launches_before_reading(tiny, monkeypatch):
+    """Steps with sample rows are launched before the step before them is read (the read-first order reads each
+    one first), and a token not yet read is pending in its sequence's node until its step is read."""
+    import engine.engine as engine_module
+    from engine.prefix_cache import PENDING
+
+    log, launch, finish = [], engine_module.Engine._launch, engine_module.Engine._finish
+
+    def spy_launch(self, in_flight):
+        out = launch(self, in_flight)
+        pending = [t for n in self.cache.nodes() for t in self.cache.tokens(n) if t == PENDING]
+        log.append(("launch", bool(out.plan.sample_rows), in_flight is not None, len(pending)))
+        return out
+
+    monkeypatch.setattr(engine_module.Engine, "_launch", spy_launch)
+    monkeypatch.setattr(engine_module.Engine, "_finish", lambda self, st: log.append(("read",)) or finish(self, st))
+    prompts = [[10 + i, 20, 30, 40] for i in range(4)]
+    want = engine(tiny).generate(prompts, max_tokens=6)
+    got = engine(tiny, overlap_decode=True).generate(prompts, max_tokens=6)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    decode = [e for e in log if e[0] == "launch" and e[1] and e[2]]
+    assert len(decode) >= 4, log  # sampling steps launched with the one before still in flight
+    # after each such launch two tokens per sequence are pending (its own and the step in flight's) but at the
+    # last steps, where the sequences reached max_tokens
+    assert max(e[3] for e in decode) == 2 * len(prompts), log
+
+
+def test_overlap_decode_option_is_checked():
+    with pytest.raises(UserError, match="overlap_decode"):
+        from engine.engine import EngineOptions
+
+        EngineOptions.checked(overlap_decode="yes")

@@ -228,6 +228,9 @@ def test_smoke_run(gpu_image_env, tmp_path):
     decode = speed["decode_64"]
     assert decode["vs_hf"] > 0 and decode["tokens_computed"] > 0
     assert decode["launch_ms_per_step"] > 0 and decode["finish_ms_per_step"] > 0 and decode["device_profile"]["top"]
+    # the same decode with each step's tokens read before the next is planned (the overlap's comparison)
+    assert decode["read_first"]["sequences_equal_overlapped"] == "4/4", decode["read_first"]
+    assert decode["read_first"]["overlapped_vs_read_first"] > 0 and "overlap_decode off" in decode["note"]
     graphs = decode["graphs"]  # the same decode from the fixed-shape path: its time, its tokens against the eager's
     assert graphs["vs_eager"] > 0 and graphs["sequences_equal_eager"] == "4/4", graphs
     assert graphs["stats"]["fixed_shape_steps_eager"] > 0 and graphs["stats"]["capture_failed"] is None
