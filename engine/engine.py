@@ -1,7 +1,8 @@
 """The engine: loads a model, then scores continuations and generates text on one prefix-shared paged KV cache.
 
 One loop serves every caller. `add_score` / `add_generate` hand a request to the scheduler (engine/scheduler.py)
-and return its handle; `step()` runs one step: the scheduler's plan (prefill chunks, one decode token of every
+and return its handle; `step()` runs one round of it (launching a step, then reading the step launched the round
+before): the scheduler's plan (prefill chunks, one decode token of every
 generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), then the LM head
 (head.py: the scored rows through the fused target log-prob kernel, the generating rows through the batched
 sampler, sampling.py); the scheduler then records the step and its output events come back (scores, tokens,
@@ -112,7 +113,7 @@ class EngineOptions:
     deterministic: bool = False  # batch-invariant ops: a request's scores do not depend on the rest of the job
     # decode steps in fixed shapes, replayed from CUDA graphs on a GPU (engine/decode_graphs.py; eagerly elsewhere)
     decode_graphs: bool = False
-    # a closed job launches the next step before it reads a step's sampled tokens (the next step takes them on the
+    # the loop launches the next step before it reads a step's sampled tokens (the next step takes them on the
     # device): on a GPU the host's planning overlaps the device's decode; None: on a GPU only (on a CPU the forward
     # runs in the host's thread, so there is nothing to overlap, and a sequence that ends would cost a row)
     overlap_decode: bool | None = None
@@ -204,6 +205,7 @@ class Engine:
         # acquire per call).
         self._lock = threading.RLock()
         self.graphs: DecodeGraphs | None = None  # the fixed-shape decode path, when the option is on
+        self._in_flight: _Launched | None = None  # the step launched and not yet read (the loop's, `_round`)
         self.use_decode_graphs(self.options.decode_graphs)
         self._next_id = 0
         tok = tokenizer
@@ -376,7 +378,8 @@ class Engine:
             self.cache.check()
 
     def has_pending(self) -> bool:
-        return self.scheduler.has_pending()
+        """Whether a request is in flight, or a launched step is not read yet."""
+        return self.scheduler.has_pending() or self._in_flight is not None
 
     def abort(self, handle: Request) -> None:
         """Stop a request: it finishes ABORTED at the next step (safe from any thread)."""
@@ -384,13 +387,40 @@ class Engine:
             handle.abort()
 
     def step(self) -> list[Event]:
-        """Run one step of the loop; returns its output events (engine/request.py: scores, tokens, and the
-        requests that finished, failed or were aborted), already consumed by their handles."""
+        """Run one round of the loop (`_round`: launch the next step, read the one launched before it); returns
+        the output events recorded (engine/request.py: scores, tokens, and the requests that finished, failed or
+        were aborted), already consumed by their handles. A step's results come back from the call after the one
+        that launched it: step while `has_pending()`."""
         with self._lock:
-            return self._step()
+            return self._round()
 
-    def _step(self) -> list[Event]:
-        return self._finish(self._launch(None))
+    def _round(self, while_running=None) -> list[Event]:
+        """One round of the pipelined loop: the next step is planned and launched before the step in flight is
+        read and recorded, so on a GPU the host's planning and recording overlap the device's work. The launched
+        step's nodes are never preempted by the next. A step with sample rows is read first unless the engine
+        overlaps decode (`overlaps_decode`): then the next step takes each generating sequence's token from the
+        device, and a sequence that the token read ends (end of text, a stop string) has one row computed in vain.
+        `while_running()` is called after the launch, before the step before it is read (while the device
+        works)."""
+        events, step, self._in_flight = [], self._in_flight, None
+        if step is not None and step.plan.sample_rows and not self.overlaps_decode:
+            events += self._finish(step)
+            step = None
+        try:
+            launched = self._launch(step)
+            if while_running is not None:
+                while_running()
+        except BaseException:  # the step in flight still ran: its results are recorded before this raises
+            if step is not None:
+                self._finish(step)
+            raise
+        if step is not None:
+            events += self._finish(step)
+        if launched.plan.empty:
+            events += self._finish(launched)
+        else:
+            self._in_flight = launched
+        return events
 
     @torch.inference_mode()
     def _launch(self, in_flight: _Launched | None) -> _Launched:
@@ -427,43 +457,26 @@ class Engine:
 
     @property
     def overlaps_decode(self) -> bool:
-        """Whether a closed job launches a step before it reads the tokens the step before samples (the option
+        """Whether the loop launches a step before it reads the tokens the step before samples (the option
         `overlap_decode`; by default on a GPU)."""
         opt = self.options.overlap_decode
         return self.device.type == "cuda" if opt is None else opt
 
     def _loop(self, more, while_running=None, progress=None):
-        """Step while `more()`, pipelined: the next step is planned and launched before the last one's results are
-        read and recorded, so on a GPU the host's planning and recording overlap the device's work. The launched
-        step's nodes are never preempted by the next. A step with sample rows is read first unless the engine
-        overlaps decode (`overlaps_decode`): then the next step takes each generating sequence's token from the
-        device, and a sequence that the token read ends (end of text, a stop string) has one row computed in vain.
-        `while_running()` is called after each launch, before the step before it is read (while the device works);
-        `progress` is updated with the tokens computed."""
-        step: _Launched | None = None  # launched, not yet recorded
-        overlap = self.overlaps_decode
+        """Rounds of the loop (`_round`) while `more()`; then the step in flight is read, and it returns with none
+        in flight. `while_running()` is called after each launch, while the device works; `progress` is updated
+        with the tokens computed."""
         while True:
             with self._lock:
                 before = self.scheduler.counts.tokens_computed
-                if step is not None and step.plan.sample_rows and not overlap:
-                    self._finish(step)
-                    step = None
-                if step is None and not more():
+                step, going = self._in_flight, more()
+                if step is not None and (not going or (step.plan.sample_rows and not self.overlaps_decode)):
+                    self._in_flight = None
+                    self._finish(step)  # reading it may complete the job
+                    going = more()
+                if not going and self._in_flight is None:
                     return
-                try:
-                    launched = self._launch(step)
-                    if while_running is not None:
-                        while_running()
-                except BaseException:  # the step in flight still ran: its results are recorded before this raises
-                    if step is not None:
-                        self._finish(step)
-                    raise
-                if step is not None:
-                    self._finish(step)
-                if launched.plan.empty:
-                    self._finish(launched)
-                    launched = None
-                step = launched
+                self._round(while_running)
             if progress is not None:
                 progress.update(self.scheduler.counts.tokens_computed - before)
 

@@ -387,25 +387,22 @@ def test_rows_asked_by_several_requests_go_through_the_lm_head_once(tiny):
         assert [t[0][0] for t in h.result().top_logprobs] == [t[0][0] for t in alone.top_logprobs]
 
 
-def test_the_pipelined_run_gives_the_stepped_results_and_overlaps(tiny, monkeypatch):
-    """run() plans and launches the next step before it reads the last one's results (a step with sample rows is
-    read first): the same outcomes as stepping one step at a time, bitwise (fp32, no memory pressure: the same
-    plans), and launches that run ahead of their predecessors' reads."""
+@pytest.mark.parametrize("how", ["run", "step"])
+def test_the_loop_is_pipelined_and_gives_each_requests_results_alone(tiny, monkeypatch, how):
+    """run() and step() (the server's loop) plan and launch the next step before they read the last one's
+    results (a step with sample rows is read first, on a CPU): each request's results are those it gets alone
+    (fp32), launches run ahead of their predecessors' reads, and step() hands back every step's events, one
+    round after the round that launched it."""
     import engine.engine as engine_module
 
     items = workload(tiny[0].vocab_size, seed=8)
-    stepped = engine(tiny, token_budget=24)
-    handles = [add(stepped, it) for it in items]
-    while stepped.has_pending():
-        stepped.step()
-    want = [outcome(h) for h in handles]
-
+    want = alone(tiny, items)
     log = []
     launch, result = engine_module.Engine._launch, engine_module.PendingHead.result
 
     def spy_launch(self, in_flight):
         out = launch(self, in_flight)
-        log.append(("launch", bool(out.plan.sample_rows), bool(in_flight)))
+        log.append(("launch", bool(out.plan.sample_rows), in_flight is not None))
         return out
 
     def spy_result(self):
@@ -416,8 +413,15 @@ def test_the_pipelined_run_gives_the_stepped_results_and_overlaps(tiny, monkeypa
     monkeypatch.setattr(engine_module.PendingHead, "result", spy_result)
     piped = engine(tiny, token_budget=24)
     handles = [add(piped, it) for it in items]
-    piped.run()
-    assert [outcome(h) for h in handles] == want
+    if how == "run":
+        piped.run()
+    else:
+        finished = []
+        while piped.has_pending():
+            finished += [e.request for e in piped.step() if isinstance(e, Finished)]
+        assert sorted(h.id for h in finished) == sorted(h.id for h in handles)
+    assert not piped.has_pending()
+    assert_same([outcome(h) for h in handles], want)
     launches = [e for e in log if e[0] == "launch"]
     ahead = [i for i, e in enumerate(log[1:], 1) if e[0] == "launch" and log[i - 1][0] == "launch"]
     assert ahead and any(e[2] for e in launches), log  # some step launched while another was in flight
