@@ -187,6 +187,15 @@ def markdown(r: dict) -> str:
                 [[r.get("device"), b.get("matmul"), b.get("matmul_tflops"), b.get("copy"), b.get("bandwidth_gbs")]],
             ),
         ]
+        hc = b.get("host_copy")
+        if hc:
+            out += [
+                "",
+                f"reading a result back (kernels.HostCopy) with ~20 matmuls queued after it: "
+                f"{hc['host_copy']['read_ms']:.2f} ms, against {hc['host_copy']['later_work_ms']:.1f} ms for that work "
+                f"(a plain .tolist(): {hc['tolist']['read_ms']:.1f} ms); read before the later work: "
+                f"{hc['reads_before_later_work']}",
+            ]
     k = r.get("kernels", {})
     if k:
         out += [
@@ -625,6 +634,44 @@ def section_bounds(rec: Recorder, ctx: Context) -> None:
     s = seconds_per_call(ctx, lambda: dst.copy_(src), 20 if ctx.cuda else 3, 5)
     rec.put("bounds", "copy", value=f"{nbytes // 2**20} MiB copy (read + write)")
     rec.put("bounds", "bandwidth_gbs", value=2 * nbytes / s / 1e9)
+    if ctx.cuda:
+        hc = rec.attempt("host_copy", host_copy_overlap, ctx)
+        if hc:
+            rec.put("bounds", "host_copy", value=hc)
+
+
+def host_copy_overlap(ctx: Context) -> dict:
+    """Whether kernels.HostCopy reads a result without waiting for work queued after it (what lets the pipelined
+    loop record step N while step N + 1 runs): a small result is computed, copied back with HostCopy, then ~20
+    matmuls of 8192^3 are queued; the read's time against that work's, and a plain .tolist() for comparison."""
+    import torch
+
+    from kernels import HostCopy
+
+    a = torch.randn(8192, 8192, device=ctx.device, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+
+    def later_work():
+        for _ in range(20):
+            torch.mm(a, a)
+
+    out = {}
+    for how in ("host_copy", "tolist"):
+        small = a[:64, :64].float().sum(1)
+        copy = HostCopy(small) if how == "host_copy" else None
+        t0 = time.perf_counter()
+        later_work()
+        queued = time.perf_counter()
+        if copy is not None:
+            copy.get()[0].tolist()
+        else:
+            small.tolist()
+        read = time.perf_counter()
+        torch.cuda.synchronize()
+        done = time.perf_counter()
+        out[how] = {"read_ms": (read - queued) * 1e3, "later_work_ms": (done - t0) * 1e3}
+    out["reads_before_later_work"] = out["host_copy"]["read_ms"] < 0.5 * out["host_copy"]["later_work_ms"]
+    return out
 
 
 # ---- 2. kernels --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import LogProbs, to_device
+from kernels import HostCopy, LogProbs, to_device
 
 from .kv_cache import KVCache
 from .model import LlamaModel
@@ -17,21 +17,27 @@ from .sampling import sample
 
 
 class PendingHead:
-    """A step's LM head launched: the score rows' log-probs and the sample rows' tokens still on the device until
+    """A step's LM head launched: the score rows' log-probs and the sample rows' tokens on their way to the host
+    (kernels.HostCopy: queued behind the step, so reading them never waits for a step launched after it) until
     `result()` reads them; `sampled` (the tokens on the device, in the plan's sample-row order) feeds the next step
     when it is launched before this one is read (engine/step.py)."""
 
     def __init__(self, plan: StepPlan, score: LogProbs | None, sample: tuple[torch.Tensor, torch.Tensor] | None):
-        self.plan, self.score, self._sample = plan, score, sample
+        self.plan = plan
+        self._score = (
+            None if score is None else HostCopy(score.logprob, score.greedy, score.top_ids, score.top_logprobs)
+        )
+        self._sample = None if sample is None else HostCopy(*sample)
         self.sampled = None if sample is None else sample[0]
 
     def result(self) -> HeadOutput:
         plan, out, sampled = self.plan, None, None
-        if self.score is not None:
-            rows = self.score.rows()
+        if self._score is not None:
+            rows = LogProbs(*self._score.get()).rows()
             out = ScoreOutput(rows if plan.head_inverse is None else [rows[i] for i in plan.head_inverse], len(rows))
         if self._sample is not None:
-            sampled = SampleOutput(self._sample[0].tolist(), self._sample[1].tolist())
+            tokens, lps = self._sample.get()
+            sampled = SampleOutput(tokens.tolist(), lps.tolist())
         return HeadOutput(out, sampled)
 
 

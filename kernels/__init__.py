@@ -21,7 +21,7 @@ from .dispatch import (
     silu_and_mul,
     target_logprobs,
 )
-from .host import copy_to, index_ranges, to_device
+from .host import HostCopy, copy_to, index_ranges, to_device
 from .logprob import LogProbs, TokenLogProb
 from .rope import rope_cos_sin
 
@@ -43,6 +43,7 @@ __all__ = [
     "rope_cos_sin",
     "to_device",
     "copy_to",
+    "HostCopy",
     "index_ranges",
     "silu_and_mul",
     "set_backend",

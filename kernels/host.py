@@ -37,3 +37,31 @@ def copy_to(dst: torch.Tensor, src: torch.Tensor) -> None:
     """`src`, a host tensor, into `dst` (a buffer on any device, of src's shape) without waiting for the device's
     queued work: through pinned memory on a GPU, as `to_device`."""
     dst.copy_(src.pin_memory() if dst.is_cuda else src, non_blocking=dst.is_cuda)
+
+
+class HostCopy:
+    """Device tensors read back to the host without making the host wait for work queued after them: each copy is
+    queued now, right behind the work that computes it, into pinned memory (non-blocking), and a CUDA event marks
+    its end; `get()` waits for that event only. A plain `.tolist()` later would be queued behind every step launched
+    since, so the pipelined loop's read of step N would wait for step N + 1 too, and the device would idle while the
+    host records N and plans N + 2. Elsewhere the tensors are kept as they are (None entries too)."""
+
+    __slots__ = ("_host", "_event")
+
+    def __init__(self, *tensors: torch.Tensor | None):
+        self._event = None
+        if any(t is not None and t.is_cuda for t in tensors):
+            self._host = [
+                None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                for t in tensors
+            ]
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = list(tensors)
+
+    def get(self) -> list[torch.Tensor | None]:
+        """The host copies (waiting for the copies to land, on a GPU)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host
