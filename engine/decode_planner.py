@@ -50,7 +50,8 @@ class DecodePlanner:
                 continue
             chunk = draft.add_chunk(cache, node, span, n)
             if span.done + n == span.length:
-                chunk.feed = draft.feeds.get(id(node), -1)  # its last token: sampled by the step in flight?
+                fed = draft.feeds.get(id(node))  # its last token: sampled by the step in flight?
+                chunk.feed = fed[1] if fed is not None and fed[0] is node else -1
                 req = seq.request
                 draft.add_sample(
                     SampleRow(cache.slot(node, span.end - 1), req, req.temperature, req.top_p, req.generator)

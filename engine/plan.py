@@ -128,11 +128,11 @@ class StepDraft:
         budget: int,
         score_rows: list[ScoreRow],
         cached_hidden: torch.Tensor | None,
-        feeds: dict[int, int] | None = None,
+        feeds: dict[int, tuple[Node, int]] | None = None,
     ):
         self.budget = budget
-        self.feeds = feeds or {}  # id of a sequence node whose last token is pending -> its index in the sample
-        # rows of the step in flight (Chunk.feed)
+        self.feeds = feeds or {}  # id of a sequence node whose last token is pending -> (the node, its index in
+        # the sample rows of the step in flight: Chunk.feed)
         self.chunks: list[Chunk] = []
         self.score_rows = score_rows
         self.sample_rows: list[SampleRow] = []

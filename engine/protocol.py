@@ -94,10 +94,11 @@ class EngineProtocol(JobEngine, Protocol):
         """Stop a request (it finishes ABORTED at the next step); safe from any thread."""
 
     def step(self) -> list[Event]:
-        """One step of the loop; its output events (engine/request.py), already consumed by their handles."""
+        """One round of the loop (launch a step, read the one launched before it); the output events recorded
+        (engine/request.py), already consumed by their handles."""
 
     def has_pending(self) -> bool:
-        """Whether a step has anything to do."""
+        """Whether a round has anything to do: requests in flight, or a step launched and not read yet."""
 
     @property
     def stats(self) -> EngineStats:

@@ -40,9 +40,9 @@ class Scheduler:
         self.leaf: dict[int, Node] = {}  # request id -> the prefix-tree node it keeps alive (and so its ancestors)
         self.events: list[Event] = []  # output events since the last step returned them
         # the generating sequences whose next token the latest advanced step samples, its PENDING token at the end of
-        # their node (prefix_cache.extend): node id -> index in that step's sample rows (`_feeds_of`); the next plan
+        # their node (prefix_cache.extend): node id -> (node, index in that step's sample rows, `_feeds_of`); the next plan
         # takes those tokens from the device (Chunk.feed) when it is launched before that step is read
-        self.feeds: dict[int, int] = {}
+        self.feeds: dict[int, tuple[Node, int]] = {}
         self._feeds_of: StepPlan | None = None
 
     def add(self, req: Request, share_prefix: bool = True):
@@ -148,7 +148,7 @@ class Scheduler:
             leaf = self.leaf.get(row.request.id)
             if leaf is not None and self.cache.span(leaf).length < row.request.max_tokens:
                 self.cache.extend(leaf)
-                self.feeds[id(leaf)] = i
+                self.feeds[id(leaf)] = (leaf, i)
 
     def record(self, plan: StepPlan, head: HeadOutput, seconds: float = 0.0) -> list[Event]:
         """A step's results (advanced before): scores and tokens recorded, requests finished; returns the output
