@@ -1337,8 +1337,9 @@ def speed_decode(
         )
         + (
             f"; each step's tokens read before the next is planned (overlap_decode off): "
-            f"{read_first['ms_per_step']:.1f} ms per step, the overlapped steps {read_first['overlapped_vs_read_first']:.2f}x "
-            f"as fast, tokens equal: {read_first['sequences_equal_overlapped']}"
+            f"{read_first['ms_per_step']:.1f} ms per step, the overlapped steps "
+            f"{read_first['overlapped_vs_read_first']:.2f}x as fast, tokens equal: "
+            f"{read_first['sequences_equal_overlapped']}"
             if "ms_per_step" in read_first
             else f"; overlap_decode off: {read_first.get('error')}"
         )

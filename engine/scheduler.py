@@ -39,9 +39,9 @@ class Scheduler:
         self.active: dict[int, Request] = {}  # requests not yet done, by id
         self.leaf: dict[int, Node] = {}  # request id -> the prefix-tree node it keeps alive (and so its ancestors)
         self.events: list[Event] = []  # output events since the last step returned them
-        # the generating sequences whose next token the latest advanced step samples, its PENDING token at the end of
-        # their node (prefix_cache.extend): node id -> (node, index in that step's sample rows, `_feeds_of`); the next plan
-        # takes those tokens from the device (Chunk.feed) when it is launched before that step is read
+        # the generating sequences whose next token the latest advanced step (`_feeds_of`) samples, a PENDING token
+        # at the end of their node (prefix_cache.extend): node id -> (node, index in that step's sample rows); the
+        # next plan takes those tokens from the device (Chunk.feed) when it is launched before that step is read
         self.feeds: dict[int, tuple[Node, int]] = {}
         self._feeds_of: StepPlan | None = None
 
