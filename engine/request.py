@@ -91,6 +91,7 @@ class Request:
         self.error: UserError | None = None
         self.abort_requested = False
         self._done = threading.Event()
+        self._value = None  # the result, built when the request finishes (in the loop, while the device works)
         self._callbacks = []
         self.stats = RequestStats(added_at=time.perf_counter())
 
@@ -110,7 +111,7 @@ class Request:
             raise RuntimeError(f"{self.label} is not done")
         if self.error is not None:
             raise self.error
-        return self._result()
+        return self._value
 
     def add_done_callback(self, fn):
         """fn(request) once the request is finished, failed or aborted (called in the engine's thread)."""
@@ -144,6 +145,8 @@ class Request:
             return
         self.status, self.error = event.status, event.error
         self.stats.total_seconds = time.perf_counter() - self.stats.added_at
+        if self.error is None:
+            self._value = self._result()  # here, not in result(): a closed job's last read would build them all
         self._done.set()
         for fn in self._callbacks:
             fn(self)
