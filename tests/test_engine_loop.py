@@ -576,3 +576,37 @@ def test_overlap_decode_option_is_checked():
         from engine.engine import EngineOptions
 
         EngineOptions.checked(overlap_decode="yes")
+
+
+def test_the_collector_pauses_until_a_closed_jobs_first_launch(tiny, monkeypatch):
+    """The cyclic collector is off while a closed job encodes, checks and adds its first step's worth, and after
+    its last read (host time no device step hides), on from the first launch to the last read; a job that fails
+    its checks, or one started with the collector off, leaves it as it was."""
+    import gc
+
+    import engine.engine as engine_module
+
+    seen, launch = [], engine_module.Engine._launch
+    monkeypatch.setattr(engine_module.Engine, "_launch", lambda self, f: seen.append(gc.isenabled()) or launch(self, f))
+    eng = engine(tiny, token_budget=16)
+    vocab = tiny[0].vocab_size
+    job = [(list(range(4, 40)), [i % vocab]) for i in range(5, 15)]
+    assert gc.isenabled()
+    read, finish = [], engine_module.Engine._finish
+    monkeypatch.setattr(
+        engine_module.Engine, "_finish", lambda self, st: read.append(gc.isenabled()) or finish(self, st)
+    )
+    eng.score(job)
+    assert seen[0] is False and all(seen[1:]) and len(seen) > 2 and all(read) and gc.isenabled()
+    with pytest.raises(UserError):
+        eng.score([([5, 6], [vocab + 1])])
+    assert gc.isenabled()
+    seen.clear()
+    eng.generate([[5, 6, 7]], max_tokens=3)
+    assert seen[0] is False and all(seen[1:]) and gc.isenabled()
+    gc.disable()
+    try:
+        eng.score(job)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
