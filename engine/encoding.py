@@ -10,6 +10,8 @@ convention.
 
 from __future__ import annotations
 
+import operator
+
 from .tokenizer import Tokenizer
 from .validation import RequestError
 
@@ -23,6 +25,28 @@ def with_bos(tok: Tokenizer, ids: list[int]) -> list[int]:
 def start_token(tok: Tokenizer) -> int:
     """The token that stands for an empty context (lm-evaluation-harness's prefix token): BOS, or EOS without one."""
     return tok.bos_id if tok.bos_id is not None else tok.eos_id
+
+
+def token_ids(values, *, index: int | None = None, field: str | None = None, label: str | None = None) -> list[int]:
+    """A caller's token ids as a list of the engine's own: Python ints as they are; other integers (numpy's, a 0-d
+    integer tensor) converted; anything else (a float, a string, a bool, a value that is not a sequence) is a
+    RequestError naming the request and the field, never truncated to an int."""
+    try:
+        ids = list(values)
+    except TypeError:
+        raise RequestError(
+            f"expected text or a list of token ids, got {type(values).__name__}", index=index, field=field, label=label
+        ) from None
+    kinds = set(map(type, ids))
+    if kinds <= {int}:
+        return ids
+    if bool not in kinds:
+        try:
+            return list(map(operator.index, ids))
+        except TypeError:
+            pass
+    bad = next(t for t in ids if type(t) is bool or not hasattr(type(t), "__index__"))
+    raise RequestError(f"token ids must be integers, got {bad!r}", index=index, field=field, label=label)
 
 
 def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[int]]:
@@ -56,16 +80,19 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
         else:
             ctx = contexts.get(id(context))
             if ctx is None:
-                ctx = contexts[id(context)] = list(map(int, context)) or [start]  # in C
-            cont = list(map(int, continuation))
+                ctx = contexts[id(context)] = token_ids(context, index=i, field="context") or [start]
+            cont = token_ids(continuation, index=i, field="continuation")
         if not cont:
             raise RequestError("empty continuation: nothing to score", index=i, field="continuation")
         out.append((ctx, cont))
     return out
 
 
-def prompt_ids(tok: Tokenizer, prompt) -> list[int]:
-    """A generation prompt's token ids: text encoded with BOS as the model asks, token ids as they are (checked
-    against the vocabulary by engine/validation.py); an empty prompt is the start token alone."""
-    ids = with_bos(tok, tok.encode(prompt)) if isinstance(prompt, str) else list(map(int, prompt))
+def prompt_ids(tok: Tokenizer, prompt, index: int | None = None, label: str | None = None) -> list[int]:
+    """A generation prompt's token ids: text encoded with BOS as the model asks, token ids as they are (`token_ids`;
+    checked against the vocabulary by engine/validation.py); an empty prompt is the start token alone."""
+    if isinstance(prompt, str):
+        ids = with_bos(tok, tok.encode(prompt))
+    else:
+        ids = token_ids(prompt, index=index, field="prompt", label=label)
     return ids or [start_token(tok)]

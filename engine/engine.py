@@ -327,7 +327,7 @@ class Engine:
             label = label or f"request {rid}"
             error, ids = None, [0]
             try:
-                ids = prompt_ids(self.tokenizer, prompt)
+                ids = prompt_ids(self.tokenizer, prompt, label=label)
                 check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
             except UserError as e:
                 error = e
@@ -532,7 +532,7 @@ class Engine:
         checked before any is added."""
         pause = _CollectorPause()
         try:
-            encoded = [prompt_ids(self.tokenizer, p) for p in prompts]
+            encoded = [prompt_ids(self.tokenizer, p, i, f"prompt {i}") for i, p in enumerate(prompts)]
             for i, ids in enumerate(encoded):
                 check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, index=i, label=f"prompt {i}")
 

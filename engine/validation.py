@@ -66,9 +66,15 @@ def _label(index, label):
 def check_token_ids(
     ids, vocab_size: int, *, index: int | None = None, field: str | None = None, label: str | None = None
 ) -> None:
-    """Token ids given by a caller must name rows of the model's embedding."""
+    """Token ids given by a caller must be integers (Python ints; not bools, floats or strings) naming rows of the
+    model's embedding."""
     if ids and set(map(type, ids)) <= {int} and 0 <= min(ids) and max(ids) < vocab_size:
         return  # the common case, in C: a big job's hundreds of thousands of ids in milliseconds
+    for t in ids:
+        if type(t) is not int:
+            raise RequestError(
+                f"token ids must be integers, got {t!r}", index=index, field=field, label=_label(index, label)
+            )
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise RequestError(

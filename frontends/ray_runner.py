@@ -388,7 +388,7 @@ class DistributedEngine:
             return []
         for i, p in enumerate(prompts):
             check_generate(
-                prompt_ids(self.tokenizer, p),
+                prompt_ids(self.tokenizer, p, i, f"prompt {i}"),
                 max_tokens,
                 temperature,
                 top_p,

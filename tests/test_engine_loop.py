@@ -193,12 +193,32 @@ def test_a_request_that_cannot_fit_fails_alone(tiny):
 
 
 def test_bad_requests_are_user_errors(tiny):
+    import engine.validation as validation
+
     eng = engine(tiny)
     vocab = tiny[0].vocab_size
     with pytest.raises(UserError, match=f"token id {vocab} is outside"):
         eng.score([([1, 2, vocab], [3])])
     with pytest.raises(UserError, match="token id -1"):
         eng.generate([[1, -1]])
+    # token ids that are not integers are refused, never truncated (1.7 is not token 1), naming request and field
+    for ctx, cont, where in (
+        ([1.7, 2], [3], "request 0: token ids must be integers, got 1.7"),
+        ([1, 2], ["3"], "request 0: token ids must be integers, got '3'"),
+        ([True, 2], [3], "request 0: token ids must be integers, got True"),
+        (5, [3], "request 0: expected text or a list of token ids, got int"),
+    ):
+        with pytest.raises(UserError, match=where.replace(".", r"\.")) as err:
+            eng.score([([4, 5], [6]), (ctx, cont)][1:])
+        assert err.value.field in ("context", "continuation")
+    with pytest.raises(UserError, match=r"prompt 1: token ids must be integers, got 2\.0"):
+        eng.generate([[5, 6], [1, 2.0]])
+    with pytest.raises(UserError, match="token ids must be integers, got None"):
+        validation.check_token_ids([3, None], vocab)
+    import numpy as np
+
+    numpy_ids = eng.score([(np.array([5, 6, 7]), np.array([8]))])[0]  # numpy integers are integers
+    assert numpy_ids.token_logprobs == eng.score([([5, 6, 7], [8])])[0].token_logprobs
     with pytest.raises(UserError, match="max_tokens"):
         eng.generate([[1, 2]], max_tokens=tiny[0].max_position)
     assert eng.generate([[1, 2]], max_tokens=0)[0].token_ids == []
