@@ -51,6 +51,10 @@ EXTRA_IMPLS = {
         "torch": "attention:paged_decode_attention_ref",
         "triton": "attention_triton:paged_decode_attention_unsplit",
     },
+    # the batch-invariant Triton linear (a candidate for the deterministic mode's GPU linears) against cuBLAS on the
+    # whole step, and against the mode's current form (cuBLAS on fixed 256-row tiles)
+    "linear": {"torch": "linear:linear_ref", "triton": "linear_triton:linear_invariant_triton"},
+    "linear_row_tiles": {"torch": "batch_invariant:linear", "triton": "linear_triton:linear_invariant_triton"},
 }
 
 
@@ -274,6 +278,11 @@ def cases(shape: tuple, dev, dtype, smoke: bool = False):
         nbytes=(4 * (H + 2 * Hkv) * D + 4 * Hkv * D + 16 * D) * T,
     )
     yield Case("silu_and_mul", f"{T} tokens", dict(gate_up=rand(T, 2 * inter)), T, nbytes=6 * inter * T)
+    if smoke or hidden == 4096:  # the linears at the 8B shape (the MFU bar's): the fused QKV and the down projection
+        for what, n_out, k_in in (("qkv", (H + 2 * Hkv) * D, hidden), ("down", hidden, inter)):
+            lin = dict(x=rand(T, k_in), weight=rand(n_out, k_in) * k_in**-0.5)
+            for op in ("linear", "linear_row_tiles"):
+                yield Case(op, f"{what}: {T} x {k_in} -> {n_out}", lin, T, flops=2 * T * n_out * k_in)
     n = 8 if smoke else 2048
     # the LM head scaled as a trained one is (logits of order 1, not of order sqrt(hidden))
     yield Case(

@@ -989,6 +989,7 @@ def deterministic_ops(rec: Recorder, ctx: Context) -> None:
 
     import kernels
     from kernels import batch_invariant
+    from kernels.linear_triton import linear_invariant_triton  # on a CPU the sections run under the interpreter
 
     gen = torch.Generator().manual_seed(5)
     sizes = (6, 37, 300, 700) if not ctx.smoke else (6, 37)
@@ -1016,6 +1017,7 @@ def deterministic_ops(rec: Recorder, ctx: Context) -> None:
 
         ops = {
             "linear (row tiles)": lambda rows: batch_invariant.linear(x[rows], w),
+            "linear (Triton, batch-invariant)": lambda rows: linear_invariant_triton(x[rows], w),
             "target_logprobs": lambda rows: batch_invariant.target_logprobs(x[rows], head, targets[rows]).logprob,
             "rms_norm + residual": lambda rows: kernels.rms_norm(x[rows], norm_w, 1e-5, res[rows])[0],
             "silu_and_mul": lambda rows: kernels.silu_and_mul(gu[rows]),

@@ -39,7 +39,14 @@ MODEL_SHAPES = {
     "gemma-3-270m": dict(hidden=640, heads=4, kv_heads=1, head_dim=256, intermediate=2048, vocab=262144),
 }
 
-KERNEL_MODULES = ("rmsnorm_triton", "rope_triton", "swiglu_triton", "attention_triton", "logprob_triton")
+KERNEL_MODULES = (
+    "rmsnorm_triton",
+    "rope_triton",
+    "swiglu_triton",
+    "attention_triton",
+    "logprob_triton",
+    "linear_triton",
+)
 
 
 def compiled_module(name: str):
@@ -126,6 +133,13 @@ def model_launches(shape: dict, dtype: torch.dtype, tokens: int = 48) -> list[La
     out += rec
     with recording(m["swiglu_triton"]) as rec:
         m["swiglu_triton"].silu_and_mul_triton(_meta(tokens, 2 * shape["intermediate"], dtype=dtype))
+    out += rec
+    # the batch-invariant linear (a candidate for the deterministic mode's GPU linears): with and without a bias
+    with recording(m["linear_triton"]) as rec:
+        for bias in (None, _meta(shape["intermediate"], dtype=dtype)):
+            m["linear_triton"].linear_invariant_triton(
+                x, _meta(shape["intermediate"], shape["hidden"], dtype=dtype), bias
+            )
     out += rec
 
     # a small step (the constexprs depend only on the widths): sequences of 3 and 18 new tokens below a 21-token

@@ -34,6 +34,7 @@ KERNELS = {
     "_rms_norm_kernel",
     "_rope_store_kv_kernel",
     "_silu_and_mul_kernel",
+    "_linear_kernel",
     "_varlen_causal_kernel",
     "_paged_decode_kernel",
     "_paged_decode_combine_kernel",

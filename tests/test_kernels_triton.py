@@ -30,6 +30,7 @@ from kernels.attention import (  # noqa: E402  # noqa: E402
     segment_waves,
     varlen_causal_attention_ref,
 )
+from kernels.linear_triton import linear_invariant_triton  # noqa: E402
 from kernels.logprob import target_logprobs_ref  # noqa: E402
 from kernels.logprob_triton import target_logprobs_triton  # noqa: E402
 from kernels.rmsnorm import rms_norm_ref  # noqa: E402
@@ -426,3 +427,38 @@ def test_paged_decode_reference_is_the_cascade_of_a_decode_step(window):
     want = cascade_attention_ref(q[:B], kc[last], vc[last], kc, vc, plan, 0.25, win)
     got = paged_decode_attention_ref(q, kc, vc, table, lens, 0.25, window)
     torch.testing.assert_close(got[:B], want, **TOL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "M,K,N,bias", [(1, 48, 24, False), (7, 70, 50, True), (40, 64, 96, False), (69, 33, 130, True)]
+)
+def test_linear_invariant_matches_f_linear(M, K, N, bias, dtype):
+    """The batch-invariant Triton linear computes F.linear: K and N past whole tiles, a bias, 1 to 69 rows."""
+    gen = torch.Generator().manual_seed(M + K)
+    x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen) * 0.1
+    b = torch.randn(N, generator=gen) if bias else None
+    x, w = on(dtype, x, w)
+    b = None if b is None else b.to(DEVICE, dtype)
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    close(linear_invariant_triton(x, w, b), want, dtype)
+    close(linear_invariant_triton(x.view(1, M, K), w, b)[0], want, dtype)  # any leading shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_invariant_rows_are_bitwise_the_same_in_any_batch(dtype):
+    """A row's output alone and inside batches of 2 to 200 rows: the same bits (the deterministic mode's contract; a
+    K split across programs, or tiles chosen by M, would break it). On a GPU at any place in the batch. Under the
+    interpreter each tl.dot is a numpy matmul, whose BLAS rounds a row by its place inside the tile (not what a
+    GPU's MMA does), so there the row keeps its place in a tile: the batch's size and the other rows change."""
+    gen = torch.Generator().manual_seed(3)
+    K, N = 100, 70
+    x, w = on(dtype, torch.randn(200, K, generator=gen), torch.randn(N, K, generator=gen) * 0.1)
+    row = x[17:18]
+    alone = linear_invariant_triton(row, w)[0]
+    tile = 32  # the interpreter's BLOCK_M (linear_triton._tiles)
+    for n in (2, 33, 200):
+        for at in (0, n // 2, n - 1) if CUDA else sorted({0, (n // 2) // tile * tile, (n - 1) // tile * tile}):
+            others = torch.cat([x[:17], x[18:]])[: n - 1]
+            batch = torch.cat([others[:at], row, others[at:]])
+            assert torch.equal(linear_invariant_triton(batch, w)[at], alone), (n, at)
