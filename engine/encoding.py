@@ -45,8 +45,19 @@ def token_ids(values, *, index: int | None = None, field: str | None = None, lab
             return list(map(operator.index, ids))
         except TypeError:
             pass
-    bad = next(t for t in ids if type(t) is bool or not hasattr(type(t), "__index__"))
-    raise RequestError(f"token ids must be integers, got {bad!r}", index=index, field=field, label=label)
+    raise RequestError(f"token ids must be integers, got {_not_index(ids)!r}", index=index, field=field, label=label)
+
+
+def _not_index(ids: list):
+    """The first of `ids` that is a bool or no integer (operator.index refuses it)."""
+    for t in ids:
+        if type(t) is bool:
+            return t
+        try:
+            operator.index(t)
+        except TypeError:
+            return t
+    return None
 
 
 def encode_pair(tok: Tokenizer, context, continuation) -> tuple[list[int], list[int]]:

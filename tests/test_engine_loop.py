@@ -217,6 +217,8 @@ def test_bad_requests_are_user_errors(tiny):
         validation.check_token_ids([3, None], vocab)
     import numpy as np
 
+    with pytest.raises(UserError, match=r"request 0: token ids must be integers, got array\(\[5, 6\]\)"):
+        eng.score([(np.array([[5, 6], [7, 8]]), [9])])  # rows of a 2-D array are no token ids
     numpy_ids = eng.score([(np.array([5, 6, 7]), np.array([8]))])[0]  # numpy integers are integers
     assert numpy_ids.token_logprobs == eng.score([([5, 6, 7], [8])])[0].token_logprobs
     with pytest.raises(UserError, match="max_tokens"):
