@@ -133,6 +133,96 @@ def headline(report: dict) -> list[str]:
     return lines
 
 
+def _timing(kernels: dict, op: str, case_has: str, model: str = "llama3-8b") -> dict | None:
+    """The kernels section's bf16 timing row of `op` at `model` whose case names `case_has`."""
+    return next(
+        (
+            t
+            for t in kernels.get("timings", [])
+            if t.get("op") == op and t.get("model") in (model, "smoke") and case_has in t.get("case", "")
+        ),
+        None,
+    )
+
+
+def decisions(report: dict) -> list[str]:
+    """What the run settles for the options and kernels built before a GPU measured them, each with the figures it
+    rests on: the decode graphs (a default on CUDA?), the overlapped decode (kept on?), the split decode attention
+    (kept?), the batch-invariant Triton linear (the deterministic mode's GPU linears?), the host reads. A figure the
+    run lacks says so."""
+    speed, parity, kernels = report.get("speed", {}), report.get("parity", {}), report.get("kernels", {})
+    decode = speed.get("decode_64", {})
+    graphs, first = decode.get("graphs") or {}, decode.get("read_first") or {}
+    out = []
+
+    def equal(s) -> bool:  # "n/n"
+        return isinstance(s, str) and "/" in s and s.split("/")[0] == s.split("/")[1]
+
+    if graphs.get("ms_per_step"):
+        ok = equal(graphs.get("sequences_equal_eager")) and (graphs.get("vs_eager") or 0) > 1.1
+        out.append(
+            f"decode_graphs: {graphs['ms_per_step']:.2f} ms a step, {graphs.get('vs_eager', 0):.2f}x the eager steps, "
+            f"tokens equal {graphs.get('sequences_equal_eager')}, greedy equal on 4 architectures from graphs "
+            f"{parity.get('decode_graphs_equal')} -> "
+            + ("make it the default on CUDA" if ok and parity.get("decode_graphs_equal") else "keep it off")
+        )
+    else:
+        out.append("decode_graphs: not measured in this report")
+    if first.get("ms_per_step"):
+        ok = equal(first.get("sequences_equal_overlapped")) and first.get("overlapped_vs_read_first", 0) >= 1.0
+        out.append(
+            f"overlap_decode: read-first {first['ms_per_step']:.2f} ms a step, overlapped "
+            f"{first.get('overlapped_vs_read_first', 0):.2f}x as fast, tokens equal "
+            f"{first.get('sequences_equal_overlapped')} -> "
+            + ("keep it on on CUDA" if ok else "look before keeping it")
+        )
+    else:
+        out.append("overlap_decode: not measured in this report")
+    split = _timing(kernels, "paged_decode_attention", "8192 keys")
+    whole = _timing(kernels, "paged_decode_attention_unsplit", "8192 keys")
+    if split and whole:
+        r = whole["triton_ms"] / split["triton_ms"]
+        out.append(
+            f"split decode attention, 1 sequence x 8,192 keys: {split['triton_ms']:.3f} ms split, "
+            f"{whole['triton_ms']:.3f} ms whole rows ({r:.2f}x) -> "
+            + ("keep the split" if r >= 1.0 else "raise SPLIT_MIN_KEYS or drop the split")
+        )
+    else:
+        out.append("split decode attention: not timed in this report")
+    tiles = [t for t in kernels.get("timings", []) if t.get("op") == "linear_row_tiles"]
+    full = [t for t in kernels.get("timings", []) if t.get("op") == "linear"]
+    bits = {
+        d.get("dtype"): d.get("bitwise")
+        for d in parity.get("deterministic_ops", [])
+        if d.get("op") == "linear (Triton, batch-invariant)"
+    }
+    if tiles:
+        faster = all(t["torch_ms"] / t["triton_ms"] > 1.05 for t in tiles)
+        per = (
+            "; ".join(f"{t['case']}: {t['torch_ms'] / t['triton_ms']:.2f}x the row tiles" for t in tiles)
+            + "; "
+            + "; ".join(f"{t['case']}: {t['torch_ms'] / t['triton_ms']:.2f}x cuBLAS" for t in full)
+        )
+        out.append(
+            f"Triton linear: {per}; bitwise alone vs in batches {bits or 'not probed'} -> "
+            + (
+                "use it for the deterministic mode's GPU linears"
+                if faster and bits and all(bits.values())
+                else "keep the row tiles"
+            )
+        )
+    else:
+        out.append("Triton linear: not timed in this report")
+    hc = (report.get("bounds") or {}).get("host_copy")
+    if hc:
+        out.append(
+            f"host reads: HostCopy {hc['host_copy']['read_ms']:.2f} ms with {hc['host_copy']['later_work_ms']:.0f} ms "
+            f"of later work queued (.tolist(): {hc['tolist']['read_ms']:.1f} ms) -> "
+            + ("the pipelined loop can read step N while N+1 runs" if hc.get("reads_before_later_work") else "look")
+        )
+    return out
+
+
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -155,7 +245,7 @@ def main(argv=None) -> int:
         if args.show or args.run is None:
             if args.run is not None:
                 raise InputError("--show prints the filed figures: it takes no run folder")
-            print("\n".join(headline(combined)))
+            print("\n".join(headline(combined) + ["what this settles:"] + decisions(combined)))
             return 0
         run, md = read_run(args.run)
         if run.get("smoke") and not args.allow_smoke:
@@ -173,7 +263,7 @@ def main(argv=None) -> int:
         write_atomic(runs / f"run{number}.md", md)
     write_atomic(combined_path, json.dumps(combined, indent=1, default=str))
     print(f"run {number}: sections {', '.join(taken) or 'none'} filed into {combined_path}")
-    print("\n".join(headline(combined)))
+    print("\n".join(headline(combined) + ["what this settles:"] + decisions(combined)))
     return 0
 
 

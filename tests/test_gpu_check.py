@@ -270,6 +270,65 @@ def filed_into_a_copy_of_the_results(run_dir: Path) -> None:
     assert after["speed"]["icqs_1b"] == before["speed"]["icqs_1b"]
     assert after["runs"][-1]["sections"] == ["bounds", "kernels", "parity", "speed_8b"]
     assert after["device"] == json.loads((run_dir / "gpu_check.json").read_text())["device"]
+    settled = gpu_results.decisions(after)  # the smoke run's decode rows decide; its kernels timed one case only
+    assert settled[0].startswith("decode_graphs: ") and " -> " in settled[0]
+    assert settled[1].startswith("overlap_decode: read-first ") and " -> " in settled[1]  # CPU times: no verdict
+
+
+def test_what_a_run_settles():
+    """gpu_results.decisions: each option or kernel built before a GPU measured it, decided from its figures."""
+    import gpu_results
+
+    def t(op, case, triton_ms, torch_ms):
+        return {"model": "llama3-8b", "op": op, "case": case, "triton_ms": triton_ms, "torch_ms": torch_ms}
+
+    report = {
+        "speed": {
+            "decode_64": {
+                "graphs": {"ms_per_step": 7.0, "vs_eager": 3.0, "sequences_equal_eager": "64/64"},
+                "read_first": {
+                    "ms_per_step": 9.0,
+                    "overlapped_vs_read_first": 1.3,
+                    "sequences_equal_overlapped": "64/64",
+                },
+            }
+        },
+        "parity": {
+            "decode_graphs_equal": True,
+            "deterministic_ops": [
+                {"op": "linear (Triton, batch-invariant)", "dtype": d, "bitwise": True} for d in ("float32", "bfloat16")
+            ],
+        },
+        "kernels": {
+            "timings": [
+                t("paged_decode_attention", "1 seq x 1 tok, 8192 keys", 0.05, 1.0),
+                t("paged_decode_attention_unsplit", "1 seq x 1 tok, 8192 keys", 0.4, 1.0),
+                t("linear", "qkv: 4096 x 4096 -> 6144", 0.30, 0.27),
+                t("linear_row_tiles", "qkv: 4096 x 4096 -> 6144", 0.30, 0.40),
+                t("linear_row_tiles", "down: 4096 x 14336 -> 4096", 0.70, 0.95),
+            ]
+        },
+        "bounds": {
+            "host_copy": {
+                "host_copy": {"read_ms": 0.1, "later_work_ms": 30.0},
+                "tolist": {"read_ms": 29.0, "later_work_ms": 30.0},
+                "reads_before_later_work": True,
+            }
+        },
+    }
+    lines = gpu_results.decisions(report)
+    assert lines[0].endswith("make it the default on CUDA") and lines[1].endswith("keep it on on CUDA")
+    assert "(8.00x)" in lines[2] and lines[2].endswith("keep the split")
+    assert lines[3].endswith("use it for the deterministic mode's GPU linears") and "1.36x the row tiles" in lines[3]
+    assert lines[4].endswith("the pipelined loop can read step N while N+1 runs")
+    # the other way: tokens that differ, a slower split, a linear that loses its bits or its speed
+    report["speed"]["decode_64"]["graphs"]["sequences_equal_eager"] = "63/64"
+    report["kernels"]["timings"][0]["triton_ms"] = 0.5
+    report["parity"]["deterministic_ops"][1]["bitwise"] = False
+    lines = gpu_results.decisions(report)
+    assert lines[0].endswith("keep it off") and lines[2].endswith("raise SPLIT_MIN_KEYS or drop the split")
+    assert lines[3].endswith("keep the row tiles")
+    assert gpu_results.decisions({})[0] == "decode_graphs: not measured in this report"
 
 
 def test_filing_bad_input_writes_nothing(tmp_path, capsys):
