@@ -297,6 +297,7 @@ def markdown(r: dict) -> str:
                         "bf16 transformers max abs",
                         "bf16 tolerance",
                         "greedy equal",
+                        "read first equal",
                         "from graphs equal",
                     ],
                     [
@@ -308,6 +309,7 @@ def markdown(r: dict) -> str:
                             v.get("hf_bf16_max_abs"),
                             v.get("bf16_tol"),
                             v.get("greedy_equal"),
+                            v.get("greedy_equal_read_first"),
                             v.get("decode_graphs_equal"),
                         ]
                         for a, v in p["archs"].items()
@@ -891,6 +893,13 @@ def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
     res["greedy_ok"] = equal == len(prompts)
     res["greedy_tokens"] = [g.token_ids for g in gens]
     res["greedy_logprobs"] = [g.token_logprobs for g in gens]
+    # the same generation with each step's tokens read before the next is planned (overlap_decode off; on a GPU
+    # the default overlaps): a difference here points at the overlap, not the kernels
+    engine.use_overlap_decode(False)
+    first = engine.generate(prompts, max_tokens=10)
+    engine.use_overlap_decode(None)
+    res["greedy_equal_read_first"] = [g.token_ids for g in first] == res["greedy_tokens"]
+    res["overlaps_decode"] = engine.overlaps_decode
     del engine
     bf16 = Engine(config, weights, tok, dtype=torch.bfloat16, device=ctx.device, kv_tokens=2048, token_budget=48)
     res["bf16_max_abs"] = max_token_diff(bf16.score(reqs), ref)
