@@ -68,8 +68,14 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
     """encode_pair for a whole job: each distinct context and each whole text is tokenized once, in batches. The
     requests of one context share one list of its ids (a context given as text, or the same list of token ids
     given for several requests), so that the job checks and reads each context once; nobody changes them."""
+    if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
+        raise RequestError(f"requests must be a list of (context, continuation) pairs, got {type(requests).__name__}")
     pairs = []
-    for i, (context, continuation) in enumerate(requests):
+    for i, request in enumerate(requests):
+        if not isinstance(request, (tuple, list)) or len(request) != 2:
+            what = f"{len(request)} items" if isinstance(request, (tuple, list)) else type(request).__name__
+            raise RequestError(f"a request is a (context, continuation) pair, got {what}", index=i)
+        context, continuation = request
         if isinstance(context, str) != isinstance(continuation, str):
             raise RequestError(
                 "context and continuation must both be text or both be token ids", index=i, field="continuation"

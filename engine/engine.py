@@ -45,7 +45,7 @@ from .sampling import new_generator
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .step import build_step
-from .validation import Limits, RequestError, check_generate, check_score, check_scores
+from .validation import Limits, RequestError, check_generate, check_score, check_scores, check_stop
 from .weights import release_free_memory
 
 log = logging.getLogger("engine")
@@ -325,13 +325,14 @@ class Engine:
         with self._lock:
             rid = self._new_id()
             label = label or f"request {rid}"
-            error, ids = None, [0]
+            error, ids, stops = None, [0], []
             try:
                 ids = prompt_ids(self.tokenizer, prompt, label=label)
                 check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, label=label)
+                stops = check_stop(stop, label=label)
             except UserError as e:
                 error = e
-            req = self._generate_request(rid, label, ids, max_tokens, temperature, top_p, seed, stop, on_token, error)
+            req = self._generate_request(rid, label, ids, max_tokens, temperature, top_p, seed, stops, on_token, error)
             if not req.done:
                 self.scheduler.add(req)
             return req
@@ -528,8 +529,13 @@ class Engine:
         stop: list[str] | None = None,
         progress: bool = False,
     ) -> list[Generation]:
-        """One Generation per prompt; with a seed, prompt i samples with seed + i. Every prompt is encoded once and
-        checked before any is added."""
+        """One Generation per prompt (a single text is one prompt); with a seed, prompt i samples with seed + i. Every
+        prompt is encoded once and checked before any is added."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        elif isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
+            raise RequestError(f"prompts must be a text or a list of prompts, got {type(prompts).__name__}")
+        stop = check_stop(stop)
         pause = _CollectorPause()
         try:
             encoded = [prompt_ids(self.tokenizer, p, i, f"prompt {i}") for i, p in enumerate(prompts)]

@@ -172,6 +172,23 @@ def check_generate_options(
         raise RequestError(f"seed must be an integer, got {seed!r}", index=index, field="seed", label=label)
 
 
+def check_stop(stop, *, index: int | None = None, label: str | None = None) -> list[str]:
+    """A generation's stop strings as a list: None, one string, or a list of strings (as the OpenAI API takes
+    them); anything else is a RequestError."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise RequestError(
+        f"stop must be a string or a list of strings, got {stop!r}"[:200],
+        index=index,
+        field="stop",
+        label=_label(index, label),
+    )
+
+
 def check_generate_length(
     n_prompt: int, max_tokens: int, limits: Limits, *, index: int | None = None, label: str | None = None
 ) -> None:

@@ -215,6 +215,29 @@ def test_bad_requests_are_user_errors(tiny):
         eng.generate([[5, 6], [1, 2.0]])
     with pytest.raises(UserError, match="token ids must be integers, got None"):
         validation.check_token_ids([3, None], vocab)
+    # a job that is no list of pairs, a request that is no pair (a dict would unpack to its keys), stop strings
+    # that are no strings: user errors, not a ValueError or a silently wrong job
+    for requests, message in (
+        (None, "requests must be a list of \\(context, continuation\\) pairs, got NoneType"),
+        ({"context": "a", "continuation": "b"}, "got dict"),
+        (["hello"], "request 0: a request is a \\(context, continuation\\) pair, got str"),
+        ([("a", " b"), ("a", " b", " c")], "request 1: .* got 3 items"),
+        ([{"context": "a", "continuation": " b"}], "request 0: .* got dict"),
+    ):
+        with pytest.raises(UserError, match=message):
+            eng.score(requests)
+    for stop in (5, [5], ["ok", None]):
+        with pytest.raises(UserError, match="stop must be a string or a list of strings"):
+            eng.generate([[5, 6]], stop=stop)
+        with pytest.raises(UserError, match="request .*: stop must be"):
+            h = eng.add_generate([5, 6], stop=stop)
+            eng.run([h])
+            h.result()
+    with pytest.raises(UserError, match="prompts must be a text or a list of prompts, got NoneType"):
+        eng.generate(None)
+    one = eng.generate("Once", max_tokens=3)  # a single text is one prompt, as vLLM's generate takes it
+    assert len(one) == 1 and one[0].token_ids == eng.generate(["Once"], max_tokens=3)[0].token_ids
+    assert eng.generate([[5, 6]], max_tokens=2, stop="x")[0].finish_reason in ("length", "stop", "eos")
     import numpy as np
 
     with pytest.raises(UserError, match=r"request 0: token ids must be integers, got array\(\[5, 6\]\)"):
