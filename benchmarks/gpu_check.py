@@ -893,13 +893,13 @@ def parity_arch(rec: Recorder, ctx: Context, arch: str, folder: Path) -> None:
     res["greedy_ok"] = equal == len(prompts)
     res["greedy_tokens"] = [g.token_ids for g in gens]
     res["greedy_logprobs"] = [g.token_logprobs for g in gens]
-    # the same generation with each step's tokens read before the next is planned (overlap_decode off; on a GPU
+    # the same generation with each step's tokens read before the next is planned (overlap off; on a GPU
     # the default overlaps): a difference here points at the overlap, not the kernels
-    engine.use_overlap_decode(False)
+    engine.use_overlap(False)
     first = engine.generate(prompts, max_tokens=10)
-    engine.use_overlap_decode(None)
+    engine.use_overlap(None)
     res["greedy_equal_read_first"] = [g.token_ids for g in first] == res["greedy_tokens"]
-    res["overlaps_decode"] = engine.overlaps_decode
+    res["overlaps"] = engine.overlaps
     del engine
     bf16 = Engine(config, weights, tok, dtype=torch.bfloat16, device=ctx.device, kv_tokens=2048, token_budget=48)
     res["bf16_max_abs"] = max_token_diff(bf16.score(reqs), ref)
@@ -1347,12 +1347,12 @@ def speed_decode(
             f"{res['first_token_equal']} first tokens, {res['mean_common_prefix']:.1f} tokens in common on average"
         )
         + (
-            f"; each step's tokens read before the next is planned (overlap_decode off): "
+            f"; each step's tokens read before the next is planned (overlap off): "
             f"{read_first['ms_per_step']:.1f} ms per step, the overlapped steps "
             f"{read_first['overlapped_vs_read_first']:.2f}x as fast, tokens equal: "
             f"{read_first['sequences_equal_overlapped']}"
             if "ms_per_step" in read_first
-            else f"; overlap_decode off: {read_first.get('error')}"
+            else f"; overlap off: {read_first.get('error')}"
         )
     )
     rec.put("speed", key, value=res)
@@ -1361,19 +1361,19 @@ def speed_decode(
 
 
 def decode_read_first(engine, ids: list, new_tokens: int, overlapped_s: float, overlapped_seqs: list) -> dict:
-    """The same decode with the option overlap_decode off (each step's sampled tokens read before the next step is
+    """The same decode with the option overlap off (each step's sampled tokens read before the next step is
     planned, as before the option): its time against the overlapped run's (`overlapped_s`, the default on a GPU),
     and its tokens against that run's."""
     from bench_generation import engine_generate
 
-    was = engine.options.overlap_decode
-    engine.use_overlap_decode(False)
+    was = engine.options.overlap
+    engine.use_overlap(False)
     try:
         s, _, _, seqs = engine_generate(engine, ids, new_tokens)
     except Exception as e:  # noqa: BLE001  # recorded, the overlapped row stands
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     finally:
-        engine.use_overlap_decode(was)
+        engine.use_overlap(was)
     steps = max(len(x) for x in seqs)
     return {
         "engine_s": s,

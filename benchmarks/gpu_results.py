@@ -147,7 +147,7 @@ def _timing(kernels: dict, op: str, case_has: str, model: str = "llama3-8b") -> 
 
 def decisions(report: dict) -> list[str]:
     """What the run settles for the options and kernels built before a GPU measured them, each with the figures it
-    rests on: the decode graphs (a default on CUDA?), the overlapped decode (kept on?), the split decode attention
+    rests on: the decode graphs (a default on CUDA?), the overlap (kept on?), the split decode attention
     (kept?), the batch-invariant Triton linear (the deterministic mode's GPU linears?), the host reads. A figure the
     run lacks says so."""
     speed, parity, kernels = report.get("speed", {}), report.get("parity", {}), report.get("kernels", {})
@@ -171,13 +171,13 @@ def decisions(report: dict) -> list[str]:
     if first.get("ms_per_step"):
         ok = equal(first.get("sequences_equal_overlapped")) and first.get("overlapped_vs_read_first", 0) >= 1.0
         out.append(
-            f"overlap_decode: read-first {first['ms_per_step']:.2f} ms a step, overlapped "
+            f"overlap: read-first {first['ms_per_step']:.2f} ms a step, overlapped "
             f"{first.get('overlapped_vs_read_first', 0):.2f}x as fast, tokens equal "
             f"{first.get('sequences_equal_overlapped')} -> "
             + ("keep it on on CUDA" if ok else "look before keeping it")
         )
     else:
-        out.append("overlap_decode: not measured in this report")
+        out.append("overlap: not measured in this report")
     split = _timing(kernels, "paged_decode_attention", "8192 keys")
     whole = _timing(kernels, "paged_decode_attention_unsplit", "8192 keys")
     if split and whole:

@@ -128,11 +128,11 @@ def add_engine_args(p: argparse.ArgumentParser, dtype: str = "bfloat16", remote:
         "sequences); not with --deterministic",
     )
     g.add_argument(
-        "--overlap-decode",
+        "--overlap",
         choices=("auto", "on", "off"),
         default="auto",
-        help="plan each decode step while the device samples the one before (its tokens taken on the device); "
-        "auto: on a GPU only",
+        help="launch each step before the one in flight is read (decode steps take the sampled tokens on the "
+        "device), so the host's planning overlaps the device's work; auto: on a GPU only",
     )
     g = p.add_argument_group("Ray (frontends.ray_runner)")
     g.add_argument(
@@ -198,9 +198,9 @@ def engine_options(args) -> dict:
     )
     if getattr(args, "decode_graphs", False):
         opts["decode_graphs"] = True
-    overlap = getattr(args, "overlap_decode", "auto")
+    overlap = getattr(args, "overlap", "auto")
     if overlap != "auto":
-        opts["overlap_decode"] = overlap == "on"
+        opts["overlap"] = overlap == "on"
     if args.threads is not None:
         opts["threads"] = args.threads
     elif ray and opts["device"] == "cpu":

@@ -136,10 +136,11 @@ class EngineOptions:
     deterministic: bool = False  # batch-invariant ops: a request's scores do not depend on the rest of the job
     # decode steps in fixed shapes, replayed from CUDA graphs on a GPU (engine/decode_graphs.py; eagerly elsewhere)
     decode_graphs: bool = False
-    # the loop launches the next step before it reads a step's sampled tokens (the next step takes them on the
-    # device): on a GPU the host's planning overlaps the device's decode; None: on a GPU only (on a CPU the forward
-    # runs in the host's thread, so there is nothing to overlap, and a sequence that ends would cost a row)
-    overlap_decode: bool | None = None
+    # the loop launches the next step before it reads the step in flight (a decode step takes the tokens the step
+    # before samples on the device): on a GPU the host's planning and reading overlap the device's work; None: on a
+    # GPU only (on a CPU the forward runs in the host's thread, so there is nothing to overlap, a step's results
+    # would come a step later, and a sequence that ends would cost a row)
+    overlap: bool | None = None
 
     @classmethod
     def checked(cls, **options) -> "EngineOptions":
@@ -152,8 +153,8 @@ class EngineOptions:
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"engine option {name} must be a positive integer, got {value!r}")
-        if opts.overlap_decode not in (None, True, False):
-            raise UserError(f"engine option overlap_decode must be true, false or null, got {opts.overlap_decode!r}")
+        if opts.overlap not in (None, True, False):
+            raise UserError(f"engine option overlap must be true, false or null, got {opts.overlap!r}")
         if opts.decode_graphs and opts.deterministic:
             raise UserError("engine options decode_graphs and deterministic cannot be combined")
         if opts.kv_tokens < opts.page_size:
@@ -384,11 +385,11 @@ class Engine:
                     self.device,
                 )
 
-    def use_overlap_decode(self, enabled: bool | None) -> None:
-        """Set the option `overlap_decode` between jobs (None: on a GPU only): the benchmarks time both orders on
-        one engine's weights."""
+    def use_overlap(self, enabled: bool | None) -> None:
+        """Set the option `overlap` between jobs (None: on a GPU only): the benchmarks time both orders on one
+        engine's weights."""
         with self._lock:
-            self.options = EngineOptions.checked(**{**asdict(self.options), "overlap_decode": enabled})
+            self.options = EngineOptions.checked(**{**asdict(self.options), "overlap": enabled})
 
     def decode_graph_stats(self) -> dict | None:
         """The fixed-shape decode path's counters (replays, captures, a capture's error), None when it is off."""
@@ -419,17 +420,13 @@ class Engine:
             return self._round()
 
     def _round(self, while_running=None) -> list[Event]:
-        """One round of the pipelined loop: the next step is planned and launched before the step in flight is
-        read and recorded, so on a GPU the host's planning and recording overlap the device's work. The launched
-        step's nodes are never preempted by the next. A step with sample rows is read first unless the engine
-        overlaps decode (`overlaps_decode`): then the next step takes each generating sequence's token from the
-        device, and a sequence that the token read ends (end of text, a stop string) has one row computed in vain.
-        `while_running()` is called after the launch, before the step before it is read (while the device
-        works)."""
+        """One round of the loop: a step is planned and launched, then read and recorded. Where the engine
+        overlaps (`overlaps`, the option `overlap`: by default on a GPU) the step stays in flight and the next
+        round launches the next step before it reads this one, so the host's planning and recording run while the
+        device works; the next step takes each generating sequence's token from the device, and a sequence that
+        the token read ends (end of text, a stop string) has one row computed in vain. The launched step's nodes
+        are never preempted by the next. `while_running()` is called after the launch, before any step is read."""
         events, step, self._in_flight = [], self._in_flight, None
-        if step is not None and step.plan.sample_rows and not self.overlaps_decode:
-            events += self._finish(step)
-            step = None
         try:
             launched = self._launch(step)
             if while_running is not None:
@@ -440,7 +437,7 @@ class Engine:
             raise
         if step is not None:
             events += self._finish(step)
-        if launched.plan.empty:
+        if launched.plan.empty or not self.overlaps:
             events += self._finish(launched)
         else:
             self._in_flight = launched
@@ -480,25 +477,23 @@ class Engine:
         self._loop(self.has_pending if handles is None else lambda: not all(h.done for h in handles))
 
     @property
-    def overlaps_decode(self) -> bool:
-        """Whether the loop launches a step before it reads the tokens the step before samples (the option
-        `overlap_decode`; by default on a GPU)."""
-        opt = self.options.overlap_decode
+    def overlaps(self) -> bool:
+        """Whether the loop launches a step before it reads the step in flight (the option `overlap`; by default
+        on a GPU)."""
+        opt = self.options.overlap
         return self.device.type == "cuda" if opt is None else opt
 
     def _loop(self, more, while_running=None, progress=None):
-        """Rounds of the loop (`_round`) while `more()`; then the step in flight is read, and it returns with none
-        in flight. `while_running()` is called after each launch, while the device works; `progress` is updated
-        with the tokens computed."""
+        """Rounds of the loop (`_round`) while `more()`; then the step in flight, if any, is read, and it returns
+        with none in flight. `while_running()` is called after each launch, while the device works; `progress` is
+        updated with the tokens computed."""
         while True:
             with self._lock:
                 before = self.scheduler.counts.tokens_computed
-                step, going = self._in_flight, more()
-                if step is not None and (not going or (step.plan.sample_rows and not self.overlaps_decode)):
-                    self._in_flight = None
-                    self._finish(step)  # reading it may complete the job
-                    going = more()
-                if not going and self._in_flight is None:
+                if not more():
+                    step, self._in_flight = self._in_flight, None
+                    if step is not None:
+                        self._finish(step)
                     return
                 self._round(while_running)
             if progress is not None:

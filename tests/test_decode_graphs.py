@@ -106,13 +106,13 @@ def test_the_command_line_flag_reaches_the_engine(tiny_model_dirs):
     p = argparse.ArgumentParser()
     add_engine_args(p, dtype="float32")
     model = ["--model", str(tiny_model_dirs["llama"]), "--device", "cpu"]
-    eng = engine_from_args(p.parse_args([*model, "--decode-graphs", "--overlap-decode", "on"]))
+    eng = engine_from_args(p.parse_args([*model, "--decode-graphs", "--overlap", "on"]))
     eng.generate(PROMPTS, max_tokens=3)
-    assert eng.decode_graph_stats()["fixed_shape_steps_eager"] == 3 and eng.overlaps_decode
+    assert eng.decode_graph_stats()["fixed_shape_steps_eager"] == 3 and eng.overlaps
     eng.use_decode_graphs(False)
     assert eng.decode_graph_stats() is None
-    assert not engine_from_args(p.parse_args(model)).overlaps_decode  # auto: on a GPU only
-    assert not engine_from_args(p.parse_args([*model, "--overlap-decode", "off"])).overlaps_decode
+    assert not engine_from_args(p.parse_args(model)).overlaps  # auto: on a GPU only
+    assert not engine_from_args(p.parse_args([*model, "--overlap", "off"])).overlaps
 
 
 def test_capturing_every_bucket_writes_only_the_scratch_slot(tiny_model_dirs, monkeypatch):
@@ -134,10 +134,10 @@ def test_capturing_every_bucket_writes_only_the_scratch_slot(tiny_model_dirs, mo
 
 
 def test_fixed_shape_decode_takes_the_overlapped_steps_tokens(tiny_model_dirs):
-    """With overlap_decode (each step launched before the step before it is read), the fixed-shape steps take
+    """With overlap (each step launched before the step before it is read), the fixed-shape steps take
     their input tokens from the step in flight on the device: the cascade's tokens, read first."""
     eager, _ = engines(tiny_model_dirs["llama"])
-    _, fixed = engines(tiny_model_dirs["llama"], overlap_decode=True)
+    _, fixed = engines(tiny_model_dirs["llama"], overlap=True)
     for kw in (dict(max_tokens=12), dict(max_tokens=12, temperature=0.9, top_p=0.95, seed=4)):
         assert_same(eager.generate(PROMPTS, **kw), fixed.generate(PROMPTS, **kw))
     assert fixed.graphs.stats()["fixed_shape_steps_eager"] == 24

@@ -432,12 +432,13 @@ def test_rows_asked_by_several_requests_go_through_the_lm_head_once(tiny):
         assert [t[0][0] for t in h.result().top_logprobs] == [t[0][0] for t in alone.top_logprobs]
 
 
+@pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("how", ["run", "step"])
-def test_the_loop_is_pipelined_and_gives_each_requests_results_alone(tiny, monkeypatch, how):
-    """run() and step() (the server's loop) plan and launch the next step before they read the last one's
-    results (a step with sample rows is read first, on a CPU): each request's results are those it gets alone
-    (fp32), launches run ahead of their predecessors' reads, and step() hands back every step's events, one
-    round after the round that launched it."""
+def test_the_loop_overlaps_where_asked_and_gives_each_requests_results_alone(tiny, monkeypatch, how, overlap):
+    """run() and step() (the server's loop) run the same rounds. With `overlap` (a GPU's default) a round launches
+    the next step before it reads the one in flight (sampling steps too, their tokens taken on the device); without
+    (a CPU's default) each step is read before the next is launched. Either way each request's results are those
+    it gets alone (fp32), and step() hands back every request's end."""
     import engine.engine as engine_module
 
     items = workload(tiny[0].vocab_size, seed=8)
@@ -456,24 +457,24 @@ def test_the_loop_is_pipelined_and_gives_each_requests_results_alone(tiny, monke
 
     monkeypatch.setattr(engine_module.Engine, "_launch", spy_launch)
     monkeypatch.setattr(engine_module.PendingHead, "result", spy_result)
-    piped = engine(tiny, token_budget=24)
-    handles = [add(piped, it) for it in items]
+    eng = engine(tiny, token_budget=24, overlap=overlap)
+    assert eng.overlaps is overlap
+    handles = [add(eng, it) for it in items]
     if how == "run":
-        piped.run()
+        eng.run()
     else:
         finished = []
-        while piped.has_pending():
-            finished += [e.request for e in piped.step() if isinstance(e, Finished)]
+        while eng.has_pending():
+            finished += [e.request for e in eng.step() if isinstance(e, Finished)]
         assert sorted(h.id for h in finished) == sorted(h.id for h in handles)
-    assert not piped.has_pending()
+    assert not eng.has_pending()
     assert_same([outcome(h) for h in handles], want)
-    launches = [e for e in log if e[0] == "launch"]
-    ahead = [i for i, e in enumerate(log[1:], 1) if e[0] == "launch" and log[i - 1][0] == "launch"]
-    assert ahead and any(e[2] for e in launches), log  # some step launched while another was in flight
-    for i, e in enumerate(log[:-1]):  # a step with sample rows is read before the next launch
-        if e[0] == "launch" and e[1]:
-            assert log[i + 1] == ("read",), log
-    piped.check_pages()
+    ahead = [e for e in log if e[0] == "launch" and e[2]]  # launched while another step was in flight
+    if overlap:
+        assert any(e[1] for e in ahead) and any(not e[1] for e in ahead), log  # sampling and scoring steps alike
+    else:
+        assert not ahead and all(b == ("read",) for a, b in zip(log, log[1:]) if a[0] == "launch"), log
+    eng.check_pages()
 
 
 def test_a_closed_job_launches_its_first_step_before_adding_the_rest(tiny, monkeypatch):
@@ -514,7 +515,7 @@ def test_a_closed_job_launches_its_first_step_before_adding_the_rest(tiny, monke
 def test_a_failed_launch_still_records_the_step_in_flight(tiny, monkeypatch):
     """The pipelined run launches step 2 before it records step 1; when step 2's forward raises, step 1's results
     are recorded first (its requests finish), then the error reaches the caller."""
-    eng = engine(tiny, token_budget=8)
+    eng = engine(tiny, token_budget=8, overlap=True)
     later = eng.add_score(list(range(20, 60)), [7])  # 40 tokens: the rest of step 1's budget, then more steps
     first = eng.add_score([11, 12, 13], [14])  # 3 tokens, on top of the depth-first stack: all of it in step 1
     forward, calls = eng.model.forward, []
@@ -540,7 +541,7 @@ def _stops(eng, prompts, n):
 
 @pytest.mark.parametrize("kv", [dict(), dict(kv_tokens=96, page_size=8, token_budget=32)])
 def test_overlapped_decode_gives_the_read_first_results(tiny_model_dir, kv, monkeypatch):
-    """With `overlap_decode` a closed job launches each step before it reads the tokens the step before samples;
+    """With `overlap` a closed job launches each step before it reads the tokens the step before samples;
     the next step takes them on the device (Chunk.feed). Greedy, seeded sampling, stop strings at different points
     (a sequence ended by its token has one row computed in vain) and max_tokens of 1 to 9, beside scoring
     requests, and under KV pressure (waits, preemptions): the same tokens and log-probs as reading each sampled
@@ -566,8 +567,8 @@ def test_overlapped_decode_gives_the_read_first_results(tiny_model_dir, kv, monk
         eng._loop(lambda: not all(h.done for h in handles))  # a closed job's loop
         return handles
 
-    read_first = make(overlap_decode=False)
-    assert not read_first.overlaps_decode
+    read_first = make(overlap=False)
+    assert not read_first.overlaps
     want = [outcome(h) for h in job(read_first)]
 
     fed, build = [], engine_module.build_step
@@ -576,12 +577,12 @@ def test_overlapped_decode_gives_the_read_first_results(tiny_model_dir, kv, monk
         "build_step",
         lambda c, cache, dev, s=None: fed.append(sum(x.feed >= 0 for x in c)) or build(c, cache, dev, s),
     )
-    overlapped = make(overlap_decode=True)
-    assert overlapped.overlaps_decode
+    overlapped = make(overlap=True)
+    assert overlapped.overlaps
     got = [outcome(h) for h in job(overlapped)]
     assert_same(got, want)
     assert sum(fed) > 10, fed  # decode tokens taken from the step in flight
-    finished = [h.result().finish_reason for h in job(make(overlap_decode=True))[:6]]
+    finished = [h.result().finish_reason for h in job(make(overlap=True))[:6]]
     assert "stop" in finished and "length" in finished
     overlapped.check_pages()
     assert overlapped.kv.used_pages == 0
@@ -607,7 +608,7 @@ def test_overlapped_decode_launches_before_reading(tiny, monkeypatch):
     monkeypatch.setattr(engine_module.Engine, "_finish", lambda self, st: log.append(("read",)) or finish(self, st))
     prompts = [[10 + i, 20, 30, 40] for i in range(4)]
     want = engine(tiny).generate(prompts, max_tokens=6)
-    got = engine(tiny, overlap_decode=True).generate(prompts, max_tokens=6)
+    got = engine(tiny, overlap=True).generate(prompts, max_tokens=6)
     assert [g.token_ids for g in got] == [g.token_ids for g in want]
     decode = [e for e in log if e[0] == "launch" and e[1] and e[2]]
     assert len(decode) >= 4, log  # sampling steps launched with the one before still in flight
@@ -616,11 +617,11 @@ def test_overlapped_decode_launches_before_reading(tiny, monkeypatch):
     assert max(e[3] for e in decode) == 2 * len(prompts), log
 
 
-def test_overlap_decode_option_is_checked():
-    with pytest.raises(UserError, match="overlap_decode"):
+def test_overlap_option_is_checked():
+    with pytest.raises(UserError, match="overlap"):
         from engine.engine import EngineOptions
 
-        EngineOptions.checked(overlap_decode="yes")
+        EngineOptions.checked(overlap="yes")
 
 
 def test_the_collector_pauses_until_a_closed_jobs_first_launch(tiny, monkeypatch):

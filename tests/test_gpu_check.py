@@ -237,7 +237,7 @@ def test_smoke_run(gpu_image_env, tmp_path):
     assert decode["launch_ms_per_step"] > 0 and decode["finish_ms_per_step"] > 0 and decode["device_profile"]["top"]
     # the same decode with each step's tokens read before the next is planned (the overlap's comparison)
     assert decode["read_first"]["sequences_equal_overlapped"] == "4/4", decode["read_first"]
-    assert decode["read_first"]["overlapped_vs_read_first"] > 0 and "overlap_decode off" in decode["note"]
+    assert decode["read_first"]["overlapped_vs_read_first"] > 0 and "overlap off" in decode["note"]
     graphs = decode["graphs"]  # the same decode from the fixed-shape path: its time, its tokens against the eager's
     assert graphs["vs_eager"] > 0 and graphs["sequences_equal_eager"] == "4/4", graphs
     assert graphs["stats"]["fixed_shape_steps_eager"] > 0 and graphs["stats"]["capture_failed"] is None
@@ -273,7 +273,7 @@ def filed_into_a_copy_of_the_results(run_dir: Path) -> None:
     assert after["device"] == json.loads((run_dir / "gpu_check.json").read_text())["device"]
     settled = gpu_results.decisions(after)  # the smoke run's decode rows decide; its kernels timed one case only
     assert settled[0].startswith("decode_graphs: ") and " -> " in settled[0]
-    assert settled[1].startswith("overlap_decode: read-first ") and " -> " in settled[1]  # CPU times: no verdict
+    assert settled[1].startswith("overlap: read-first ") and " -> " in settled[1]  # CPU times: no verdict
 
 
 def test_what_a_run_settles():

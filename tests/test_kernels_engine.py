@@ -74,7 +74,7 @@ def test_fixed_shape_decode_on_triton_generates_what_the_torch_cascade_does(arch
     """The decode-graph path's steps (engine/decode_graphs.py, eager here) on the Triton paged-decode kernel, each
     row's keys whole or cut into parts as if the device had room for them (`decode_splits` told of 64
     multiprocessors: 2 rows x 1-2 KV heads leave them idle), each step launched before the one before it is read
-    (overlap_decode, a GPU's default), against the torch path's cascade read step by step: the same greedy tokens,
+    (overlap, a GPU's default), against the torch path's cascade read step by step: the same greedy tokens,
     log-probs to fp32 rounding. Gemma-3: a window of 8 keys, shorter than the prompts."""
     from kernels import attention_triton
 
@@ -88,7 +88,7 @@ def test_fixed_shape_decode_on_triton_generates_what_the_torch_cascade_does(arch
     split = attention_triton.paged_decode_attention_split
     used = []
     monkeypatch.setattr(attention_triton, "paged_decode_attention_split", lambda *a: used.append(a[-1]) or split(*a))
-    fixed = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=1024, decode_graphs=True, overlap_decode=True)
+    fixed = Engine(config, weights, tok, dtype=torch.float32, kv_tokens=1024, decode_graphs=True, overlap=True)
     got = fixed.generate(prompts, max_tokens=6)
     assert set(used) == {parts}
     assert [g.token_ids for g in got] == [g.token_ids for g in ref]
