@@ -1,8 +1,8 @@
 """The engine: loads a model, then scores continuations and generates text on one prefix-shared paged KV cache.
 
 One loop serves every caller. `add_score` / `add_generate` hand a request to the scheduler (engine/scheduler.py)
-and return its handle; `step()` runs one round of it (launching a step, then reading the step launched the round
-before): the scheduler's plan (prefill chunks, one decode token of every
+and return its handle; `step()` runs one round of it (launching a step and reading it; on a GPU reading the step
+launched the round before instead, `overlap`): the scheduler's plan (prefill chunks, one decode token of every
 generating sequence) goes through the model in one forward (step.py -> model.py -> kernels), then the LM head
 (head.py: the scored rows through the fused target log-prob kernel, the generating rows through the batched
 sampler, sampling.py); the scheduler then records the step and its output events come back (scores, tokens,
@@ -412,10 +412,10 @@ class Engine:
             handle.abort()
 
     def step(self) -> list[Event]:
-        """Run one round of the loop (`_round`: launch the next step, read the one launched before it); returns
-        the output events recorded (engine/request.py: scores, tokens, and the requests that finished, failed or
-        were aborted), already consumed by their handles. A step's results come back from the call after the one
-        that launched it: step while `has_pending()`."""
+        """Run one round of the loop (`_round`: launch a step and read it, or with `overlap`, a GPU's default,
+        launch the next step and read the one launched before it); returns the output events recorded
+        (engine/request.py: scores, tokens, and the requests that finished, failed or were aborted), already
+        consumed by their handles. Step while `has_pending()`: with `overlap` a step's results come one call later."""
         with self._lock:
             return self._round()
 

@@ -94,8 +94,8 @@ class EngineProtocol(JobEngine, Protocol):
         """Stop a request (it finishes ABORTED at the next step); safe from any thread."""
 
     def step(self) -> list[Event]:
-        """One round of the loop (launch a step, read the one launched before it); the output events recorded
-        (engine/request.py), already consumed by their handles."""
+        """One round of the loop (launch a step and read it, or the one launched before it where the engine
+        overlaps); the output events recorded (engine/request.py), already consumed by their handles."""
 
     def has_pending(self) -> bool:
         """Whether a round has anything to do: requests in flight, or a step launched and not read yet."""
