@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 
 from .tokenizer import Tokenizer
-from .validation import RequestError
+from .validation import RequestError, check_job
 
 
 def with_bos(tok: Tokenizer, ids: list[int]) -> list[int]:
@@ -68,10 +68,8 @@ def encode_pairs(tok: Tokenizer, requests) -> list[tuple[list[int], list[int]]]:
     """encode_pair for a whole job: each distinct context and each whole text is tokenized once, in batches. The
     requests of one context share one list of its ids (a context given as text, or the same list of token ids
     given for several requests), so that the job checks and reads each context once; nobody changes them."""
-    if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
-        raise RequestError(f"requests must be a list of (context, continuation) pairs, got {type(requests).__name__}")
     pairs = []
-    for i, request in enumerate(requests):
+    for i, request in enumerate(check_job(requests, "requests must be a list of (context, continuation) pairs")):
         if not isinstance(request, (tuple, list)) or len(request) != 2:
             what = f"{len(request)} items" if isinstance(request, (tuple, list)) else type(request).__name__
             raise RequestError(f"a request is a (context, continuation) pair, got {what}", index=i)

@@ -45,7 +45,7 @@ from .sampling import new_generator
 from .scheduler import Scheduler
 from .stats import EngineStats
 from .step import build_step
-from .validation import Limits, RequestError, check_generate, check_score, check_scores, check_stop
+from .validation import Limits, RequestError, check_generate, check_job, check_score, check_scores, check_stop
 from .weights import release_free_memory
 
 log = logging.getLogger("engine")
@@ -83,11 +83,18 @@ class _CollectorPause:
     (the results). A pass there (a full one walked the last job's freed objects for ~0.12 s in 2 calls of 6 of the
     ICQS job on a tiny model) is host time no device step hides; in the loop it runs while the device computes, and
     one held back at the end runs after the call (or in the next job's loop). `pause()` / `end()` (both
-    idempotent) turn the collector off and back on, only if it was on when the job began."""
+    idempotent) turn the collector off and back on, only if it was on when the job began; leaving the `with`
+    block ends the pause."""
 
     def __init__(self):
         self._on, self._paused = gc.isenabled(), False
         self.pause()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.end()
 
     def pause(self):
         if self._on and not self._paused:
@@ -351,7 +358,7 @@ class Engine:
             temperature,
             top_p,
             new_generator(seed, self.device) if temperature > 0 and top_p > 0 else None,
-            [s for s in (stop or []) if s],
+            [s for s in stop if s],
             self.eos,
             lambda out: self.tokenizer.decode(out, skip_special_tokens=True),
             on_token,
@@ -452,9 +459,8 @@ class Engine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule(frozenset() if in_flight is None else in_flight.plan.protected)
         if plan.chunks:
-            step = build_step(
-                plan.chunks, self.cache, self.device, None if in_flight is None else in_flight.head.sampled
-            )
+            sampled = None if in_flight is None else in_flight.head.sampled
+            step = build_step(plan.chunks, self.cache, self.device, sampled, contexts=self.graphs is not None)
             hidden = None if self.graphs is None else self.graphs.forward(step)  # None: not a fixed-shape step
             if hidden is None:
                 hidden = self.model.forward(step.batch, self.kv)
@@ -502,8 +508,7 @@ class Engine:
     # ---- closed jobs: add, run, collect ----------------------------------------------------------------------
     def score(self, requests, share_prefix: bool = True, progress: bool = False, top_k: int = 0) -> list[ScoreResult]:
         """log P(continuation | context) for each (context, continuation) request (text or token ids)."""
-        pause = _CollectorPause()
-        try:
+        with _CollectorPause() as pause:
             encoded = encode_pairs(self.tokenizer, requests)
             check_scores(encoded, top_k, self.limits)
 
@@ -511,8 +516,6 @@ class Engine:
                 return ScoreRequest(self._new_id(), f"request {i}", pair[0], pair[1], top_k)
 
             return self._job(encoded, make, share_prefix, "scoring", progress, pause)
-        finally:
-            pause.end()
 
     def generate(
         self,
@@ -526,13 +529,11 @@ class Engine:
     ) -> list[Generation]:
         """One Generation per prompt (a single text is one prompt); with a seed, prompt i samples with seed + i. Every
         prompt is encoded once and checked before any is added."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        elif isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
-            raise RequestError(f"prompts must be a text or a list of prompts, got {type(prompts).__name__}")
+        prompts = (
+            [prompts] if isinstance(prompts, str) else check_job(prompts, "prompts must be a text or a list of prompts")
+        )
         stop = check_stop(stop)
-        pause = _CollectorPause()
-        try:
+        with _CollectorPause() as pause:
             encoded = [prompt_ids(self.tokenizer, p, i, f"prompt {i}") for i, p in enumerate(prompts)]
             for i, ids in enumerate(encoded):
                 check_generate(ids, max_tokens, temperature, top_p, seed, self.limits, index=i, label=f"prompt {i}")
@@ -544,8 +545,6 @@ class Engine:
                 )
 
             return self._job(encoded, make, True, "generating", progress, pause)
-        finally:
-            pause.end()
 
     def _job(self, items: list, make, share_prefix: bool, desc: str, progress: bool, pause: _CollectorPause) -> list:
         """A closed job of checked requests (`make(i, item)` makes request i's handle), added in order: the first

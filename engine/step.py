@@ -28,20 +28,23 @@ class BuiltStep(NamedTuple):
     """A step's model input, and the host's copy of the slots it writes (`written`) and of those whose final hidden
     states it keeps (`kept`), for the KV store's bookkeeping (KVCache.write_hidden) without reading the device;
     `contexts`: per sequence, the host's slot runs it attends to in position order, its new slots last (what a
-    fixed-shape decode step's slot table holds, engine/decode_graphs.py)."""
+    fixed-shape decode step's slot table holds, engine/decode_graphs.py); None where the builder was not asked."""
 
     batch: StepBatch
     written: torch.Tensor  # [T] int64, on the host
     kept: torch.Tensor  # [N] int64, on the host: written[batch.out_rows]
-    contexts: list[list[torch.Tensor]]
+    contexts: list[list[torch.Tensor]] | None
 
 
-def build_step(chunks: list[Chunk], cache: PrefixCache, device, sampled: torch.Tensor | None = None) -> BuiltStep:
+def build_step(
+    chunks: list[Chunk], cache: PrefixCache, device, sampled: torch.Tensor | None = None, contexts: bool = False
+) -> BuiltStep:
     """The step's index tensors are built once per step from ranges gathered as Python ints (a decode step holds
     one chunk per sequence, each below a few cached segments), not one small tensor per chunk and segment.
     `sampled`: the tokens the step in flight samples, on the device; a chunk whose last token is one of them
-    (Chunk.feed) takes it from there, so the host does not wait for that step to be read."""
-    tokens, pos_starts, lengths, slot_parts, cu, out, contexts = [], [], [], [], [0], [], []
+    (Chunk.feed) takes it from there, so the host does not wait for that step to be read. `contexts`: also each
+    sequence's slot runs (BuiltStep.contexts, what the fixed-shape decode path reads)."""
+    tokens, pos_starts, lengths, slot_parts, cu, out, runs = [], [], [], [], [0], [], []
     fed_rows, fed_from = [], []
     segments: dict = {}  # run key -> (cached slots, row-range starts, row-range lengths, first key position)
     for chunk in chunks:
@@ -51,7 +54,8 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device, sampled: torch.T
         pos_starts.append(src.position)
         lengths.append(n)
         slot_parts.append(src.slots)
-        contexts.append([*(run.slots for run in src.before), src.slots])
+        if contexts:
+            runs.append([*(run.slots for run in src.before), src.slots])
         for run in src.before:
             seg = segments.get(run.key)
             if seg is None:
@@ -89,4 +93,4 @@ def build_step(chunks: list[Chunk], cache: PrefixCache, device, sampled: torch.T
         else [],
         out_rows=to_device(out_rows, device),
     )
-    return BuiltStep(batch, written, written[out_rows], contexts)
+    return BuiltStep(batch, written, written[out_rows], runs if contexts else None)

@@ -172,6 +172,14 @@ def check_generate_options(
         raise RequestError(f"seed must be an integer, got {seed!r}", index=index, field="seed", label=label)
 
 
+def check_job(items, what: str):
+    """A job's items: any iterable but a text, bytes or a mapping (whose iteration gives characters or keys, never
+    requests); anything else is a RequestError `what`, naming the type given."""
+    if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+        raise RequestError(f"{what}, got {type(items).__name__}")
+    return items
+
+
 def check_stop(stop, *, index: int | None = None, label: str | None = None) -> list[str]:
     """A generation's stop strings as a list: None, one string, or a list of strings (as the OpenAI API takes
     them); anything else is a RequestError."""

@@ -8,9 +8,9 @@ device only. Rows past M are loaded as zeros and never stored, so a row's bits a
 batch (tests/test_kernels_triton.py; on a GPU, benchmarks/gpu_check.py's `parity.deterministic_ops`).
 
 It is a candidate for the deterministic mode's linears on a GPU (kernels/batch_invariant.linear: cuBLAS on fixed
-256-row tiles, 32 calls per linear at 8,192 tokens, each of a shape that leaves SMs idle at the down and output
-projections); the GPU check times it against cuBLAS on the whole step and against those row tiles, at the engine's
-shapes, before the mode uses it."""
+256-row tiles, 32 calls per linear at 8,192 tokens, each call small enough at the down and output projections that
+it may leave SMs idle: reasoned, not measured); the GPU check times it against cuBLAS on the whole step and against
+those row tiles, at the engine's shapes, before the mode uses it."""
 
 from __future__ import annotations
 

@@ -575,7 +575,7 @@ def test_overlapped_decode_gives_the_read_first_results(tiny_model_dir, kv, monk
     monkeypatch.setattr(
         engine_module,
         "build_step",
-        lambda c, cache, dev, s=None: fed.append(sum(x.feed >= 0 for x in c)) or build(c, cache, dev, s),
+        lambda c, cache, dev, s=None, **kw: fed.append(sum(x.feed >= 0 for x in c)) or build(c, cache, dev, s, **kw),
     )
     overlapped = make(overlap=True)
     assert overlapped.overlaps
